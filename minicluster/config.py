@@ -1,0 +1,140 @@
+"""Instance configuration: one TOML file read by `mc broker` and `mc worker`.
+
+The same file is written by `mc start` for local instances and rendered into a
+ConfigMap by the operator (`minicluster/operator/`). Keys are documented in
+docs/architecture.md#configuration.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+POLICIES = ("first-fit", "pack", "spread", "low-id", "high-id")
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, unreadable or has a bad value."""
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    name: str = "minicluster"
+    size: int = 1
+    # The tree is laid out over max_size ranks so that growing the instance
+    # never changes an existing rank's parent.
+    max_size: int = 0
+    fanout: int = 32
+    # Overlay endpoint of each rank; "{rank}" is substituted.  tcp:// or ipc://.
+    endpoint: str = "tcp://127.0.0.1:8050"
+    curve_cert: str = ""
+    state_dir: str = "/var/lib/minicluster"
+    # Client socket of the broker (unix domain, mode 0600 or 0660 with access_group).
+    socket: str = ""
+    access_group: str = ""
+    # Broker HTTP status endpoint for the operator; 0 turns it off.
+    status_port: int = 0
+    heartbeat_interval: float = 1.0
+    unresponsive_after: float = 3.0
+    lost_after: float = 10.0
+    # How long a restarted broker waits for workers to reclaim running jobs.
+    reattach_timeout: float = 30.0
+    default_time_limit: float = 3600.0
+    kill_grace: float = 5.0
+    output_cap: int = 16 * 1024 * 1024
+    purge_max_age: float = 7 * 24 * 3600.0
+    purge_max_count: int = 100_000
+    policy: str = "first-fit"
+    test_exec: bool = False
+    # Properties and resource override for workers, "k=v,k2" / "cores=64,gpus=4".
+    properties: str = ""
+    resources: str = ""
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ConfigError(f"size must be >= 1, got {self.size}")
+        if self.max_size and self.max_size < self.size:
+            raise ConfigError(f"max_size {self.max_size} is smaller than size {self.size}")
+        if self.fanout < 1:
+            raise ConfigError(f"fanout must be >= 1, got {self.fanout}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if not self.endpoint.startswith(("tcp://", "ipc://")):
+            raise ConfigError(f"endpoint must be tcp:// or ipc://, got {self.endpoint!r}")
+
+    @property
+    def tree_size(self) -> int:
+        return max(self.size, self.max_size)
+
+    @property
+    def socket_path(self) -> str:
+        return self.socket or os.path.join(self.state_dir, "broker.sock")
+
+    def endpoint_of(self, rank: int) -> str:
+        return self.endpoint.replace("{rank}", str(rank))
+
+    def bind_address(self, rank: int) -> str:
+        """Where `rank` binds its ROUTER: ipc paths as they are, tcp on all interfaces."""
+        ep = self.endpoint_of(rank)
+        if ep.startswith("ipc://"):
+            return ep
+        port = ep.rsplit(":", 1)[1]
+        return f"tcp://*:{port}"
+
+    def replace(self, **changes: Any) -> "InstanceConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_toml(self) -> str:
+        lines = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            lines.append(f"{f.name} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def load(path: str | os.PathLike[str]) -> InstanceConfig:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    return from_mapping(data, source=str(path))
+
+
+def from_mapping(data: dict[str, Any], source: str = "config") -> InstanceConfig:
+    known = {f.name: f for f in dataclasses.fields(InstanceConfig)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}")
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        expected = type(getattr(InstanceConfig, key))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ConfigError(f"{source}: {key} must be {expected.__name__}, got {value!r}")
+        values[key] = value
+    return InstanceConfig(**values)
+
+
+def write(config: InstanceConfig, path: str | os.PathLike[str]) -> None:
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(config.to_toml())
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+__all__ = ["ConfigError", "InstanceConfig", "POLICIES", "load", "from_mapping", "write"]
