@@ -1,0 +1,147 @@
+"""The jobspec (protocol.md §3.4): parsing from the wire and validation with clear messages. No I/O."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from minicluster.model.idset import IdSet, IdSetError
+
+MPI_MODES = ("pmi1", "none")
+MAX_ARGV_BYTES = 1 << 20
+
+
+class InvalidJobspec(ValueError):
+    """The jobspec breaks a rule; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Jobspec:
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    ntasks: int = 1
+    nnodes: int = 0
+    tasks_per_node: int = 0
+    cores_per_task: int = 1
+    gpus_per_task: int = 0
+    mem_per_task: int = 0
+    exclusive: bool = False
+    requires: tuple[str, ...] = ()
+    time_limit: float | None = None
+    name: str = ""
+    urgency: int = 16
+    output: str | None = None
+    array: str | None = None
+    policy: str | None = None
+    mpi: str | None = None
+
+    @property
+    def array_ids(self) -> IdSet | None:
+        return IdSet.parse(self.array) if self.array else None
+
+    @property
+    def uses_pmi(self) -> bool:
+        return self.mpi == "pmi1" or (self.mpi is None and self.ntasks > 1)
+
+    def to_wire(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["argv"] = list(self.argv)
+        d["requires"] = list(self.requires)
+        return d
+
+
+_INT_FIELDS = {
+    "ntasks": 1, "nnodes": 0, "tasks_per_node": 0, "cores_per_task": 1,
+    "gpus_per_task": 0, "mem_per_task": 0, "urgency": 0,
+}
+
+
+def from_wire(data: Any) -> Jobspec:
+    """Build a Jobspec from a client's map, raising InvalidJobspec on the first problem."""
+    if not isinstance(data, dict):
+        raise InvalidJobspec("jobspec must be a map")
+    known = set(Jobspec.__dataclass_fields__)
+    unknown = sorted(str(k) for k in data if k not in known)
+    if unknown:
+        raise InvalidJobspec(f"unknown jobspec field(s): {', '.join(unknown)}")
+    argv = data.get("argv")
+    if not isinstance(argv, (list, tuple)) or not argv or not all(isinstance(a, str) for a in argv):
+        raise InvalidJobspec("argv: must be a non-empty list of strings")
+    if not argv[0]:
+        raise InvalidJobspec("argv: the command name is empty")
+    if sum(len(a) for a in argv) > MAX_ARGV_BYTES:
+        raise InvalidJobspec(f"argv: longer than {MAX_ARGV_BYTES} bytes")
+    values: dict[str, Any] = {"argv": tuple(argv)}
+    for name, minimum in _INT_FIELDS.items():
+        if name in data:
+            values[name] = _int(data, name, minimum)
+    values.update(_optional_fields(data))
+    spec = Jobspec(**values)
+    _check_consistency(spec)
+    if not spec.name:
+        spec = replace(spec, name=os.path.basename(spec.argv[0])[:64])
+    return spec
+
+
+def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    env = data.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise InvalidJobspec("env: must be a map of strings to strings")
+    out["env"] = env
+    for name in ("cwd", "output", "array", "policy", "mpi"):
+        value = data.get(name)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise InvalidJobspec(f"{name}: must be a non-empty string or absent")
+        out[name] = value
+    name = data.get("name", "")
+    if not isinstance(name, str) or len(name) > 128:
+        raise InvalidJobspec("name: must be a string of at most 128 characters")
+    out["name"] = name
+    if "exclusive" in data:
+        if not isinstance(data["exclusive"], bool):
+            raise InvalidJobspec("exclusive: must be true or false")
+        out["exclusive"] = data["exclusive"]
+    requires = data.get("requires", [])
+    if not isinstance(requires, (list, tuple)) or not all(isinstance(r, str) and r for r in requires):
+        raise InvalidJobspec("requires: must be a list of constraints like zone=a or gpu=h100|a100")
+    out["requires"] = tuple(requires)
+    limit = data.get("time_limit")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+            raise InvalidJobspec("time_limit: must be a positive number of seconds")
+        out["time_limit"] = float(limit)
+    return out
+
+
+def _check_consistency(spec: Jobspec) -> None:
+    if spec.urgency > 31:
+        raise InvalidJobspec(f"urgency: must be 0..31, got {spec.urgency}")
+    if spec.nnodes and spec.ntasks < spec.nnodes:
+        raise InvalidJobspec(f"ntasks: {spec.ntasks} tasks cannot cover {spec.nnodes} nodes")
+    if spec.tasks_per_node and spec.nnodes and spec.tasks_per_node * spec.nnodes != spec.ntasks:
+        raise InvalidJobspec("tasks_per_node: nnodes x tasks_per_node must equal ntasks")
+    if spec.mpi is not None and spec.mpi not in MPI_MODES:
+        raise InvalidJobspec(f"mpi: must be one of {', '.join(MPI_MODES)}, got {spec.mpi!r}")
+    if spec.array is not None:
+        try:
+            ids = IdSet.parse(spec.array)
+        except IdSetError as exc:
+            raise InvalidJobspec(f"array: {exc}") from None
+        if not len(ids):
+            raise InvalidJobspec("array: the idset is empty")
+        if spec.ntasks != 1 or spec.nnodes > 1:
+            raise InvalidJobspec("array: each array element is one task; drop -n/-N")
+    if spec.cwd is not None and not spec.cwd.startswith("/"):
+        raise InvalidJobspec(f"cwd: must be an absolute path, got {spec.cwd!r}")
+
+
+def _int(data: dict[str, Any], name: str, minimum: int) -> int:
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJobspec(f"{name}: must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidJobspec(f"{name}: must be >= {minimum}, got {value}")
+    return value
+

@@ -1,0 +1,78 @@
+"""Client protocol framing (protocol.md §3.1): 4-byte big-endian length + msgpack map."""
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import msgpack
+
+VERSION = 1
+MAX_FRAME = 16 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+class FrameError(ValueError):
+    pass
+
+
+def pack(message: dict[str, Any]) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise FrameError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte frame limit")
+    return _HEADER.pack(len(body)) + body
+
+
+def unpack_body(body: bytes) -> dict[str, Any]:
+    try:
+        value = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise FrameError(f"undecodable frame: {exc}") from None
+    if not isinstance(value, dict):
+        raise FrameError("frame does not hold a map")
+    return value
+
+
+async def read(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message, or None at a clean end of stream."""
+    try:
+        header = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise FrameError("connection closed inside a frame header") from None
+        return None
+    (length,) = _HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise FrameError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise FrameError("connection closed inside a frame") from None
+    return unpack_body(body)
+
+
+def read_blocking(sock: Any) -> dict[str, Any] | None:
+    """Blocking variant for the synchronous Client."""
+    header = _recv_exactly(sock, _HEADER.size)
+    if header is None:
+        return None
+    (length,) = _HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise FrameError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+    body = _recv_exactly(sock, length)
+    if body is None:
+        raise FrameError("connection closed inside a frame")
+    return unpack_body(body)
+
+
+def _recv_exactly(sock: Any, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            if got:
+                raise FrameError("connection closed inside a frame")
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
