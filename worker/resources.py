@@ -1,0 +1,219 @@
+"""Resource discovery for one worker node.
+
+The worker reports a `NodeResources` to the broker when it joins, and the
+scheduler hands out exactly these core and GPU ids to tasks.  What is
+discovered is what this process may actually use (its CPU affinity mask, its
+cgroup memory limit, the GPUs it can see), not what the host has.  Tests and
+benchmarks replace the hardware with an override spec such as
+``cores=64,gpus=4,memory=8192,sockets=2``.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+
+SYS_CPU = "/sys/devices/system/cpu"
+CGROUP_FS = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
+PROC_MEMINFO = "/proc/meminfo"
+
+_OVERRIDE_KEYS = ("cores", "gpus", "memory", "sockets")
+_PROP_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")
+_PROP_VALUE = re.compile(r"[^\s=,]*")
+_NVIDIA_DEV = re.compile(r"nvidia(\d+)")
+
+
+@dataclass(frozen=True)
+class NodeResources:
+    hostname: str
+    sockets: dict[int, tuple[int, ...]]  # socket id -> usable core ids
+    gpus: tuple[int, ...]
+    memory_mb: int
+    properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cores(self) -> tuple[int, ...]:
+        return tuple(sorted(c for cs in self.sockets.values() for c in cs))
+
+    def to_wire(self) -> dict:
+        # msgpack's unpacker rejects int map keys by default, so sockets
+        # travel as [id, cores] pairs.
+        return {
+            "hostname": self.hostname,
+            "sockets": [[s, list(cs)] for s, cs in sorted(self.sockets.items())],
+            "gpus": list(self.gpus),
+            "memory_mb": self.memory_mb,
+            "properties": dict(self.properties),
+        }
+
+    @classmethod
+    def from_wire(cls, d: dict) -> NodeResources:
+        try:
+            return cls(
+                hostname=str(d["hostname"]),
+                sockets={int(s): tuple(int(c) for c in cs) for s, cs in d["sockets"]},
+                gpus=tuple(int(g) for g in d["gpus"]),
+                memory_mb=int(d["memory_mb"]),
+                properties={str(k): str(v) for k, v in d.get("properties", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed NodeResources message: {e!r}") from None
+
+
+def parse_properties(spec: str) -> dict[str, str]:
+    """Parse ``"zone=a,gpu=h100,spot"`` into ``{"zone": "a", "gpu": "h100", "spot": ""}``."""
+    props: dict[str, str] = {}
+    if not spec.strip():
+        return props
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            raise ValueError(f"properties {spec!r}: empty item (stray comma?)")
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not _PROP_KEY.fullmatch(key):
+            raise ValueError(f"properties {spec!r}: bad property name {key!r}")
+        if sep and not _PROP_VALUE.fullmatch(value):
+            raise ValueError(f"properties {spec!r}: bad value {value!r} for {key!r}")
+        if key in props:
+            raise ValueError(f"properties {spec!r}: {key!r} given twice")
+        props[key] = value
+    return props
+
+
+def parse_override(spec: str) -> dict[str, int]:
+    """Parse ``"cores=64,gpus=4,memory=8192,sockets=2"`` (any subset)."""
+    out: dict[str, int] = {}
+    if not spec.strip():
+        return out
+    for item in spec.split(","):
+        key, sep, value = (p.strip() for p in item.partition("="))
+        if key not in _OVERRIDE_KEYS:
+            raise ValueError(
+                f"resources override {spec!r}: unknown key {key!r}"
+                f" (expected {', '.join(_OVERRIDE_KEYS)})")
+        if not sep or not value.isdigit():
+            raise ValueError(f"resources override {spec!r}: {key} needs a non-negative integer")
+        if key in out:
+            raise ValueError(f"resources override {spec!r}: {key} given twice")
+        out[key] = int(value)
+    for key in ("cores", "sockets", "memory"):
+        if out.get(key) == 0:
+            raise ValueError(f"resources override {spec!r}: {key} must be at least 1")
+    return out
+
+
+def discover(resources_override: str = "", properties: str = "") -> NodeResources:
+    """What this worker process may use, with the override spec taking precedence."""
+    override = parse_override(resources_override)
+    props = parse_properties(properties)
+    if "cores" in override:
+        cores = tuple(range(override["cores"]))
+        sockets = _split_sockets(cores, override.get("sockets", 1), resources_override)
+    elif "sockets" in override:
+        cores = tuple(sorted(os.sched_getaffinity(0)))
+        sockets = _split_sockets(cores, override["sockets"], resources_override)
+    else:
+        sockets = discover_sockets(os.sched_getaffinity(0))
+    gpus = (tuple(range(override["gpus"])) if "gpus" in override
+            else discover_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    memory = override["memory"] if "memory" in override else discover_memory_mb()
+    return NodeResources(socket.gethostname(), sockets, gpus, memory, props)
+
+
+def _split_sockets(cores: tuple[int, ...], n: int, spec: str) -> dict[int, tuple[int, ...]]:
+    if len(cores) % n:
+        raise ValueError(f"resources override {spec!r}: {len(cores)} cores do not split"
+                         f" evenly over {n} sockets")
+    per = len(cores) // n
+    return {s: cores[s * per:(s + 1) * per] for s in range(n)}
+
+
+def discover_sockets(cores: set[int], sys_cpu: str = SYS_CPU) -> dict[int, tuple[int, ...]]:
+    """Group the given core ids by physical package; unknown topology counts as socket 0."""
+    by_socket: dict[int, list[int]] = {}
+    for core in sorted(cores):
+        path = f"{sys_cpu}/cpu{core}/topology/physical_package_id"
+        try:
+            with open(path) as f:
+                sock = int(f.read().strip())
+        except (OSError, ValueError):
+            sock = 0
+        # Some virtual machines report -1 for every core.
+        by_socket.setdefault(max(sock, 0), []).append(core)
+    return {s: tuple(cs) for s, cs in sorted(by_socket.items())}
+
+
+def discover_gpus(cuda_visible: str | None, dev_glob: str = "/dev/nvidia*") -> tuple[int, ...]:
+    """GPU indices from CUDA_VISIBLE_DEVICES if set, else from /dev/nvidiaN."""
+    if cuda_visible is None:
+        found = (_NVIDIA_DEV.fullmatch(os.path.basename(p)) for p in glob.glob(dev_glob))
+        return tuple(sorted(int(m.group(1)) for m in found if m))
+    items = [s.strip() for s in cuda_visible.split(",") if s.strip()]
+    if not all(re.fullmatch(r"-?\d+", s) for s in items):
+        # UUIDs (GPU-..., MIG-...) name devices we cannot map to /dev ids;
+        # CUDA numbers them in list order, so do the same.
+        return tuple(range(len(items)))
+    gpus: list[int] = []
+    for s in items:
+        if int(s) < 0:
+            break  # CUDA ignores everything from the first invalid index on
+        if int(s) in gpus:
+            raise ValueError(f"CUDA_VISIBLE_DEVICES={cuda_visible!r}: GPU {s} listed twice")
+        gpus.append(int(s))
+    return tuple(gpus)
+
+
+def discover_memory_mb(meminfo: str = PROC_MEMINFO, proc_cgroup: str = PROC_CGROUP,
+                       cgroup_fs: str = CGROUP_FS) -> int:
+    """MemTotal, lowered to the tightest cgroup (v2 or v1) memory limit on our path."""
+    total = _meminfo_total_bytes(meminfo)
+    limits = [lim for lim in _cgroup_limits(proc_cgroup, cgroup_fs) if lim > 0]
+    return min([total, *limits]) // (1024 * 1024)
+
+
+def _meminfo_total_bytes(meminfo: str) -> int:
+    with open(meminfo) as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError(f"{meminfo}: no MemTotal line")
+
+
+def _cgroup_limits(proc_cgroup: str, cgroup_fs: str) -> list[int]:
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    limits: list[int] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            v2_root = cgroup_fs
+            if not os.path.exists(os.path.join(cgroup_fs, "cgroup.controllers")):
+                v2_root = os.path.join(cgroup_fs, "unified")  # hybrid hierarchy
+            limits += _limits_up_the_tree(v2_root, path, "memory.max")
+        elif "memory" in controllers.split(","):
+            limits += _limits_up_the_tree(os.path.join(cgroup_fs, "memory"), path,
+                                          "memory.limit_in_bytes")
+    return limits
+
+
+def _limits_up_the_tree(root: str, path: str, filename: str) -> list[int]:
+    # Ancestors' limits apply too, and inside a container without a cgroup
+    # namespace our own path may not exist under the mount at all.
+    limits: list[int] = []
+    parts = [p for p in path.split("/") if p]
+    for depth in range(len(parts), -1, -1):
+        try:
+            with open(os.path.join(root, *parts[:depth], filename)) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" means no limit
+            limits.append(int(text))
+    return limits
