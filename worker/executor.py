@@ -1,0 +1,512 @@
+"""Task execution on a worker: spawn, bind, capture, reap and kill real processes.
+
+Everything here runs on the worker's single asyncio event loop and never
+blocks it: processes are started with posix_spawn (no fork of the big worker
+process), reaped through pidfds registered with the loop (no SIGCHLD handler,
+no thread per child), and their output is read from non-blocking pipes.
+Each task leads its own session/process group so signals reach grandchildren.
+
+`TestExecutor` has the same interface but spawns nothing; it exists so the
+control plane can be benchmarked at rates real processes cannot reach.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import logging
+import os
+import shutil
+import signal as _signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+TaskKey = tuple[int, int]
+
+READ_CHUNK = 64 * 1024
+DRAIN_SECONDS = 0.5  # how long output may trail the exit of a task's main process
+STATUS_NOT_FOUND = 127
+STATUS_CANNOT_RUN = 126  # also used for every other spawn-time failure (cwd, cores, files)
+
+_CLONE_FS = 0x200
+# Python ignores SIGPIPE (and maybe more); ignored dispositions survive exec.
+_RESET_SIGNALS = tuple(sorted(_signal.valid_signals() - {_signal.SIGKILL, _signal.SIGSTOP}))
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    key: TaskKey
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str | None = None
+    cores: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    pass_fds: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    key: TaskKey
+    status: int  # exit code, or 128+signal
+    exit_code: int | None
+    signal: int | None
+    error: str | None  # why the task could not be started
+    pid: int | None
+    started: float
+    ended: float
+
+
+OnOutput = Callable[[TaskKey, str, bytes], None]
+OnExit = Callable[[TaskResult], None]
+
+
+class _SpawnError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Task:
+    __slots__ = ("key", "pid", "pidfd", "pipes", "started", "ended", "waitstatus",
+                 "starttime", "kill_timer", "drain_timer")
+
+    def __init__(self, key: TaskKey, pid: int, pidfd: int, pipes: dict[int, str],
+                 started: float, starttime: int | None) -> None:
+        self.key, self.pid, self.pidfd, self.pipes = key, pid, pidfd, pipes
+        self.started, self.starttime = started, starttime
+        self.ended = 0.0
+        self.waitstatus: int | None = None
+        self.kill_timer: asyncio.TimerHandle | None = None
+        self.drain_timer: asyncio.TimerHandle | None = None
+
+
+class TaskExecutor:
+    def __init__(self, on_output: OnOutput, on_exit: OnExit, pidfile: str | None = None) -> None:
+        self._on_output = on_output
+        self._on_exit = on_exit
+        self._pidfile = pidfile
+        self._pidfile_dirty = False
+        self._allowed_cores = frozenset(os.sched_getaffinity(0))
+        self._tasks: dict[TaskKey, _Task] = {}
+        self._idle: asyncio.Future[None] | None = None
+        self._private_cwd_threads: set[int] = set()
+
+    @property
+    def running(self) -> int:
+        return len(self._tasks)
+
+    def start(self, spec: TaskSpec) -> int | None:
+        if spec.key in self._tasks:
+            raise ValueError(f"task {spec.key} is already running")
+        loop = asyncio.get_running_loop()
+        started = time.time()
+        try:
+            pid, pidfd, pipes = self._spawn(spec)
+        except _SpawnError as e:
+            result = TaskResult(spec.key, e.status, None, None, str(e), None, started, time.time())
+            loop.call_soon(self._on_exit, result)
+            return None
+        task = _Task(spec.key, pid, pidfd, pipes, started,
+                     _starttime(pid) if self._pidfile else None)
+        self._tasks[spec.key] = task
+        loop.add_reader(pidfd, self._on_pidfd, task)
+        for fd in pipes:
+            loop.add_reader(fd, self._on_pipe, task, fd)
+        self._pidfile_changed(loop)
+        return pid
+
+    def signal(self, key: TaskKey, sig: int) -> None:
+        task = self._tasks.get(key)
+        if task is not None:
+            _killpg(task.pid, sig)
+
+    def terminate(self, key: TaskKey, grace: float) -> None:
+        task = self._tasks.get(key)
+        if task is None:
+            return
+        if grace <= 0:
+            _killpg(task.pid, _signal.SIGKILL)
+            return
+        _killpg(task.pid, _signal.SIGTERM)
+        _killpg(task.pid, _signal.SIGCONT)  # a stopped task could not act on SIGTERM
+        if task.kill_timer is None:
+            task.kill_timer = asyncio.get_running_loop().call_later(
+                grace, _killpg, task.pid, _signal.SIGKILL)
+
+    async def shutdown(self, grace: float) -> None:
+        for key in list(self._tasks):
+            self.terminate(key, grace)
+        if self._tasks:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+        self._write_pidfile()
+
+    @staticmethod
+    def kill_orphans(pidfile: str) -> int:
+        """SIGKILL the groups of tasks a crashed worker left behind; returns how many.
+
+        A group is only killed if its leader still has the recorded start
+        time, so a recycled pid is left alone.
+        """
+        try:
+            with open(pidfile) as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return 0
+        killed = 0
+        for line in lines:
+            try:
+                pid, pgid, starttime = (int(x) for x in line.split())
+            except ValueError:
+                log.warning("%s: ignoring malformed line %r", pidfile, line)
+                continue
+            if _starttime(pid) == starttime and _killpg(pgid, _signal.SIGKILL):
+                killed += 1
+        os.unlink(pidfile)
+        return killed
+
+    # -- spawning ---------------------------------------------------------
+
+    def _spawn(self, spec: TaskSpec) -> tuple[int, int, dict[int, str]]:
+        path = _resolve(spec)
+        if spec.cwd is not None and not os.path.isdir(spec.cwd):
+            raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {spec.cwd}: no such directory")
+        bad = sorted(set(spec.cores) - self._allowed_cores)
+        if bad:
+            raise _SpawnError(STATUS_CANNOT_RUN, f"cores {bad} are not in this worker's"
+                              f" allowed set {sorted(self._allowed_cores)}")
+        if any(fd < 3 for fd in spec.pass_fds):
+            raise _SpawnError(STATUS_CANNOT_RUN, f"pass_fds {spec.pass_fds}: 0-2 are taken")
+        env = spec.env
+        if spec.gpus:
+            env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus))}
+        pipes: dict[int, str] = {}
+        child_fds: list[int] = []
+        try:
+            for name, out_path in (("stdout", spec.stdout_path), ("stderr", spec.stderr_path)):
+                child_fds.append(_open_output(name, out_path, pipes))
+            actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                       (os.POSIX_SPAWN_DUP2, child_fds[0], 1),
+                       (os.POSIX_SPAWN_DUP2, child_fds[1], 2)]
+            # dup2 onto itself clears close-on-exec in the child only.
+            actions += [(os.POSIX_SPAWN_DUP2, fd, fd) for fd in spec.pass_fds]
+            pid = self._spawn_bound(path, spec, env, actions)
+        except BaseException:
+            for fd in pipes:
+                os.close(fd)
+            raise
+        finally:
+            for fd in child_fds:
+                os.close(fd)
+        return pid, _pidfd_or_kill(pid, pipes), pipes
+
+    def _spawn_bound(self, path: str, spec: TaskSpec, env: dict[str, str],
+                     actions: list[tuple]) -> int:
+        # posix_spawn can set neither affinity nor cwd, and the child copies
+        # both from the calling thread, so the thread wears them briefly.
+        # Affinity is per-thread on Linux; cwd is made per-thread by unshare.
+        saved_affinity = os.sched_getaffinity(0) if spec.cores else None
+        saved_cwd = None
+        try:
+            if saved_affinity is not None:
+                os.sched_setaffinity(0, spec.cores)
+            if spec.cwd is not None:
+                self._make_cwd_private()
+                saved_cwd = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
+                _chdir(spec.cwd)
+            return os.posix_spawn(path, list(spec.argv), env, file_actions=actions,
+                                  setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+        except OSError as e:
+            status = STATUS_NOT_FOUND if e.errno == errno.ENOENT else STATUS_CANNOT_RUN
+            raise _SpawnError(status, f"{spec.argv[0]}: {e.strerror}") from None
+        finally:
+            if saved_cwd is not None:
+                os.fchdir(saved_cwd)
+                os.close(saved_cwd)
+            if saved_affinity is not None:
+                os.sched_setaffinity(0, saved_affinity)
+
+    def _make_cwd_private(self) -> None:
+        tid = threading.get_ident()
+        if tid in self._private_cwd_threads:
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_FS) != 0:
+            log.warning("unshare(CLONE_FS) failed (%s): other threads may briefly see"
+                        " a task's cwd", os.strerror(ctypes.get_errno()))
+        self._private_cwd_threads.add(tid)
+
+    # -- reaping and output -----------------------------------------------
+
+    def _on_pidfd(self, task: _Task) -> None:
+        try:
+            pid, status = os.waitpid(task.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = task.pid, None  # reaped behind our back: status unknown
+        if pid == 0:
+            return
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(task.pidfd)
+        os.close(task.pidfd)
+        task.ended = time.time()
+        task.waitstatus = status
+        if task.pipes:
+            # A background grandchild may hold the pipes open indefinitely.
+            task.drain_timer = loop.call_later(DRAIN_SECONDS, self._finish, task)
+        else:
+            self._finish(task)
+
+    def _on_pipe(self, task: _Task, fd: int) -> None:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        if data:
+            self._on_output(task.key, task.pipes[fd], data)
+            return
+        self._close_pipe(task, fd)
+        if not task.pipes and task.ended:
+            self._finish(task)
+
+    def _close_pipe(self, task: _Task, fd: int) -> None:
+        asyncio.get_running_loop().remove_reader(fd)
+        os.close(fd)
+        del task.pipes[fd]
+
+    def _finish(self, task: _Task) -> None:
+        for timer in (task.drain_timer, task.kill_timer):
+            if timer is not None:
+                timer.cancel()
+        for fd, name in list(task.pipes.items()):
+            # Take what is already buffered, but not forever from a chatty straggler.
+            for _ in range(16):
+                try:
+                    data = os.read(fd, READ_CHUNK)
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                self._on_output(task.key, name, data)
+            self._close_pipe(task, fd)
+        # Leftover group members would otherwise outlive the task unaccounted.
+        _killpg(task.pid, _signal.SIGKILL)
+        del self._tasks[task.key]
+        self._pidfile_changed(asyncio.get_running_loop())
+        self._on_exit(_result(task))
+        if not self._tasks and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    # -- orphan bookkeeping -------------------------------------------------
+
+    def _pidfile_changed(self, loop: asyncio.AbstractEventLoop) -> None:
+        # One rewrite per loop iteration however many tasks started or ended.
+        if self._pidfile and not self._pidfile_dirty:
+            self._pidfile_dirty = True
+            loop.call_soon(self._write_pidfile)
+
+    def _write_pidfile(self) -> None:
+        if not self._pidfile:
+            return
+        self._pidfile_dirty = False
+        tmp = f"{self._pidfile}.tmp"
+        with open(tmp, "w") as f:
+            f.writelines(f"{t.pid} {t.pid} {t.starttime}\n" for t in self._tasks.values())
+        os.replace(tmp, self._pidfile)
+
+
+def _resolve(spec: TaskSpec) -> str:
+    """argv[0] looked up like execvp, but with the task's PATH and cwd."""
+    if not spec.argv:
+        raise _SpawnError(STATUS_NOT_FOUND, "empty argv")
+    name = spec.argv[0]
+    if "/" in name:
+        candidates = [os.path.join(spec.cwd or "", name)]
+    else:
+        search = spec.env.get("PATH", os.defpath)
+        found = shutil.which(name, path=search)
+        if found:
+            return os.path.abspath(found)
+        candidates = [os.path.join(d or ".", name) for d in search.split(os.pathsep)]
+    for c in candidates:
+        if os.path.isfile(c):
+            if os.access(c, os.X_OK):
+                return os.path.abspath(c)
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{name}: permission denied")
+    raise _SpawnError(STATUS_NOT_FOUND, f"{name}: command not found")
+
+
+def _chdir(cwd: str) -> None:
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cwd}: {e.strerror}") from None
+
+
+def _open_output(name: str, path: str | None, pipes: dict[int, str]) -> int:
+    """The fd the child gets as stdout/stderr; pipe read ends are added to `pipes`."""
+    if path is not None:
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{name} {path}: {e.strerror}") from None
+    r, w = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(r, False)  # not O_NONBLOCK on pipe2: the child's end must block
+    pipes[r] = name
+    return w
+
+
+def _pidfd_or_kill(pid: int, pipes: dict[int, str]) -> int:
+    try:
+        return os.pidfd_open(pid)
+    except OSError as e:
+        # Without a pidfd we cannot reap without blocking: undo the spawn.
+        _killpg(pid, _signal.SIGKILL)
+        os.waitpid(pid, 0)
+        for fd in pipes:
+            os.close(fd)
+        raise _SpawnError(STATUS_CANNOT_RUN, f"pidfd_open: {e.strerror}") from None
+
+
+def _result(task: _Task) -> TaskResult:
+    ws = task.waitstatus
+    if ws is None:
+        return TaskResult(task.key, 255, None, None, "exit status lost (reaped elsewhere)",
+                          task.pid, task.started, task.ended)
+    if os.WIFSIGNALED(ws):
+        sig = os.WTERMSIG(ws)
+        return TaskResult(task.key, 128 + sig, None, sig, None, task.pid, task.started, task.ended)
+    code = os.WEXITSTATUS(ws)
+    return TaskResult(task.key, code, code, None, None, task.pid, task.started, task.ended)
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _starttime(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: start time in clock ticks since boot."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces and parentheses; fields resume after the last ')'.
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
+# -- mock execution ----------------------------------------------------------
+
+# Above the largest possible pid_max, so a stray kill() can never hit a real process.
+_FAKE_PID_BASE = 1 << 22
+# Signals whose default action does not end a process.
+_NON_FATAL = frozenset({0, _signal.SIGCHLD, _signal.SIGCONT, _signal.SIGURG, _signal.SIGWINCH,
+                        _signal.SIGSTOP, _signal.SIGTSTP, _signal.SIGTTIN, _signal.SIGTTOU})
+
+
+class _MockTask:
+    __slots__ = ("key", "pid", "code", "sig", "started", "timer", "done")
+
+    def __init__(self, key: TaskKey, pid: int, code: int, started: float) -> None:
+        self.key, self.pid, self.code, self.started = key, pid, code, started
+        self.sig: int | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+
+class TestExecutor:
+    """Pretends to run tasks: each lasts MC_TEST_RUN_DURATION s and exits MC_TEST_EXIT_CODE.
+
+    Zero-length tasks complete in one batch on the next loop iteration, so the
+    cost per task is a few dict operations and a TaskResult.
+    """
+    __test__ = False  # not a pytest test class despite the name
+
+    def __init__(self, on_output: OnOutput, on_exit: OnExit, pidfile: str | None = None) -> None:
+        # on_output and pidfile are accepted for interface parity: nothing runs,
+        # so there is neither output nor a process to record.
+        self._on_exit = on_exit
+        self._tasks: dict[TaskKey, _MockTask] = {}
+        self._due: list[_MockTask] = []
+        self._next_pid = _FAKE_PID_BASE
+        self._idle: asyncio.Future[None] | None = None
+
+    @property
+    def running(self) -> int:
+        return len(self._tasks)
+
+    def start(self, spec: TaskSpec) -> int | None:
+        if spec.key in self._tasks:
+            raise ValueError(f"task {spec.key} is already running")
+        loop = asyncio.get_running_loop()
+        started = time.time()
+        try:
+            duration = float(spec.env.get("MC_TEST_RUN_DURATION", "0"))
+            code = int(spec.env.get("MC_TEST_EXIT_CODE", "0"))
+        except ValueError as e:
+            result = TaskResult(spec.key, STATUS_CANNOT_RUN, None, None, f"mock task: {e}",
+                                None, started, started)
+            loop.call_soon(self._on_exit, result)
+            return None
+        self._next_pid += 1
+        task = _MockTask(spec.key, self._next_pid, code, started)
+        self._tasks[spec.key] = task
+        if duration > 0:
+            task.timer = loop.call_later(duration, self._complete, task)
+        else:
+            self._make_due(task, loop)
+        return task.pid
+
+    def signal(self, key: TaskKey, sig: int) -> None:
+        task = self._tasks.get(key)
+        if task is None or sig in _NON_FATAL or task.sig is not None:
+            return
+        task.sig = sig
+        if task.timer is not None:
+            task.timer.cancel()
+        self._make_due(task, asyncio.get_running_loop())
+
+    def terminate(self, key: TaskKey, grace: float) -> None:
+        self.signal(key, _signal.SIGTERM)
+
+    async def shutdown(self, grace: float) -> None:
+        for key in list(self._tasks):
+            self.terminate(key, grace)
+        if self._tasks:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+
+    def _make_due(self, task: _MockTask, loop: asyncio.AbstractEventLoop) -> None:
+        self._due.append(task)
+        if len(self._due) == 1:
+            loop.call_soon(self._complete_due)
+
+    def _complete_due(self) -> None:
+        due, self._due = self._due, []
+        for task in due:
+            self._complete(task)
+
+    def _complete(self, task: _MockTask) -> None:
+        if task.done:
+            return
+        task.done = True
+        del self._tasks[task.key]
+        sig = task.sig
+        if sig is None:
+            result = TaskResult(task.key, task.code, task.code, None, None, task.pid,
+                                task.started, time.time())
+        else:
+            result = TaskResult(task.key, 128 + sig, None, sig, None, task.pid,
+                                task.started, time.time())
+        self._on_exit(result)
+        if not self._tasks and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
