@@ -1,0 +1,352 @@
+"""TaskExecutor against real processes, and the TestExecutor mock."""
+import asyncio
+import hashlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import pytest
+
+from worker.executor import TaskExecutor, TaskResult, TaskSpec, TestExecutor
+
+ENV = {"PATH": os.environ.get("PATH", os.defpath)}
+PY = sys.executable
+
+
+class Harness:
+    """Collects output and results; fails if output ever follows the exit."""
+
+    def __init__(self, cls=TaskExecutor, **kw):
+        self.out: dict[tuple, bytearray] = defaultdict(bytearray)
+        self.results: dict[tuple, TaskResult] = {}
+        self.waiters: dict[tuple, asyncio.Future] = {}
+        self.keys = itertools.count()
+        self.ex = cls(self._on_output, self._on_exit, **kw)
+
+    def _on_output(self, key, stream, data):
+        assert key not in self.results, f"output for {key} after its exit"
+        self.out[key, stream] += data
+
+    def _on_exit(self, result):
+        assert result.key not in self.results
+        self.results[result.key] = result
+        fut = self.waiters.pop(result.key, None)
+        if fut is not None:
+            fut.set_result(result)
+
+    def start(self, *argv, env=ENV, **kw):
+        key = (1, next(self.keys))
+        pid = self.ex.start(TaskSpec(key, tuple(argv), env, **kw))
+        return key, pid
+
+    async def wait(self, key, timeout=10.0) -> TaskResult:
+        if key not in self.results:
+            self.waiters[key] = asyncio.get_running_loop().create_future()
+            await asyncio.wait_for(self.waiters[key], timeout)
+        return self.results[key]
+
+    async def run(self, *argv, **kw) -> tuple[TaskResult, bytes, bytes]:
+        key, _ = self.start(*argv, **kw)
+        r = await self.wait(key)
+        return r, bytes(self.out[key, "stdout"]), bytes(self.out[key, "stderr"])
+
+    async def wait_output(self, key, stream, needle: bytes, timeout=5.0):
+        deadline = time.monotonic() + timeout
+        while needle not in self.out[key, stream]:
+            assert time.monotonic() < deadline, f"no {needle!r} on {stream}"
+            await asyncio.sleep(0.01)
+
+
+def alive(pid: int) -> bool:
+    # Nobody may reap reparented processes here, so a zombie counts as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+async def wait_dead(pid: int, timeout=3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+async def test_stdout_stderr_separate_and_exit_code():
+    h = Harness()
+    r, out, err = await h.run("sh", "-c", "echo out; echo err >&2; exit 7")
+    assert (out, err) == (b"out\n", b"err\n")
+    assert (r.status, r.exit_code, r.signal, r.error) == (7, 7, None, None)
+    assert r.pid and r.started <= r.ended <= time.time()
+
+
+async def test_large_output_intact():
+    h = Harness()
+    script = ("import sys\n"
+              "o = bytes(range(256)) * 12288\n"   # 3 MiB
+              "e = b'stderr-line\\n' * 150000\n"  # ~1.7 MiB
+              "sys.stdout.buffer.write(o); sys.stderr.buffer.write(e)\n")
+    r, out, err = await h.run(PY, "-c", script)
+    assert r.status == 0
+    assert hashlib.sha256(out).digest() == hashlib.sha256(bytes(range(256)) * 12288).digest()
+    assert err == b"stderr-line\n" * 150000
+
+
+async def test_killed_by_signal_is_128_plus_sig():
+    h = Harness()
+    r, _, _ = await h.run("sh", "-c", "kill -9 $$")
+    assert (r.status, r.exit_code, r.signal) == (137, None, 9)
+
+    key, _ = h.start("sleep", "30")
+    h.ex.signal(key, signal.SIGTERM)
+    r = await h.wait(key)
+    assert (r.status, r.signal) == (143, 15)
+
+
+async def test_command_not_found_uses_the_tasks_path():
+    h = Harness()
+    key, pid = h.start("hostnamex")
+    assert pid is None
+    r = await h.wait(key)
+    assert (r.status, r.error, r.pid) == (127, "hostnamex: command not found", None)
+    # `true` exists on the worker's PATH but not on the task's
+    r, _, _ = await h.run("true", env={"PATH": "/nonexistent"})
+    assert r.status == 127
+
+
+async def test_permission_denied_is_126(tmp_path):
+    script = tmp_path / "script"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    h = Harness()
+    r, _, _ = await h.run(str(script))
+    assert (r.status, r.error) == (126, f"{script}: permission denied")
+    r, _, _ = await h.run("script", env={"PATH": str(tmp_path)})
+    assert (r.status, r.error) == (126, "script: permission denied")
+    script.chmod(0o755)
+    r, out, _ = await h.run("script", env={"PATH": str(tmp_path)})
+    assert (r.status, out) == (0, b"hi\n")
+
+
+async def test_cwd_applied_and_bad_cwd_reported(tmp_path):
+    h = Harness()
+    before = os.getcwd()
+    r, out, _ = await h.run("pwd", cwd=str(tmp_path))
+    assert (r.status, out) == (0, f"{tmp_path}\n".encode())
+    assert os.getcwd() == before
+    r, _, _ = await h.run("./rel.sh", cwd=str(tmp_path))  # relative to the task's cwd
+    assert r.error == "./rel.sh: command not found"
+    r, _, _ = await h.run("true", cwd="/x/nonexistent")
+    assert (r.status, r.error) == (126, "cwd /x/nonexistent: no such directory")
+
+
+async def test_env_passed_exactly_and_gpus():
+    h = Harness()
+    env = {"PATH": ENV["PATH"], "FOO": "bar baz", "EMPTY": ""}
+    r, out, _ = await h.run("env", env=env)
+    assert r.status == 0
+    assert sorted(out.decode().splitlines()) == sorted(f"{k}={v}" for k, v in env.items())
+    r, out, _ = await h.run("env", env=env, gpus=(0, 2))
+    assert "CUDA_VISIBLE_DEVICES=0,2" in out.decode().splitlines()
+    assert "CUDA_VISIBLE_DEVICES" not in env  # the spec's dict is not modified
+
+
+@pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1")
+async def test_affinity_applied_and_worker_affinity_restored():
+    h = Harness()
+    before = os.sched_getaffinity(0)
+    show = "import os; print(sorted(os.sched_getaffinity(0)))"
+    r, out, _ = await h.run(PY, "-c", show, cores=(1,))
+    assert (r.status, out) == (0, b"[1]\n")
+    assert os.sched_getaffinity(0) == before
+    r, out, _ = await h.run(PY, "-c", show)
+    assert out == f"{sorted(before)}\n".encode()
+    r, _, _ = await h.run("true", cores=(1, 99))
+    assert r.status == 126 and "[99]" in r.error
+    assert os.sched_getaffinity(0) == before
+
+
+async def test_terminate_escalates_to_sigkill_after_grace():
+    h = Harness()
+    script = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: print('got TERM', flush=True))\n"
+              "print('ready', flush=True)\n"
+              "while True: time.sleep(1)\n")
+    key, _ = h.start(PY, "-c", script)
+    await h.wait_output(key, "stdout", b"ready")
+    t0 = time.monotonic()
+    h.ex.terminate(key, 0.4)
+    r = await h.wait(key)
+    assert (r.status, r.signal) == (137, 9)
+    assert 0.4 <= time.monotonic() - t0 < 3
+    assert b"got TERM" in h.out[key, "stdout"]
+
+
+async def test_signal_reaches_grandchild_through_process_group():
+    h = Harness()
+    script = ("import signal, subprocess\n"
+              "signal.signal(signal.SIGUSR1, lambda *a: None)\n"
+              "p = subprocess.Popen(['sleep', '30'])\n"
+              "print('ready', flush=True)\n"
+              "print('child', p.wait(), flush=True)\n")
+    key, _ = h.start(PY, "-c", script)
+    await h.wait_output(key, "stdout", b"ready")
+    h.ex.signal(key, signal.SIGUSR1)  # only the group signal can reach `sleep`
+    r = await h.wait(key)
+    assert r.status == 0
+    assert bytes(h.out[key, "stdout"]).endswith(f"child -{signal.SIGUSR1}\n".encode())
+
+
+async def test_background_grandchild_holding_pipe_does_not_hang():
+    h = Harness()
+    t0 = time.monotonic()
+    r, out, _ = await h.run("sh", "-c", "sleep 30 & echo $!")
+    assert r.status == 0 and time.monotonic() - t0 < 3
+    assert await wait_dead(int(out)), "leftover group member survived the task"
+
+
+async def test_output_files_appended(tmp_path):
+    out_file, err_file = tmp_path / "out", tmp_path / "err"
+    out_file.write_text("old\n")
+    h = Harness()
+    r, out, err = await h.run("sh", "-c", "echo new; echo oops >&2",
+                              stdout_path=str(out_file), stderr_path=str(err_file))
+    assert (r.status, out, err) == (0, b"", b"")
+    assert out_file.read_text() == "old\nnew\n"
+    assert err_file.read_text() == "oops\n"
+    r, _, _ = await h.run("true", stdout_path=str(tmp_path / "no" / "such"))
+    assert r.status == 126 and r.error.startswith("stdout ")
+
+
+async def test_pass_fds_inherited_at_same_number_only():
+    passed_r, passed_w = os.pipe()
+    other_r, other_w = os.pipe()
+    try:
+        script = ("import os, sys\n"
+                  "os.write(int(sys.argv[1]), b'via fd')\n"
+                  "try: os.fstat(int(sys.argv[2])); print('leaked')\n"
+                  "except OSError: print('closed')\n")
+        h = Harness()
+        r, out, _ = await h.run(PY, "-c", script, str(passed_w), str(other_w),
+                                pass_fds=(passed_w,))
+        assert (r.status, out) == (0, b"closed\n")
+        assert os.read(passed_r, 100) == b"via fd"
+        assert os.get_inheritable(passed_w) is False  # the worker's fd was not touched
+    finally:
+        for fd in (passed_r, passed_w, other_r, other_w):
+            os.close(fd)
+
+
+async def test_200_concurrent_tasks():
+    h = Harness()
+    keys = [h.start("/bin/true")[0] for _ in range(200)]
+    assert h.ex.running == 200
+    results = await asyncio.gather(*(h.wait(k, timeout=20) for k in keys))
+    assert [r.status for r in results] == [0] * 200
+    assert h.ex.running == 0
+
+
+async def test_duplicate_key_is_a_programming_error():
+    h = Harness()
+    h.ex.start(TaskSpec((9, 9), ("sleep", "5"), ENV))
+    with pytest.raises(ValueError):
+        h.ex.start(TaskSpec((9, 9), ("true",), ENV))
+    await h.ex.shutdown(0.5)
+    assert h.results[9, 9].status == 143
+
+
+async def test_shutdown_waits_for_everything():
+    h = Harness()
+    keys = [h.start("sleep", "30")[0] for _ in range(5)]
+    await h.ex.shutdown(1.0)
+    assert h.ex.running == 0
+    assert {h.results[k].status for k in keys} == {143}
+
+
+async def test_kill_orphans_kills_recorded_groups_and_skips_reused_pids(tmp_path):
+    pidfile = tmp_path / "tasks-rank0.pids"
+    h = Harness(pidfile=str(pidfile))
+    keys = [h.start("sleep", "30")[0] for _ in range(2)]
+    await asyncio.sleep(0.05)  # the pidfile is rewritten once per loop iteration
+    lines = pidfile.read_text().splitlines()
+    assert len(lines) == 2
+    # A live process whose pid was "reused": recorded start time differs.
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        with open(pidfile, "a") as f:
+            f.write(f"{stranger.pid} {stranger.pid} 1\n")
+            f.write(f"{(1 << 22) + 7} {(1 << 22) + 7} 12345\n")  # long gone
+        assert TaskExecutor.kill_orphans(str(pidfile)) == 2
+        assert not pidfile.exists()
+        assert TaskExecutor.kill_orphans(str(pidfile)) == 0
+        assert stranger.poll() is None
+        for k in keys:
+            assert (await h.wait(k)).status == 137
+    finally:
+        stranger.kill()
+        stranger.wait()
+    await asyncio.sleep(0.05)
+    assert pidfile.read_text() == ""  # nothing running any more
+
+
+# -- TestExecutor ----------------------------------------------------------
+
+def mock_env(**kw):
+    return {f"MC_TEST_{k.upper()}": str(v) for k, v in kw.items()}
+
+
+async def test_mock_zero_duration_completes_next_iteration():
+    h = Harness(TestExecutor)
+    key, pid = h.start("anything", env=mock_env(exit_code=3))
+    assert pid is not None and h.ex.running == 1 and key not in h.results
+    await asyncio.sleep(0)
+    r = h.results[key]
+    assert (r.status, r.exit_code, r.signal, r.pid) == (3, 3, None, pid)
+    assert h.ex.running == 0
+
+
+async def test_mock_duration_and_termination():
+    h = Harness(TestExecutor)
+    t0 = time.monotonic()
+    r, _, _ = await h.run("x", env=mock_env(run_duration=0.2))
+    assert 0.2 <= time.monotonic() - t0 < 1 and r.status == 0
+    a, _ = h.start("x", env=mock_env(run_duration=30))
+    b, _ = h.start("x", env=mock_env(run_duration=30))
+    c, _ = h.start("x", env=mock_env(run_duration=30))
+    h.ex.terminate(a, 5)
+    h.ex.signal(b, signal.SIGKILL)
+    h.ex.signal(c, signal.SIGCHLD)  # default action: ignore
+    assert (await h.wait(a, 1)).status == 143
+    assert (await h.wait(b, 1)).signal == 9
+    await asyncio.sleep(0.05)
+    assert c not in h.results
+    await h.ex.shutdown(1)
+    assert h.results[c].status == 143 and h.ex.running == 0
+
+
+async def test_mock_bad_env_is_an_error_result():
+    h = Harness(TestExecutor)
+    r, _, _ = await h.run("x", env=mock_env(exit_code="seven"))
+    assert r.status == 126 and "mock task" in r.error
+
+
+async def test_mock_throughput():
+    done = []
+    ex = TestExecutor(lambda *a: None, done.append)
+    env = mock_env(exit_code=0)
+    specs = [TaskSpec((2, i), ("x",), env) for i in range(50_000)]
+    t0 = time.perf_counter()
+    for spec in specs:
+        ex.start(spec)
+    await asyncio.sleep(0)
+    rate = len(specs) / (time.perf_counter() - t0)
+    assert len(done) == len(specs) and ex.running == 0
+    # ~200k/s on an idle 2-core VM; the margin absorbs a busy CI machine.
+    assert rate > 40_000, f"{rate:.0f} tasks/s"
