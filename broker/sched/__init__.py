@@ -1,0 +1,18 @@
+"""Graph-based resource matcher and queue scheduler (pure library, no I/O).
+
+The broker builds a ResourceGraph from worker hellos, queues SchedJobs on a
+Scheduler and calls schedule(now) from its event loop; see docs/scheduling.md.
+"""
+
+from .alloc import Allocation, RankAlloc, Slot
+from .backfill import Reservation
+from .graph import ResourceGraph
+from .policies import DEFAULT_POLICY, POLICIES, check_policy
+from .queue import DEFAULT_BACKFILL_DEPTH, SchedJob, Scheduler, Start
+from .request import InfeasibleRequest, Request, format_constraint, parse_constraint
+
+__all__ = [
+    "Allocation", "DEFAULT_BACKFILL_DEPTH", "DEFAULT_POLICY", "InfeasibleRequest", "POLICIES",
+    "RankAlloc", "Request", "Reservation", "ResourceGraph", "SchedJob", "Scheduler", "Slot",
+    "Start", "check_policy", "format_constraint", "parse_constraint",
+]

@@ -1,0 +1,101 @@
+"""The result of a match: which core/GPU ids and memory each task gets.
+
+Allocations cross process boundaries (broker journal, worker task binding),
+so they round-trip through plain lists/dicts with to_wire()/from_wire().
+Task placement is fixed here: ranks ascending, slots in order, task i gets
+the i-th slot overall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """What one task is bound to on one node."""
+
+    cores: tuple[int, ...]
+    gpus: tuple[int, ...] = ()
+    memory_mb: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RankAlloc:
+    """The slots an allocation holds on one rank."""
+
+    slots: tuple[Slot, ...]
+
+    @property
+    def cores(self) -> tuple[int, ...]:
+        return tuple(c for s in self.slots for c in s.cores)
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(g for s in self.slots for g in s.gpus)
+
+
+class Allocation(Mapping[int, RankAlloc]):
+    """Immutable mapping rank -> RankAlloc (ascending ranks), plus exclusivity.
+
+    exclusive=True means every resource of each listed rank is held, not only
+    the slots' cores: the worker may still bind tasks to the slot cores.
+    """
+
+    __slots__ = ("_ranks", "exclusive")
+
+    def __init__(self, ranks: Mapping[int, RankAlloc], exclusive: bool = False) -> None:
+        self._ranks = {r: ranks[r] for r in sorted(ranks)}
+        self.exclusive = exclusive
+
+    def __getitem__(self, rank: int) -> RankAlloc:
+        return self._ranks[rank]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ranks)
+
+    def __len__(self) -> int:
+        return len(self._ranks)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Allocation):
+            return NotImplemented
+        return self.exclusive == other.exclusive and self._ranks == other._ranks
+
+    def __hash__(self) -> int:
+        return hash((self.exclusive, tuple(self._ranks.items())))
+
+    def __repr__(self) -> str:
+        return f"Allocation({self._ranks!r}, exclusive={self.exclusive})"
+
+    def task_slots(self) -> list[tuple[int, Slot]]:
+        """(rank, slot) for every task, in task-rank order."""
+        return [(r, s) for r, ra in self._ranks.items() for s in ra.slots]
+
+    @property
+    def nslots(self) -> int:
+        return sum(len(ra.slots) for ra in self._ranks.values())
+
+    def to_wire(self) -> dict[str, object]:
+        """{"exclusive": bool, "ranks": [[rank, [[cores], [gpus], mem], ...], ...]}."""
+        return {
+            "exclusive": self.exclusive,
+            "ranks": [
+                [rank, [[list(s.cores), list(s.gpus), s.memory_mb] for s in ra.slots]]
+                for rank, ra in self._ranks.items()
+            ],
+        }
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, object]) -> Allocation:
+        try:
+            ranks = {
+                int(rank): RankAlloc(tuple(
+                    Slot(tuple(int(c) for c in cores), tuple(int(g) for g in gpus), int(mem))
+                    for cores, gpus, mem in slots))
+                for rank, slots in wire["ranks"]  # type: ignore[union-attr]
+            }
+            return cls(ranks, bool(wire["exclusive"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed allocation on the wire: {exc}") from exc

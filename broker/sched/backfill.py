@@ -1,0 +1,76 @@
+"""EASY backfill planning: the head job's reservation and the backfill test.
+
+The reservation is computed on the real graph, not on core counts: running
+allocations are detached in order of their expected end (start + time
+limit) until the blocked head job matches; the end time of the last one
+detached is the shadow time and that match is the reserved allocation.
+Matching is monotone in freed resources, so the prefix length is found by
+exponential + binary search: O(log R) matches and O(R) cheap detach/attach
+steps for R running allocations.  Everything is re-attached afterwards.
+
+A later job may then start if it fits without touching the reserved
+resources (the part of them free now is held under a phantom key while it
+is matched), or if it fits at all and ends before the shadow time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+
+from .alloc import Allocation
+from .graph import ResourceGraph
+from .request import Request
+from .state import Hold
+
+PHANTOM = ("__sched_reservation__",)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Where and when the blocked head job is expected to start."""
+
+    job_id: int
+    start: float
+    allocation: Allocation
+
+
+def plan_reservation(graph: ResourceGraph, job_id: int, request: Request, policy: str,
+                     ends: Mapping[Hashable, float], now: float) -> Reservation | None:
+    """Reservation for a job that does not fit now, or None if it never will.
+
+    ends maps running allocation keys to expected end times; overdue ones are
+    taken to end now.
+    """
+    order = sorted(ends, key=ends.__getitem__)
+    detached: list[tuple[Hashable, dict[int, Hold]]] = []
+
+    def move_to(count: int) -> None:
+        while len(detached) < count:
+            key = order[len(detached)]
+            detached.append((key, graph.detach(key)))
+        while len(detached) > count:
+            graph.attach(*detached.pop())
+
+    try:
+        found = None
+        low, high = 0, 1
+        while high <= len(order):
+            move_to(high)
+            found = graph.match(request, policy)
+            if found is not None:
+                break
+            low, high = high, min(high * 2, len(order)) if high < len(order) else high + 1
+        if found is None:
+            return None
+        while high - low > 1:
+            mid = (low + high) // 2
+            move_to(mid)
+            candidate = graph.match(request, policy)
+            if candidate is None:
+                low = mid
+            else:
+                high, found = mid, candidate
+        return Reservation(job_id, max(now, ends[order[high - 1]]), found)
+    finally:
+        move_to(0)

@@ -1,0 +1,339 @@
+"""ResourceGraph: the networkx containment model plus its pruning indexes.
+
+Vertices: "cluster" -> ("node", rank) -> ("socket", rank, sid) and
+("node", rank) -> ("memory", rank).  Cores and GPUs are id-sets on their
+socket vertex (see state.py).  Every vertex carries the free counts of its
+subtree: sockets their free id-sets, nodes free cores/GPUs/memory, and the
+cluster vertex (ClusterState) the usable totals plus bitmask indexes over
+nodes: ranks by exact free-core count ("buckets"), ranks with any free core,
+with any free GPU, fully idle, usable, and per property.  A match ANDs a few
+of these masks and only then visits node vertices, so a one-core task is
+found without walking the graph and a full cluster is rejected in O(1).
+
+Bit positions are node positions (the order ranks were first added), which
+is also the graph's traversal order used by the first-fit policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+
+import networkx as nx
+
+from . import idset, match as matcher
+from .alloc import Allocation
+from .feasible import check_feasible
+from .request import Constraint, Request
+from .state import Hold, NodeState, Shape, hold_ids
+
+CLUSTER = "cluster"
+
+
+class ClusterState:
+    """Aggregates of the whole graph (usable nodes only) and the node indexes."""
+
+    __slots__ = ("free_cores", "free_gpus", "free_mem", "buckets", "avail", "gpu_avail",
+                 "idle", "usable")
+
+    def __init__(self) -> None:
+        self.free_cores = self.free_gpus = self.free_mem = 0
+        self.buckets: list[int] = [0]  # buckets[c]: mask of nodes with exactly c free cores
+        self.avail = 0      # nodes with >= 1 free core
+        self.gpu_avail = 0  # nodes with >= 1 free gpu
+        self.idle = 0       # nodes with nothing allocated
+        self.usable = 0     # up and not drained
+
+
+class ResourceGraph:
+    """Resources of one MiniCluster; see the module docstring for the model."""
+
+    def __init__(self) -> None:
+        self.graph = nx.DiGraph()
+        self.cluster = ClusterState()
+        self.graph.add_node(CLUSTER, kind="cluster", state=self.cluster)
+        self.nodes: dict[int, NodeState] = {}
+        self.by_pos: list[NodeState | None] = []
+        self.positions_follow_ranks = True  # first-fit order == rank order
+        self._highest_rank = -1
+        self._holds: dict[Hashable, dict[int, Hold]] = {}
+        self._prop_masks: dict[tuple[str, str], int] = {}
+        self._key_masks: dict[str, int] = {}
+        self._constraint_cache: dict[tuple[Constraint, ...], int] = {}
+        self._shapes: dict[Shape, int] = {}
+        self.version = 0  # bumped on every change; lets the scheduler skip idle cycles
+        self.topology_version = 0  # bumped when ranks are added/removed/change health
+
+    # ----------------------------------------------------------------- ranks
+
+    def add_rank(self, rank: int, *, hostname: str, sockets: dict[int, tuple[int, ...]],
+                 gpus: tuple[int, ...] = (), memory_mb: int = 0,
+                 properties: dict[str, str] | None = None) -> None:
+        """Add a node, or replace a known rank's description and bring it up.
+
+        Allocations still held on a replaced rank keep holding whatever of
+        their ids the new description still has.
+        """
+        old = self.nodes.get(rank)
+        pos = old.pos if old else len(self.by_pos)
+        node = NodeState(rank, pos, hostname, sockets, tuple(gpus), memory_mb, properties or {})
+        if old:
+            self._detach_node(old)
+        else:
+            self.by_pos.append(None)
+            if rank < self._highest_rank:
+                self.positions_follow_ranks = False
+            self._highest_rank = max(self._highest_rank, rank)
+        self._attach_node(node)
+        if old:
+            self._carry_holds(node)
+
+    def remove_rank(self, rank: int) -> None:
+        """Forget a rank; holds on it are dropped from accounting (free skips it)."""
+        self._detach_node(self._node(rank))
+        self.by_pos[self.nodes.pop(rank).pos] = None
+
+    def set_down(self, rank: int) -> None:
+        self._set_health(self._node(rank), up=False)
+
+    def set_up(self, rank: int) -> None:
+        self._set_health(self._node(rank), up=True)
+
+    def drain(self, rank: int, reason: str) -> None:
+        self._set_health(self._node(rank), drain_reason=reason or "drained")
+
+    def undrain(self, rank: int) -> None:
+        self._set_health(self._node(rank), drain_reason=None)
+
+    def _node(self, rank: int) -> NodeState:
+        try:
+            return self.nodes[rank]
+        except KeyError:
+            raise KeyError(f"unknown rank {rank}") from None
+
+    def _attach_node(self, node: NodeState) -> None:
+        g, r = self.graph, node.rank
+        g.add_node(("node", r), kind="node", state=node)
+        g.add_edge(CLUSTER, ("node", r))
+        for sock in node.sockets:
+            g.add_node(("socket", r, sock.index), kind="socket", state=sock)
+            g.add_edge(("node", r), ("socket", r, sock.index))
+        g.add_node(("memory", r), kind="memory", size_mb=node.total_mem)
+        g.add_edge(("node", r), ("memory", r))
+        self.nodes[r] = node
+        self.by_pos[node.pos] = node
+        cl = self.cluster
+        while len(cl.buckets) <= node.total_cores:
+            cl.buckets.append(0)
+        cl.buckets[node.free_cores] |= node.bit
+        self._flag(node, True)
+        for key, value in node.properties.items():
+            self._prop_masks[(key, value)] = self._prop_masks.get((key, value), 0) | node.bit
+            self._key_masks[key] = self._key_masks.get(key, 0) | node.bit
+        shape = Shape.of(node)
+        self._shapes[shape] = self._shapes.get(shape, 0) + 1
+        self._constraint_cache.clear()
+        self.version += 1
+        self.topology_version += 1
+
+    def _detach_node(self, node: NodeState) -> None:
+        r, cl = node.rank, self.cluster
+        self.graph.remove_nodes_from([("node", r), ("memory", r)]
+                                    + [("socket", r, s.index) for s in node.sockets])
+        cl.buckets[node.free_cores] &= ~node.bit
+        self._flag(node, False)
+        for key, value in node.properties.items():
+            self._prop_masks[(key, value)] &= ~node.bit
+            self._key_masks[key] &= ~node.bit
+        shape = Shape.of(node)
+        self._shapes[shape] -= 1
+        if not self._shapes[shape]:
+            del self._shapes[shape]
+        self._constraint_cache.clear()
+        self.version += 1
+        self.topology_version += 1
+
+    def _flag(self, node: NodeState, present: bool) -> None:
+        """Add (present) or remove the node from the yes/no indexes and totals."""
+        cl, bit, sign = self.cluster, node.bit, 1 if present else -1
+        keep = bit if present else 0
+        for name, member in (("avail", node.free_cores > 0), ("gpu_avail", node.free_gpus > 0),
+                             ("idle", node.is_idle()), ("usable", node.usable)):
+            if member:
+                setattr(self.cluster, name, (getattr(cl, name) & ~bit) | keep)
+        if node.usable:
+            cl.free_cores += sign * node.free_cores
+            cl.free_gpus += sign * node.free_gpus
+            cl.free_mem += sign * node.free_mem
+
+    def _set_health(self, node: NodeState, **change: object) -> None:
+        self._flag(node, False)
+        for name, value in change.items():
+            setattr(node, name, value)
+        self._flag(node, True)
+        self.version += 1
+        self.topology_version += 1
+
+    def _carry_holds(self, node: NodeState) -> None:
+        """Re-take, on a re-described node, what live allocations held on it."""
+        for hold in self._holds.values():
+            if node.rank in hold:
+                new = node.hold_from_ids(*hold_ids(hold[node.rank]))
+                hold[node.rank] = new
+                self._take(node, new)
+
+    # ------------------------------------------------------------ accounting
+
+    def _take(self, node: NodeState, hold: Hold) -> None:
+        self._account(node, hold, NodeState.take)
+
+    def _give(self, node: NodeState, hold: Hold) -> None:
+        self._account(node, hold, NodeState.give)
+
+    def _account(self, node: NodeState, hold: Hold, op) -> None:
+        """Apply take/give to a node and move it between the index masks."""
+        cl, bit = self.cluster, node.bit
+        fc, fg, fm, idle = node.free_cores, node.free_gpus, node.free_mem, node.is_idle()
+        op(node, hold)
+        if node.free_cores != fc:
+            cl.buckets[fc] ^= bit
+            cl.buckets[node.free_cores] |= bit
+            if not fc or not node.free_cores:
+                cl.avail ^= bit
+        if (fg > 0) != (node.free_gpus > 0):
+            cl.gpu_avail ^= bit
+        if node.is_idle() != idle:
+            cl.idle ^= bit
+        if node.usable:
+            cl.free_cores += node.free_cores - fc
+            cl.free_gpus += node.free_gpus - fg
+            cl.free_mem += node.free_mem - fm
+        self.version += 1
+
+    def alloc(self, key: Hashable, allocation: Allocation) -> None:
+        """Take the allocation's resources under key; ValueError if any is not free."""
+        if key in self._holds:
+            raise ValueError(f"allocation key {key!r} already holds resources")
+        holds: dict[int, Hold] = {}
+        for rank, ralloc in allocation.items():
+            node = self.nodes.get(rank)
+            if node is None:
+                raise ValueError(f"allocation names unknown rank {rank}")
+            if allocation.exclusive:
+                if not node.is_idle():
+                    raise ValueError(f"rank {rank} is not idle, cannot allocate it exclusively")
+                hold = node.free_hold()
+            else:
+                hold = node.hold_for(ralloc.slots)
+                if not node.can_take(hold):
+                    raise ValueError(f"resources on rank {rank} are not free for {key!r}")
+            holds[rank] = hold
+        for rank, hold in holds.items():
+            self._take(self.nodes[rank], hold)
+        self._holds[key] = holds
+
+    def free(self, key: Hashable) -> None:
+        """Give back everything key holds (KeyError if it holds nothing)."""
+        for rank, hold in self._holds.pop(key).items():
+            node = self.nodes.get(rank)
+            if node is not None:
+                self._give(node, hold)
+
+    def hold_free_part(self, key: Hashable, allocation: Allocation) -> None:
+        """Hold whatever of allocation's resources is free now (backfill reservations)."""
+        holds: dict[int, Hold] = {}
+        for rank, ralloc in allocation.items():
+            node = self.nodes.get(rank)
+            if node is None:
+                continue
+            want = node.free_hold() if allocation.exclusive else node.hold_for(ralloc.slots)
+            cores = tuple(w & s.cores_free for w, s in zip(want[0], node.sockets))
+            gpus = tuple(w & s.gpus_free for w, s in zip(want[1], node.sockets))
+            holds[rank] = (cores, gpus, min(want[2], node.free_mem))
+            self._take(node, holds[rank])
+        self._holds[key] = holds
+
+    def holds(self, key: Hashable) -> bool:
+        return key in self._holds
+
+    def held_cores(self, key: Hashable) -> int:
+        """Number of cores key holds (0 if it holds nothing)."""
+        return sum(m.bit_count() for hold in self._holds.get(key, {}).values() for m in hold[0])
+
+    def detach(self, key: Hashable) -> dict[int, Hold]:
+        """free(key) but return what it held, for attach() to put back exactly.
+
+        The backfill planner uses this pair to simulate running jobs ending.
+        """
+        holds = self._holds[key]
+        self.free(key)
+        return holds
+
+    def attach(self, key: Hashable, holds: dict[int, Hold]) -> None:
+        """Re-take what detach() returned; the resources must still be free."""
+        for rank, hold in holds.items():
+            node = self.nodes.get(rank)
+            if node is not None:
+                self._take(node, hold)
+        self._holds[key] = holds
+
+    # -------------------------------------------------------------- matching
+
+    def constraint_mask(self, constraints: tuple[Constraint, ...]) -> int:
+        """Mask of nodes satisfying every constraint (cached until ranks change)."""
+        mask = self._constraint_cache.get(constraints)
+        if mask is None:
+            mask = (1 << len(self.by_pos)) - 1
+            for key, allowed in constraints:
+                if allowed:
+                    any_of = 0
+                    for value in allowed:
+                        any_of |= self._prop_masks.get((key, value), 0)
+                    mask &= any_of
+                else:
+                    mask &= self._key_masks.get(key, 0)
+            self._constraint_cache[constraints] = mask
+        return mask
+
+    def match(self, request: Request, policy: str = "first-fit") -> Allocation | None:
+        """Find resources for request in what is free now, or None. Pure query."""
+        return matcher.match(self, request, policy)
+
+    def check_feasible(self, request: Request) -> None:
+        """Raise InfeasibleRequest if request could never fit, even on an empty instance."""
+        check_feasible(self._shapes, request)
+
+    # --------------------------------------------------------------- reports
+
+    def iter_nodes(self) -> Iterator[NodeState]:
+        """Node vertex states in rank order."""
+        for rank in sorted(self.nodes):
+            yield self.nodes[rank]
+
+    def summary(self) -> list[dict[str, object]]:
+        """Per-rank view for `mc resources` (plain, JSON-safe values)."""
+        rows = []
+        for node in self.iter_nodes():
+            free_cores = [c for s in node.sockets for c in idset.iter_ascending(s.cores_free)]
+            free_gpus = [g for s in node.sockets for g in idset.iter_ascending(s.gpus_free)]
+            state = "down" if not node.up else "drained" if node.drain_reason is not None else "up"
+            rows.append({
+                "rank": node.rank, "hostname": node.hostname, "state": state,
+                "reason": node.drain_reason or "",
+                "cores_total": node.total_cores, "cores_free": node.free_cores,
+                "cores_free_ids": idset.encode(free_cores),
+                "gpus_total": node.total_gpus, "gpus_free": node.free_gpus,
+                "gpus_free_ids": idset.encode(free_gpus),
+                "memory_mb_total": node.total_mem, "memory_mb_free": node.free_mem,
+                "properties": dict(node.properties),
+            })
+        return rows
+
+    def snapshot(self) -> tuple:
+        """Hashable copy of all accounting state (tests compare before/after free)."""
+        cl = self.cluster
+        nodes = tuple(
+            (n.rank, n.up, n.drain_reason, n.free_cores, n.free_gpus, n.free_mem,
+             tuple((s.cores_free, s.gpus_free) for s in n.sockets))
+            for n in self.iter_nodes())
+        return (nodes, cl.free_cores, cl.free_gpus, cl.free_mem, tuple(cl.buckets),
+                cl.avail, cl.gpu_avail, cl.idle, cl.usable)

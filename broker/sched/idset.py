@@ -1,0 +1,99 @@
+"""Integer id-sets held as Python int bitmasks, and their compact text form.
+
+The matcher keeps free cores/GPUs of a socket, and index sets of nodes, as
+bitmasks: set algebra then runs in C and a 64-core socket costs one small
+int.  This module is the only place that knows the bit tricks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+
+def to_mask(ids: Iterable[int]) -> int:
+    """Bitmask with bit i set for every id i (ids must be >= 0)."""
+    mask = 0
+    for i in ids:
+        if i < 0:
+            raise ValueError(f"negative id {i} cannot be held in an id-set")
+        mask |= 1 << i
+    return mask
+
+
+def ids_of(mask: int) -> tuple[int, ...]:
+    """Ascending tuple of the ids set in mask."""
+    return tuple(iter_ascending(mask))
+
+
+def lowest(mask: int, count: int) -> tuple[tuple[int, ...], int]:
+    """Take the `count` lowest ids of mask: returns (ids, mask of those ids)."""
+    taken: list[int] = []
+    picked = 0
+    while count and mask:
+        low = mask & -mask
+        mask ^= low
+        picked |= low
+        taken.append(low.bit_length() - 1)
+        count -= 1
+    return tuple(taken), picked
+
+
+def iter_ascending(mask: int) -> Iterator[int]:
+    """Yield the set bit positions of mask, lowest first.
+
+    Repeated `mask & -mask` on a 16k-bit int copies the whole int per step;
+    scanning the reversed binary string with str.find stays in C instead.
+    """
+    if not mask:
+        return
+    bits = bin(mask)[:1:-1]
+    pos = bits.find("1")
+    while pos >= 0:
+        yield pos
+        pos = bits.find("1", pos + 1)
+
+
+def iter_descending(mask: int) -> Iterator[int]:
+    """Yield the set bit positions of mask, highest first."""
+    if not mask:
+        return
+    bits = bin(mask)[:1:-1]
+    pos = bits.rfind("1")
+    while pos >= 0:
+        yield pos
+        pos = bits.rfind("1", 0, pos)
+
+
+def encode(ids: Iterable[int]) -> str:
+    """Compact text form, e.g. [0, 1, 2, 3, 7] -> "0-3,7"."""
+    parts: list[str] = []
+    start = prev = None
+    for i in sorted(set(ids)):
+        if prev is not None and i == prev + 1:
+            prev = i
+            continue
+        if start is not None:
+            parts.append(_span(start, prev))
+        start = prev = i
+    if start is not None:
+        parts.append(_span(start, prev))
+    return ",".join(parts)
+
+
+def _span(start: int, end: int) -> str:
+    return str(start) if start == end else f"{start}-{end}"
+
+
+def decode(text: str) -> tuple[int, ...]:
+    """Inverse of encode: "0-3,7" -> (0, 1, 2, 3, 7)."""
+    ids: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"bad id-set element {part!r} in {text!r}") from None
+        if first < 0 or last < first:
+            raise ValueError(f"bad id-set range {part!r} in {text!r}")
+        ids.update(range(first, last + 1))
+    return tuple(sorted(ids))

@@ -1,0 +1,130 @@
+"""The matcher: turn a Request into an Allocation from what is free now.
+
+Three steps: (1) prune with the cluster vertex's aggregates and index masks
+to a candidate bitmask of nodes that could host at least one slot; (2) walk
+candidates in policy order, asking each node vertex how many slots it can
+hold, until the request is covered (gang: all or nothing); (3) carve real
+core/GPU ids on the chosen nodes' sockets.  Nothing is taken: alloc() does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from .alloc import Allocation, RankAlloc
+from .policies import candidate_order, check_policy
+from .request import Request
+from .state import NodeState
+
+if TYPE_CHECKING:
+    from .graph import ResourceGraph
+
+Picks = list[tuple[NodeState, int]]
+
+
+def match(graph: ResourceGraph, req: Request, policy: str) -> Allocation | None:
+    """Allocation for req under policy, or None if it does not fit now."""
+    check_policy(policy)
+    mask = _candidates(graph, req)
+    if not mask:
+        return None
+    cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
+    counts = req.node_counts()
+    if counts and req.exclusive and mask.bit_count() < len(counts):
+        return None
+    min_free = cps * (counts[-1] if counts else 1)
+    by_pos = graph.by_pos
+    nodes = (by_pos[p] for p in candidate_order(graph, mask, policy, min_free))
+    sized = ((n, n.capacity(cps, gps, mps)) for n in nodes)
+    if counts:
+        picks = _pick_gang(sized, counts)
+    elif policy == "spread":
+        picks = _pick_spread(sized, req.nslots)
+    else:
+        picks = _pick_greedy(sized, req.nslots)
+    if picks is None:
+        return None
+    return Allocation({node.rank: RankAlloc(node.carve(n, cps, gps, mps)) for node, n in picks},
+                      req.exclusive)
+
+
+def _candidates(graph: ResourceGraph, req: Request) -> int:
+    """Mask of usable nodes that pass every cheap test; 0 when nothing can fit."""
+    cl = graph.cluster
+    n, gps, mps = req.nslots, req.gpus_per_slot, req.mem_per_slot
+    if not req.exclusive and (cl.free_cores < n * req.cores_per_slot
+                              or cl.free_gpus < n * gps or cl.free_mem < n * mps):
+        return 0
+    mask = cl.usable & cl.avail
+    if req.exclusive:
+        mask &= cl.idle
+    if gps:
+        mask &= cl.gpu_avail
+    if req.constraints and mask:
+        mask &= graph.constraint_mask(req.constraints)
+    if req.cores_per_slot > 1 and mask and not req.exclusive:
+        counts = req.node_counts()
+        mask &= _with_free_cores(cl.buckets, req.cores_per_slot * (counts[-1] if counts else 1))
+    return mask
+
+
+def _with_free_cores(buckets: list[int], least: int) -> int:
+    """Mask of nodes with at least `least` free cores (the cluster's max-free prune)."""
+    mask = 0
+    for bucket in buckets[least:]:
+        mask |= bucket
+    return mask
+
+
+def _pick_greedy(sized: Iterable[tuple[NodeState, int]], nslots: int) -> Picks | None:
+    """Take as many slots as fit from each node in order."""
+    picks: Picks = []
+    for node, cap in sized:
+        if cap:
+            take = min(cap, nslots)
+            picks.append((node, take))
+            nslots -= take
+            if not nslots:
+                return picks
+    return None
+
+
+def _pick_spread(sized: Iterator[tuple[NodeState, int]], nslots: int) -> Picks | None:
+    """One slot per node first, then round-robin over the same nodes."""
+    caps: list[list] = []
+    for node, cap in sized:
+        if cap:
+            caps.append([node, cap, 0])
+            if len(caps) == nslots:
+                break
+    if sum(c[1] for c in caps) < nslots:
+        return None
+    while nslots:
+        for entry in caps:
+            if nslots and entry[2] < entry[1]:
+                entry[2] += 1
+                nslots -= 1
+    return [(node, n) for node, _, n in caps]
+
+
+def _pick_gang(sized: Iterable[tuple[NodeState, int]], counts: tuple[int, ...]) -> Picks | None:
+    """Exactly len(counts) nodes; counts are largest-first and differ by at most 1.
+
+    Any node that can take the larger count can take the smaller, so giving
+    large counts to the first nodes that can hold them is never worse.
+    """
+    big, small = counts[0], counts[-1]
+    nbig = counts.count(big) if big != small else len(counts)
+    nsmall = len(counts) - nbig
+    picks: Picks = []
+    for node, cap in sized:
+        if cap >= big and nbig:
+            picks.append((node, big))
+            nbig -= 1
+        elif cap >= small and nsmall:
+            picks.append((node, small))
+            nsmall -= 1
+        if not nbig and not nsmall:
+            return picks
+    return None

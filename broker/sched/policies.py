@@ -1,0 +1,63 @@
+"""Node-selection policies: the order in which the matcher visits candidates.
+
+A policy only orders node positions drawn from a candidate bitmask; which
+nodes are candidates and how many slots each takes is match.py's job.
+
+  first-fit  graph (insertion) order: the first nodes that fit
+  pack       fewest free cores first: fill used nodes before opening new ones
+  spread     most free cores first (and, in match.py, one slot per node first)
+  low-id     ascending rank
+  high-id    descending rank
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .idset import iter_ascending, iter_descending
+
+if TYPE_CHECKING:
+    from .graph import ResourceGraph
+
+POLICIES = ("first-fit", "pack", "spread", "low-id", "high-id")
+DEFAULT_POLICY = "first-fit"
+
+
+def check_policy(name: str) -> str:
+    """Return name if it is a known policy, else ValueError listing the valid ones."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown scheduling policy {name!r}; valid policies: {', '.join(POLICIES)}")
+    return name
+
+
+def candidate_order(graph: ResourceGraph, mask: int, policy: str, min_free: int) -> Iterator[int]:
+    """Yield the positions set in mask in the policy's preference order.
+
+    min_free (free cores a node needs) lets pack/spread skip whole buckets.
+    """
+    if policy == "first-fit":
+        return iter_ascending(mask)
+    if policy in ("low-id", "high-id"):
+        return _by_rank(graph, mask, policy == "high-id")
+    buckets = graph.cluster.buckets
+    counts = range(max(min_free, 1), len(buckets))
+    if policy == "spread":
+        counts = reversed(counts)
+    elif policy != "pack":
+        check_policy(policy)
+    return _bucket_walk(buckets, counts, mask)
+
+
+def _bucket_walk(buckets: list[int], counts, mask: int) -> Iterator[int]:
+    for count in counts:
+        hits = buckets[count] & mask
+        if hits:
+            yield from iter_ascending(hits)
+
+
+def _by_rank(graph: ResourceGraph, mask: int, descending: bool) -> Iterator[int]:
+    if graph.positions_follow_ranks:
+        return iter_descending(mask) if descending else iter_ascending(mask)
+    by_pos = graph.by_pos
+    return iter(sorted(iter_ascending(mask), key=lambda p: by_pos[p].rank, reverse=descending))

@@ -1,0 +1,270 @@
+"""The queue policy: priority order, array jobs and EASY backfill.
+
+Scheduler owns the allocations it starts (graph keys are (job_id, element))
+and is driven by the broker: enqueue/cancel on submissions, schedule(now)
+whenever something changed, release(job_id, element, now) when a task set
+ends.  It never reads the clock and never blocks.
+
+Bounds that keep a cycle cheap on a long queue (see docs/scheduling.md):
+  * a cycle with no change to the graph or the queue since the last
+    complete cycle returns at once;
+  * the scan stops as soon as no core is free anywhere;
+  * within a cycle a (request, policy) that failed to match is not tried
+    again: free resources only shrink during a cycle;
+  * after the head job is blocked at most `backfill_depth` queued jobs are
+    examined for backfill.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from .alloc import Allocation
+from .backfill import PHANTOM, Reservation, plan_reservation
+from .graph import ResourceGraph
+from .policies import check_policy
+from .request import Request
+
+DEFAULT_BACKFILL_DEPTH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SchedJob:
+    """A queued job; count > 1 makes it an array of independent elements."""
+
+    job_id: int
+    urgency: int = 16
+    submit_time: float = 0.0
+    request: Request = field(default_factory=Request)
+    time_limit: float | None = None
+    policy: str | None = None
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.urgency <= 31:
+            raise ValueError(f"urgency must be 0-31, got {self.urgency}")
+        if self.count < 1:
+            raise ValueError(f"count must be >= 1, got {self.count}")
+        if self.time_limit is not None and self.time_limit <= 0:
+            raise ValueError(f"time_limit must be > 0, got {self.time_limit}")
+        if self.policy is not None:
+            check_policy(self.policy)
+
+    @property
+    def order_key(self) -> tuple[int, float, int]:
+        return (-self.urgency, self.submit_time, self.job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Run element `element` of job `job_id` on `allocation` now."""
+
+    job_id: int
+    element: int
+    allocation: Allocation
+
+
+class _Pending:
+    """Queue entry: the job plus how many of its elements have started."""
+
+    __slots__ = ("job", "started")
+
+    def __init__(self, job: SchedJob) -> None:
+        self.job = job
+        self.started = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.job.count - self.started
+
+
+class Scheduler:
+    """Priority queue with EASY backfill over one ResourceGraph."""
+
+    def __init__(self, graph: ResourceGraph, policy: str = "first-fit",
+                 default_time_limit: float = 3600.0,
+                 backfill_depth: int = DEFAULT_BACKFILL_DEPTH) -> None:
+        self.graph = graph
+        self.policy = check_policy(policy)
+        self.default_time_limit = default_time_limit
+        self.backfill_depth = backfill_depth
+        self._pending: dict[int, _Pending] = {}
+        self._order: list[tuple[int, float, int]] = []
+        self._running: dict[tuple[int, int], float] = {}  # (job, element) -> expected end
+        self._reservation: Reservation | None = None
+        self._reservation_stamp: tuple | None = None
+        self._queue_version = 0
+        self._releases = 0
+        self._quiet_stamp: tuple | None = None
+
+    # ------------------------------------------------------------- the queue
+
+    def enqueue(self, job: SchedJob) -> None:
+        """Queue a job (the broker checks graph.check_feasible at submit)."""
+        if job.job_id in self._pending:
+            raise ValueError(f"job {job.job_id} is already queued")
+        self._pending[job.job_id] = _Pending(job)
+        bisect.insort(self._order, job.order_key)
+        self._queue_version += 1
+
+    def cancel(self, job_id: int) -> int:
+        """Drop the job's pending elements; returns how many were dropped."""
+        entry = self._pending.pop(job_id, None)
+        if entry is None:
+            return 0
+        self._order.pop(bisect.bisect_left(self._order, entry.job.order_key))
+        self._queue_version += 1
+        return entry.remaining
+
+    def pending_count(self) -> int:
+        """Pending elements (an array job counts each element not yet started)."""
+        return sum(e.remaining for e in self._pending.values())
+
+    def running_count(self) -> int:
+        return len(self._running)
+
+    def estimated_start(self, job_id: int) -> float | None:
+        """Reserved start time of the blocked head job; None for any other job."""
+        res = self._reservation
+        return res.start if res is not None and res.job_id == job_id else None
+
+    def release(self, job_id: int, element: int, now: float) -> None:
+        """The element's resources are free again (ended, failed or cancelled)."""
+        self.graph.free((job_id, element))
+        del self._running[(job_id, element)]
+        self._releases += 1
+
+    def adopt(self, job_id: int, element: int, allocation: Allocation,
+              start_time: float, time_limit: float | None = None) -> None:
+        """Re-register a running element (broker restart from its journal)."""
+        self.graph.alloc((job_id, element), allocation)
+        self._running[(job_id, element)] = start_time + (time_limit or self.default_time_limit)
+
+    # ------------------------------------------------------------ scheduling
+
+    def schedule(self, now: float, limit: int | None = None) -> list[Start]:
+        """Start what can start now, in priority order, then backfill."""
+        if self._quiet_stamp == (self.graph.version, self._queue_version):
+            return []
+        cycle = _Cycle(self, now, limit)
+        cycle.run()
+        done = [jid for jid, e in self._pending.items() if not e.remaining]
+        for jid in done:
+            self.cancel(jid)
+        self._quiet_stamp = None if cycle.truncated else (self.graph.version, self._queue_version)
+        return cycle.starts
+
+    def _time_limit(self, job: SchedJob) -> float:
+        return job.time_limit or self.default_time_limit
+
+    def _start(self, entry: _Pending, allocation: Allocation, now: float) -> Start:
+        job = entry.job
+        key = (job.job_id, entry.started)
+        self.graph.alloc(key, allocation)
+        self._running[key] = now + self._time_limit(job)
+        entry.started += 1
+        return Start(job.job_id, key[1], allocation)
+
+    def _reserve(self, entry: _Pending, now: float) -> Reservation | None:
+        """Reservation for the blocked head, reused while still valid."""
+        job = entry.job
+        stamp = (job.job_id, self._releases, self.graph.topology_version)
+        res = self._reservation
+        if stamp != self._reservation_stamp or res is None or res.start < now:
+            res = plan_reservation(self.graph, job.job_id, job.request,
+                                   job.policy or self.policy, self._running, now)
+        self._reservation, self._reservation_stamp = res, stamp
+        return res
+
+
+class _Cycle:
+    """One schedule() pass: in-order starts, then backfill behind the head."""
+
+    def __init__(self, sched: Scheduler, now: float, limit: int | None) -> None:
+        self.s, self.now, self.limit = sched, now, limit
+        self.starts: list[Start] = []
+        self.truncated = False
+        self.reservation: Reservation | None = None
+        self.failed: set[tuple] = set()
+
+    def run(self) -> None:
+        s = self.s
+        examined = 0
+        try:
+            for key in list(s._order):
+                entry = s._pending.get(key[2])
+                if entry is None or not entry.remaining:
+                    continue
+                if self.reservation is None:
+                    self._start_in_order(entry)
+                else:
+                    examined += 1
+                    if examined > s.backfill_depth or self._nothing_free():
+                        break
+                    self._backfill(entry)
+                if self._limit_reached():
+                    break
+        finally:
+            if self.reservation is not None:
+                s.graph.free(PHANTOM)
+        s._reservation = self.reservation
+
+    def _limit_reached(self) -> bool:
+        if self.limit is not None and len(self.starts) >= self.limit:
+            self.truncated = True
+        return self.truncated
+
+    def _nothing_free(self) -> bool:
+        graph = self.s.graph
+        return graph.cluster.free_cores + graph.held_cores(PHANTOM) == 0
+
+    def _start_in_order(self, entry: _Pending) -> None:
+        """Start elements while they fit; reserve for the job if it blocks."""
+        s, job = self.s, entry.job
+        policy = job.policy or s.policy
+        while entry.remaining and not self._limit_reached():
+            alloc = s.graph.match(job.request, policy)
+            if alloc is None:
+                break
+            self.starts.append(s._start(entry, alloc, self.now))
+            s._reservation_stamp = None  # in-order starts may occupy what it counted on
+        if not entry.remaining or self.truncated:
+            return
+        # None: can never run with the current ranks, so it must not block others.
+        self.reservation = s._reserve(entry, self.now)
+        if self.reservation is not None:
+            s.graph.hold_free_part(PHANTOM, self.reservation.allocation)
+
+    def _backfill(self, entry: _Pending) -> None:
+        """Start elements that leave the reservation alone or end before it."""
+        s, job = self.s, entry.job
+        policy = job.policy or s.policy
+        short = self.now + s._time_limit(job) <= self.reservation.start
+        while entry.remaining and not self._limit_reached():
+            alloc = self._match(job.request, policy, "disjoint")
+            if alloc is not None:
+                self.starts.append(s._start(entry, alloc, self.now))
+            elif not (short and self._start_over_phantom(entry, policy)):
+                return
+
+    def _match(self, request: Request, policy: str, mode: str) -> Allocation | None:
+        shape = (request, policy, mode)
+        if shape in self.failed:
+            return None
+        alloc = self.s.graph.match(request, policy)
+        if alloc is None:
+            self.failed.add(shape)
+        return alloc
+
+    def _start_over_phantom(self, entry: _Pending, policy: str) -> bool:
+        """Start one element ignoring the reservation (it ends before the shadow)."""
+        graph = self.s.graph
+        graph.free(PHANTOM)
+        try:
+            alloc = self._match(entry.job.request, policy, "any")
+            if alloc is not None:
+                self.starts.append(self.s._start(entry, alloc, self.now))
+            return alloc is not None
+        finally:
+            graph.hold_free_part(PHANTOM, self.reservation.allocation)

@@ -1,0 +1,206 @@
+"""Per-vertex state of the resource graph: node and socket accounting.
+
+Each node vertex of the networkx graph carries a NodeState, each socket
+vertex a SocketState.  Cores and GPUs are id-sets (bitmasks) on their socket
+so a 64-core node is 1 node + 2 socket vertices, not 64 core vertices, yet
+real ids survive for task binding.  A Hold is what one allocation took from
+one node, kept so that giving it back restores the exact prior state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import idset
+from .alloc import Slot
+
+# Hold = (core mask per socket, gpu mask per socket, memory MB)
+Hold = tuple[tuple[int, ...], tuple[int, ...], int]
+
+
+class SocketState:
+    """Free/total core and GPU id-sets of one socket."""
+
+    __slots__ = ("index", "cores_all", "cores_free", "gpus_all", "gpus_free")
+
+    def __init__(self, index: int, cores: int, gpus: int) -> None:
+        self.index = index
+        self.cores_all = self.cores_free = cores
+        self.gpus_all = self.gpus_free = gpus
+
+
+class NodeState:
+    """Description, health and aggregate free counts of one node (rank)."""
+
+    __slots__ = (
+        "rank", "pos", "bit", "hostname", "sockets", "core_socket", "gpu_socket",
+        "total_cores", "total_gpus", "total_mem", "free_cores", "free_gpus", "free_mem",
+        "properties", "up", "drain_reason",
+    )
+
+    def __init__(self, rank: int, pos: int, hostname: str, sockets: dict[int, tuple[int, ...]],
+                 gpus: tuple[int, ...], memory_mb: int, properties: dict[str, str]) -> None:
+        if not sockets:
+            raise ValueError(f"rank {rank}: a node needs at least one socket")
+        if memory_mb < 0:
+            raise ValueError(f"rank {rank}: memory_mb must be >= 0")
+        self.rank, self.pos, self.bit = rank, pos, 1 << pos
+        self.hostname = hostname
+        self.properties = dict(properties)
+        self.up, self.drain_reason = True, None
+        socket_ids = sorted(sockets)
+        index_of = {sid: i for i, sid in enumerate(socket_ids)}
+        self.core_socket: dict[int, int] = {}
+        for sid, cores in sorted(sockets.items()):
+            for core in cores:
+                if core in self.core_socket:
+                    raise ValueError(f"rank {rank}: core {core} listed twice")
+                self.core_socket[core] = index_of[sid]
+        self.gpu_socket = _spread_gpus(rank, gpus, len(socket_ids))
+        self.sockets = tuple(
+            SocketState(sid,
+                        idset.to_mask(sockets[sid]),
+                        idset.to_mask(g for g, i in self.gpu_socket.items() if i == index_of[sid]))
+            for sid in socket_ids)
+        self.total_cores = self.free_cores = len(self.core_socket)
+        self.total_gpus = self.free_gpus = len(self.gpu_socket)
+        self.total_mem = self.free_mem = memory_mb
+
+    @property
+    def usable(self) -> bool:
+        return self.up and self.drain_reason is None
+
+    def is_idle(self) -> bool:
+        return (self.free_cores == self.total_cores and self.free_gpus == self.total_gpus
+                and self.free_mem == self.total_mem)
+
+    def max_socket_free(self) -> int:
+        return max(s.cores_free.bit_count() for s in self.sockets)
+
+    def capacity(self, cps: int, gps: int, mps: int) -> int:
+        """How many slots of this shape fit in the free resources now."""
+        cap = self.free_cores // cps
+        if gps:
+            cap = min(cap, self.free_gpus // gps)
+        if mps:
+            cap = min(cap, self.free_mem // mps)
+        return cap
+
+    def carve(self, n: int, cps: int, gps: int, mps: int) -> tuple[Slot, ...]:
+        """Choose core/GPU ids for n slots from the free sets (does not take them).
+
+        A slot's cores come from one socket when any socket has enough
+        (best fit, keeping big sockets whole for wide tasks); otherwise
+        they span sockets.  GPUs prefer the socket of the slot's cores.
+        """
+        cores_free = [s.cores_free for s in self.sockets]
+        counts = [m.bit_count() for m in cores_free]
+        gpus_free = [s.gpus_free for s in self.sockets]
+        slots = []
+        for _ in range(n):
+            fits = [i for i, c in enumerate(counts) if c >= cps]
+            order = [min(fits, key=counts.__getitem__)] if fits else range(len(counts))
+            cores: tuple[int, ...] = ()
+            home = -1
+            for i in order:
+                want = cps - len(cores)
+                if want <= 0:
+                    break
+                got, mask = idset.lowest(cores_free[i], want)
+                if got and home < 0:
+                    home = i
+                cores_free[i] ^= mask
+                counts[i] -= len(got)
+                cores += got
+            gpus: tuple[int, ...] = ()
+            for i in ([home] + [j for j in range(len(gpus_free)) if j != home]) if gps else ():
+                got, mask = idset.lowest(gpus_free[i], gps - len(gpus))
+                gpus_free[i] ^= mask
+                gpus += got
+            slots.append(Slot(tuple(sorted(cores)), tuple(sorted(gpus)), mps))
+        return tuple(slots)
+
+    def hold_for(self, slots: tuple[Slot, ...]) -> Hold:
+        """The Hold that taking these slots' resources amounts to."""
+        cores = [0] * len(self.sockets)
+        gpus = [0] * len(self.sockets)
+        mem = 0
+        try:
+            for slot in slots:
+                for c in slot.cores:
+                    cores[self.core_socket[c]] |= 1 << c
+                for g in slot.gpus:
+                    gpus[self.gpu_socket[g]] |= 1 << g
+                mem += slot.memory_mb
+        except KeyError as exc:
+            raise ValueError(f"rank {self.rank} has no core/gpu {exc.args[0]}") from None
+        return tuple(cores), tuple(gpus), mem
+
+    def free_hold(self) -> Hold:
+        """Everything currently free: what an exclusive allocation takes."""
+        return (tuple(s.cores_free for s in self.sockets),
+                tuple(s.gpus_free for s in self.sockets), self.free_mem)
+
+    def hold_from_ids(self, cores: set[int], gpus: set[int], mem: int) -> Hold:
+        """Rebuild a hold against this (possibly re-described) node, dropping unknown ids."""
+        slot = Slot(tuple(c for c in cores if c in self.core_socket),
+                    tuple(g for g in gpus if g in self.gpu_socket), min(mem, self.free_mem))
+        return self.hold_for((slot,))
+
+    def can_take(self, hold: Hold) -> bool:
+        cores, gpus, mem = hold
+        return mem <= self.free_mem and all(
+            not (c & ~s.cores_free) and not (g & ~s.gpus_free)
+            for s, c, g in zip(self.sockets, cores, gpus))
+
+    def take(self, hold: Hold) -> None:
+        cores, gpus, mem = hold
+        for s, c, g in zip(self.sockets, cores, gpus):
+            if c:
+                s.cores_free ^= c
+                self.free_cores -= c.bit_count()
+            if g:
+                s.gpus_free ^= g
+                self.free_gpus -= g.bit_count()
+        self.free_mem -= mem
+
+    def give(self, hold: Hold) -> None:
+        cores, gpus, mem = hold
+        for s, c, g in zip(self.sockets, cores, gpus):
+            if c:
+                s.cores_free |= c
+                self.free_cores += c.bit_count()
+            if g:
+                s.gpus_free |= g
+                self.free_gpus += g.bit_count()
+        self.free_mem += mem
+
+
+def hold_ids(hold: Hold) -> tuple[set[int], set[int], int]:
+    """Core ids, GPU ids and memory of a hold, socket-independent."""
+    cores, gpus, mem = hold
+    return ({i for m in cores for i in idset.iter_ascending(m)},
+            {i for m in gpus for i in idset.iter_ascending(m)}, mem)
+
+
+def _spread_gpus(rank: int, gpus: tuple[int, ...], nsockets: int) -> dict[int, int]:
+    """GPU id -> socket index; add_rank gives no affinity, so deal them out evenly."""
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"rank {rank}: duplicate gpu ids {gpus}")
+    ordered = sorted(gpus)
+    return {g: i * nsockets // len(ordered) for i, g in enumerate(ordered)}
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What check_feasible needs to know about a node: totals and properties."""
+
+    cores: int
+    gpus: int
+    memory_mb: int
+    properties: frozenset[tuple[str, str]]
+
+    @classmethod
+    def of(cls, node: NodeState) -> Shape:
+        return cls(node.total_cores, node.total_gpus, node.total_mem,
+                   frozenset(node.properties.items()))
