@@ -1,0 +1,150 @@
+"""A small asynchronous Kubernetes API client for the operator's own objects.
+
+It authenticates with the same `kopf.ConnectionInfo` that kopf logs in with,
+so there is exactly one source of credentials (in-cluster service account,
+kubeconfig, or whatever a test hands in).  Only the verbs the operator needs
+exist here: get, create, merge-patch, plus a path builder for its kinds.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+import tempfile
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import kopf
+
+Login = Callable[[], Awaitable[kopf.ConnectionInfo]]
+
+# kind -> (API prefix, plural); the operator only ever touches these.
+_KINDS: dict[str, tuple[str, str]] = {
+    "Secret": ("/api/v1", "secrets"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Service": ("/api/v1", "services"),
+    "Job": ("/apis/batch/v1", "jobs"),
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: dict[str, Any] | str) -> None:
+        self.status = status
+        self.body = body
+        message = body.get("message", "") if isinstance(body, dict) else body
+        self.reason = body.get("reason", "") if isinstance(body, dict) else ""
+        super().__init__(f"HTTP {status}: {message}")
+
+    @property
+    def message(self) -> str:
+        return self.body.get("message", "") if isinstance(self.body, dict) else self.body
+
+
+def path_of(kind: str, namespace: str, name: str | None = None) -> str:
+    prefix, plural = _KINDS[kind]
+    base = f"{prefix}/namespaces/{namespace}/{plural}"
+    return f"{base}/{name}" if name else base
+
+
+class Kube:
+    def __init__(self, login: Login) -> None:
+        self._login = login
+        self._session: aiohttp.ClientSession | None = None
+        self._conn: kopf.ConnectionInfo | None = None
+        self._tempfiles: list[str] = []
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return await self.request("GET", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("POST", path, body)
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("PATCH", path, patch, "application/merge-patch+json")
+
+    async def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        for attempt in range(2):
+            session = await self._ensure_session(refresh=attempt > 0)
+            assert self._conn is not None
+            headers = {"Content-Type": content_type, **_auth_headers(self._conn)}
+            url = self._conn.server.rstrip("/") + path
+            async with session.request(method, url, json=body, headers=headers) as resp:
+                # A rotated service-account token shows up as 401: log in again once.
+                if resp.status == 401 and attempt == 0:
+                    continue
+                data = await _read(resp)
+                if resp.status >= 400:
+                    raise ApiError(resp.status, data)
+                return data if isinstance(data, dict) else {}
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        for path in self._tempfiles:
+            os.unlink(path)
+        self._tempfiles.clear()
+
+    async def _ensure_session(self, refresh: bool) -> aiohttp.ClientSession:
+        if self._session is not None and not refresh:
+            return self._session
+        await self.close()
+        self._conn = await self._login()
+        connector = aiohttp.TCPConnector(ssl=self._ssl_context(self._conn))
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=30),
+        )
+        return self._session
+
+    def _ssl_context(self, conn: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
+        if conn.insecure:
+            return False
+        context = ssl.create_default_context(
+            cafile=os.fspath(conn.ca_path) if conn.ca_path else None,
+            cadata=_text(conn.ca_data) if conn.ca_data else None,
+        )
+        cert = self._file(conn.certificate_path, conn.certificate_data)
+        key = self._file(conn.private_key_path, conn.private_key_data)
+        if cert:
+            context.load_cert_chain(cert, key)
+        return context
+
+    def _file(self, path: Any, data: str | bytes | None) -> str | None:
+        # ssl only loads client certificates from files.
+        if path:
+            return os.fspath(path)
+        if not data:
+            return None
+        fd, name = tempfile.mkstemp(prefix="mc-operator-", suffix=".pem")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data if isinstance(data, bytes) else data.encode())
+        self._tempfiles.append(name)
+        return name
+
+
+def _auth_headers(conn: kopf.ConnectionInfo) -> dict[str, str]:
+    if conn.token:
+        return {"Authorization": f"{conn.scheme or 'Bearer'} {conn.token}"}
+    if conn.username and conn.password:
+        pair = base64.b64encode(f"{conn.username}:{conn.password}".encode()).decode()
+        return {"Authorization": f"Basic {pair}"}
+    return {}
+
+
+def _text(data: str | bytes) -> str:
+    return data.decode() if isinstance(data, bytes) else data
+
+
+async def _read(resp: aiohttp.ClientResponse) -> Any:
+    if resp.content_type == "application/json":
+        return await resp.json()
+    return await resp.text()

@@ -1,0 +1,105 @@
+"""Assemble and run the operator: login, dependencies, handlers, metrics.
+
+`operate()` is the embeddable coroutine (tests pass their own login, status
+fetcher and registry); `run()` is the blocking entry point for `mc operator`
+and `python -m minicluster.operator`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from minicluster.operator import handlers, metrics
+from minicluster.operator.kube import Kube, Login
+from minicluster.operator.spec import GROUP
+from minicluster.operator.status import HttpStatusFetcher, StatusFetcher, broker_url
+
+logger = logging.getLogger(__name__)
+
+
+async def default_login() -> kopf.ConnectionInfo:
+    """In-cluster service account first, then the local kubeconfig."""
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings)
+    info = info or kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError("no in-cluster service account token and no kubeconfig found")
+    return info
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    # Keep kopf's bookkeeping in our own annotations: the CRD's structural
+    # schema would prune kopf's default status fields.
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration",
+    )
+    settings.posting.level = logging.WARNING
+
+
+async def operate(
+    namespace: str | None = None,
+    *,
+    login: Login = default_login,
+    fetch_status: StatusFetcher | None = None,
+    registry: kopf.OperatorRegistry | None = None,
+    poll_interval: float = 5.0,
+    cluster_domain: str = "cluster.local",
+    metrics_port: int | None = 8080,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    registry = registry if registry is not None else kopf.OperatorRegistry()
+    fetcher = HttpStatusFetcher(lambda mc: broker_url(mc, cluster_domain))
+    kube = Kube(login)
+    deps = handlers.Deps(
+        kube=kube,
+        fetch_status=fetch_status or fetcher,
+        metrics=metrics.Metrics(),
+        poll_interval=poll_interval,
+        cluster_domain=cluster_domain,
+    )
+    handlers.register(registry, deps)
+
+    @kopf.on.login(registry=registry)
+    async def _login(**_: Any) -> kopf.ConnectionInfo:
+        return await login()
+
+    @kopf.on.startup(registry=registry)
+    def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings)
+
+    server = await metrics.serve(deps.metrics, "0.0.0.0", metrics_port) if metrics_port else None
+    try:
+        # Standalone: one replica, no peering objects (and no RBAC for them).
+        await kopf.operator(
+            registry=registry,
+            clusterwide=namespace is None,
+            namespaces=[namespace] if namespace else (),
+            standalone=True,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        if server is not None:
+            await server.cleanup()
+        await fetcher.close()
+        await kube.close()
+
+
+def run(namespace: str | None = None) -> None:
+    """Run the MiniCluster operator until interrupted.
+
+    `namespace=None` watches MiniClusters in all namespaces (needs the
+    ClusterRole in deploy/); a name restricts it to that namespace.  The
+    metrics port comes from MC_OPERATOR_METRICS_PORT (default 8080, 0 = off).
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    port = int(os.environ.get("MC_OPERATOR_METRICS_PORT", "8080"))
+    domain = os.environ.get("MC_CLUSTER_DOMAIN", "cluster.local")
+    asyncio.run(operate(namespace, metrics_port=port or None, cluster_domain=domain))

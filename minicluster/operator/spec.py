@@ -1,0 +1,156 @@
+"""The MiniCluster custom resource as the operator understands it.
+
+`MiniCluster.from_body()` turns a CR body into a typed, defaulted value;
+`problems()` lists what the OpenAPI schema could not reject (old API servers
+ignore CEL rules, and some checks need the recorded status). Nothing here does
+I/O, so the manifest builders and the tests share one source of truth.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from minicluster.config import POLICIES, ConfigError, InstanceConfig
+
+GROUP = "minicluster.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "MiniCluster"
+PLURAL = "miniclusters"
+
+NAME_LABEL = f"{GROUP}/name"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MANAGER = "minicluster-operator"
+
+OVERLAY_PORT = 8050
+STATUS_PORT = 8051
+CONTAINER = "minicluster"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+# Pod hostnames are "<name>-<index>" and must fit a 63-character DNS label;
+# 50 leaves room for any index below the schema's maxSize limit.
+MAX_NAME_LENGTH = 50
+MAX_RANKS = 10000
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class MiniCluster:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    size: int
+    max_size: int
+    image: str
+    fanout: int = 32
+    command: tuple[str, ...] = ()
+    policy: str = "first-fit"
+    log_level: str = "info"
+    suspend: bool = False
+    queue_name: str = ""
+    deadline_seconds: int | None = None
+    service_account_name: str = ""
+    # Pass-through pod fields, already in Kubernetes' own shape.
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    env: tuple[Mapping[str, Any], ...] = ()
+    volumes: tuple[Mapping[str, Any], ...] = ()
+    volume_mounts: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> "MiniCluster":
+        meta = body.get("metadata", {})
+        spec = body.get("spec", {})
+        size = int(spec.get("size", 1))
+        return cls(
+            name=meta["name"],
+            namespace=meta.get("namespace", "default"),
+            uid=meta.get("uid", ""),
+            generation=int(meta.get("generation", 0)),
+            size=size,
+            max_size=effective_max_size(body),
+            image=spec.get("image", ""),
+            fanout=int(spec.get("fanout", 32)),
+            command=tuple(spec.get("command") or ()),
+            policy=spec.get("policy", "first-fit"),
+            log_level=(spec.get("logging") or {}).get("level", "info"),
+            suspend=bool(spec.get("suspend", False)),
+            queue_name=spec.get("queueName", "") or "",
+            deadline_seconds=spec.get("deadlineSeconds"),
+            service_account_name=spec.get("serviceAccountName", "") or "",
+            resources=spec.get("resources") or {},
+            env=tuple(spec.get("env") or ()),
+            volumes=tuple(spec.get("volumes") or ()),
+            volume_mounts=tuple(spec.get("volumeMounts") or ()),
+            node_selector=spec.get("nodeSelector") or {},
+            tolerations=tuple(spec.get("tolerations") or ()),
+            affinity=spec.get("affinity") or {},
+        )
+
+    @property
+    def batch(self) -> bool:
+        return bool(self.command)
+
+
+def effective_max_size(body: Mapping[str, Any]) -> int:
+    """The overlay tree's size: fixed once recorded in status, since changing
+    it would re-parent running ranks."""
+    recorded = (body.get("status") or {}).get("maxSize")
+    if recorded:
+        return int(recorded)
+    spec = body.get("spec", {})
+    return int(spec.get("maxSize") or spec.get("size", 1))
+
+
+def problems(body: Mapping[str, Any]) -> list[str]:
+    """Human-readable reasons why this MiniCluster cannot be reconciled."""
+    found: list[str] = []
+    meta = body.get("metadata", {})
+    spec = body.get("spec", {})
+    name = meta.get("name", "")
+    if not _DNS_1035.match(name) or len(name) > MAX_NAME_LENGTH:
+        found.append(
+            f"name {name!r} must be a DNS label (lowercase letters, digits, '-', starting "
+            f"with a letter) of at most {MAX_NAME_LENGTH} characters: pods are named NAME-RANK"
+        )
+    if not spec.get("image"):
+        found.append("spec.image is required")
+    size = spec.get("size", 1)
+    recorded = (body.get("status") or {}).get("maxSize")
+    wanted_max = spec.get("maxSize")
+    if recorded and wanted_max and int(wanted_max) != int(recorded):
+        found.append(f"spec.maxSize is immutable: the overlay tree was laid out for {recorded} ranks")
+    max_size = effective_max_size(body)
+    if isinstance(size, int) and size > max_size:
+        hint = "" if wanted_max else "; set spec.maxSize at creation to make a MiniCluster elastic"
+        found.append(f"spec.size {size} exceeds maxSize {max_size}{hint}")
+    level = (spec.get("logging") or {}).get("level", "info")
+    if level not in LOG_LEVELS:
+        found.append(f"spec.logging.level {level!r} is not one of {', '.join(LOG_LEVELS)}")
+    if not found:
+        found.extend(_config_problems(spec, max_size))
+    return found
+
+
+def _config_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
+    # The broker's own config validation is the final word on what it accepts.
+    try:
+        InstanceConfig(
+            size=int(spec.get("size", 1)),
+            max_size=max_size,
+            fanout=int(spec.get("fanout", 32)),
+            policy=spec.get("policy", "first-fit"),
+        )
+    except (ConfigError, TypeError, ValueError) as exc:
+        return [str(exc)]
+    return []
+
+
+__all__ = [
+    "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "NAME_LABEL", "QUEUE_LABEL",
+    "POLICIES", "LOG_LEVELS", "MiniCluster", "effective_max_size", "problems",
+]
