@@ -9,20 +9,22 @@ the i-th slot overall.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """What one task is bound to on one node."""
+class Slot(NamedTuple):
+    """What one task is bound to on one node.
+
+    NamedTuple rather than a frozen dataclass: one is built per task on the
+    matcher's hot path and tuple construction is several times cheaper.
+    """
 
     cores: tuple[int, ...]
     gpus: tuple[int, ...] = ()
     memory_mb: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class RankAlloc:
+class RankAlloc(NamedTuple):
     """The slots an allocation holds on one rank."""
 
     slots: tuple[Slot, ...]
@@ -46,7 +48,7 @@ class Allocation(Mapping[int, RankAlloc]):
     __slots__ = ("_ranks", "exclusive")
 
     def __init__(self, ranks: Mapping[int, RankAlloc], exclusive: bool = False) -> None:
-        self._ranks = {r: ranks[r] for r in sorted(ranks)}
+        self._ranks = dict(ranks) if len(ranks) == 1 else {r: ranks[r] for r in sorted(ranks)}
         self.exclusive = exclusive
 
     def __getitem__(self, rank: int) -> RankAlloc:
@@ -57,6 +59,19 @@ class Allocation(Mapping[int, RankAlloc]):
 
     def __len__(self) -> int:
         return len(self._ranks)
+
+    # dict-speed views: the graph walks allocations on every alloc().
+    def items(self):  # type: ignore[override]
+        return self._ranks.items()
+
+    def keys(self):  # type: ignore[override]
+        return self._ranks.keys()
+
+    def values(self):  # type: ignore[override]
+        return self._ranks.values()
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self._ranks
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Allocation):

@@ -21,18 +21,19 @@ def check_feasible(shapes: Mapping[Shape, int], req: Request) -> None:
     matching = {s: n for s, n in shapes.items() if _satisfies(s, req.constraints)}
     if not matching:
         raise InfeasibleRequest(_constraint_reason(shapes, req.constraints))
-    where = "the MiniCluster" if not req.constraints else \
-        "nodes with " + ", ".join(format_constraint(c) for c in req.constraints)
-    _check_per_slot(matching, req, where)
+    with_ = "".join(f" with {format_constraint(c)}" for c in req.constraints[:1]) + "".join(
+        f", {format_constraint(c)}" for c in req.constraints[1:])
+    _check_per_slot(matching, req, with_)
     caps = {s: _capacity(s, req) for s in matching}
     counts = req.node_counts()
     if counts:
-        _check_nodes(matching, caps, counts, req, where)
+        _check_nodes(matching, caps, counts, req, with_)
     else:
         most = sum(caps[s] * n for s, n in matching.items())
         if most < req.nslots:
             raise InfeasibleRequest(
-                f"needs {req.nslots} tasks of {_slot_text(req)}, {where} can hold at most {most}")
+                f"needs {req.nslots} tasks of {_slot_text(req)}, the MiniCluster{with_} can"
+                f" hold at most {most} at once")
 
 
 def _satisfies(shape: Shape, constraints: tuple[Constraint, ...]) -> bool:
@@ -48,8 +49,8 @@ def _constraint_reason(shapes: Mapping[Shape, int], constraints: tuple[Constrain
     return "no node has all of " + ", ".join(format_constraint(c) for c in constraints)
 
 
-def _check_per_slot(matching: Mapping[Shape, int], req: Request, where: str) -> None:
-    largest = "the largest node" if where == "the MiniCluster" else f"the largest of the {where}"
+def _check_per_slot(matching: Mapping[Shape, int], req: Request, with_: str) -> None:
+    largest = f"the largest node{with_}"
     for need, attr, unit in ((req.cores_per_slot, "cores", "cores"),
                              (req.gpus_per_slot, "gpus", "GPUs"),
                              (req.mem_per_slot, "memory_mb", "MB of memory")):
@@ -59,17 +60,17 @@ def _check_per_slot(matching: Mapping[Shape, int], req: Request, where: str) -> 
 
 
 def _check_nodes(matching: Mapping[Shape, int], caps: Mapping[Shape, int],
-                 counts: tuple[int, ...], req: Request, where: str) -> None:
+                 counts: tuple[int, ...], req: Request, with_: str) -> None:
     have = sum(matching.values())
     if len(counts) > have:
-        raise InfeasibleRequest(f"needs {len(counts)} nodes, {where} has {have}")
+        raise InfeasibleRequest(f"needs {len(counts)} nodes, the MiniCluster has {have}{with_}")
     for per_node in sorted(set(counts)):
         need = sum(1 for c in counts if c >= per_node)
         able = sum(n for s, n in matching.items() if caps[s] >= per_node)
         if able < need:
             raise InfeasibleRequest(
                 f"needs {need} nodes that each hold {per_node} tasks of {_slot_text(req)},"
-                f" {where} has {able}")
+                f" the MiniCluster has {able}{with_}")
 
 
 def _capacity(shape: Shape, req: Request) -> int:

@@ -184,28 +184,35 @@ class ResourceGraph:
     # ------------------------------------------------------------ accounting
 
     def _take(self, node: NodeState, hold: Hold) -> None:
-        self._account(node, hold, NodeState.take)
+        self._account(node, hold, True)
 
     def _give(self, node: NodeState, hold: Hold) -> None:
-        self._account(node, hold, NodeState.give)
+        self._account(node, hold, False)
 
-    def _account(self, node: NodeState, hold: Hold, op) -> None:
-        """Apply take/give to a node and move it between the index masks."""
+    def _account(self, node: NodeState, hold: Hold, taking: bool) -> None:
+        """Apply a take/give to a node and move it between the index masks."""
         cl, bit = self.cluster, node.bit
-        fc, fg, fm, idle = node.free_cores, node.free_gpus, node.free_mem, node.is_idle()
-        op(node, hold)
-        if node.free_cores != fc:
-            cl.buckets[fc] ^= bit
-            cl.buckets[node.free_cores] |= bit
-            if not fc or not node.free_cores:
+        fc, fg, fm = node.free_cores, node.free_gpus, node.free_mem
+        idle = fc == node.total_cores and fg == node.total_gpus and fm == node.total_mem
+        if taking:
+            node.take(hold)
+        else:
+            node.give(hold)
+        nfc, nfg = node.free_cores, node.free_gpus
+        if nfc != fc:
+            buckets = cl.buckets
+            buckets[fc] ^= bit
+            buckets[nfc] |= bit
+            if not fc or not nfc:
                 cl.avail ^= bit
-        if (fg > 0) != (node.free_gpus > 0):
+        if (fg > 0) != (nfg > 0):
             cl.gpu_avail ^= bit
-        if node.is_idle() != idle:
+        if idle != (nfc == node.total_cores and nfg == node.total_gpus
+                    and node.free_mem == node.total_mem):
             cl.idle ^= bit
-        if node.usable:
-            cl.free_cores += node.free_cores - fc
-            cl.free_gpus += node.free_gpus - fg
+        if node.up and node.drain_reason is None:
+            cl.free_cores += nfc - fc
+            cl.free_gpus += nfg - fg
             cl.free_mem += node.free_mem - fm
         self.version += 1
 
@@ -228,7 +235,7 @@ class ResourceGraph:
                     raise ValueError(f"resources on rank {rank} are not free for {key!r}")
             holds[rank] = hold
         for rank, hold in holds.items():
-            self._take(self.nodes[rank], hold)
+            self._account(self.nodes[rank], hold, True)
         self._holds[key] = holds
 
     def free(self, key: Hashable) -> None:
@@ -294,9 +301,9 @@ class ResourceGraph:
             self._constraint_cache[constraints] = mask
         return mask
 
-    def match(self, request: Request, policy: str = "first-fit") -> Allocation | None:
-        """Find resources for request in what is free now, or None. Pure query."""
-        return matcher.match(self, request, policy)
+    # match(request, policy="first-fit") -> Allocation | None; bound directly,
+    # without a wrapper call, because it is the hottest entry point.
+    match = matcher.match
 
     def check_feasible(self, request: Request) -> None:
         """Raise InfeasibleRequest if request could never fit, even on an empty instance."""

@@ -46,6 +46,12 @@ def iter_ascending(mask: int) -> Iterator[int]:
     """
     if not mask:
         return
+    # Callers usually want only the first hit: get it without building a string.
+    low = mask & -mask
+    yield low.bit_length() - 1
+    mask ^= low
+    if not mask:
+        return
     bits = bin(mask)[:1:-1]
     pos = bits.find("1")
     while pos >= 0:

@@ -23,8 +23,11 @@ if TYPE_CHECKING:
 Picks = list[tuple[NodeState, int]]
 
 
-def match(graph: ResourceGraph, req: Request, policy: str) -> Allocation | None:
-    """Allocation for req under policy, or None if it does not fit now."""
+def match(graph: ResourceGraph, req: Request, policy: str = "first-fit") -> Allocation | None:
+    """Find resources for req in what is free now under policy, or None.
+
+    A pure query: nothing is taken until ResourceGraph.alloc().
+    """
     check_policy(policy)
     mask = _candidates(graph, req)
     if not mask:
@@ -35,6 +38,8 @@ def match(graph: ResourceGraph, req: Request, policy: str) -> Allocation | None:
         return None
     min_free = cps * (counts[-1] if counts else 1)
     by_pos = graph.by_pos
+    if req.nslots == 1:
+        return _match_one(graph, mask, req, policy)
     nodes = (by_pos[p] for p in candidate_order(graph, mask, policy, min_free))
     sized = ((n, n.capacity(cps, gps, mps)) for n in nodes)
     if counts:
@@ -47,6 +52,25 @@ def match(graph: ResourceGraph, req: Request, policy: str) -> Allocation | None:
         return None
     return Allocation({node.rank: RankAlloc(node.carve(n, cps, gps, mps)) for node, n in picks},
                       req.exclusive)
+
+
+def _match_one(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Allocation | None:
+    """One slot: the first node in policy order that can hold it.
+
+    This is the hot path (single-task jobs, array elements); under first-fit
+    the lowest candidate bit is tried before any iterator is built.
+    """
+    cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
+    by_pos = graph.by_pos
+    if policy == "first-fit":
+        node = by_pos[(mask & -mask).bit_length() - 1]
+        if node.capacity(cps, gps, mps):
+            return Allocation({node.rank: RankAlloc(node.carve(1, cps, gps, mps))}, req.exclusive)
+    for pos in candidate_order(graph, mask, policy, cps):
+        node = by_pos[pos]
+        if node.capacity(cps, gps, mps):
+            return Allocation({node.rank: RankAlloc(node.carve(1, cps, gps, mps))}, req.exclusive)
+    return None
 
 
 def _candidates(graph: ResourceGraph, req: Request) -> int:

@@ -93,6 +93,10 @@ class NodeState:
         (best fit, keeping big sockets whole for wide tasks); otherwise
         they span sockets.  GPUs prefer the socket of the slot's cores.
         """
+        if n == 1 and not gps:
+            one = self._carve_one(cps, mps)
+            if one is not None:
+                return (one,)
         cores_free = [s.cores_free for s in self.sockets]
         counts = [m.bit_count() for m in cores_free]
         gpus_free = [s.gpus_free for s in self.sockets]
@@ -119,6 +123,17 @@ class NodeState:
                 gpus += got
             slots.append(Slot(tuple(sorted(cores)), tuple(sorted(gpus)), mps))
         return tuple(slots)
+
+    def _carve_one(self, cps: int, mps: int) -> Slot | None:
+        """Fast path for the common single CPU-only slot from one socket."""
+        best, best_free = None, 0
+        for sock in self.sockets:
+            free = sock.cores_free.bit_count()
+            if free >= cps and (best is None or free < best_free):
+                best, best_free = sock, free
+        if best is None:
+            return None
+        return Slot(idset.lowest(best.cores_free, cps)[0], (), mps)
 
     def hold_for(self, slots: tuple[Slot, ...]) -> Hold:
         """The Hold that taking these slots' resources amounts to."""
@@ -149,9 +164,12 @@ class NodeState:
 
     def can_take(self, hold: Hold) -> bool:
         cores, gpus, mem = hold
-        return mem <= self.free_mem and all(
-            not (c & ~s.cores_free) and not (g & ~s.gpus_free)
-            for s, c, g in zip(self.sockets, cores, gpus))
+        if mem > self.free_mem:
+            return False
+        for s, c, g in zip(self.sockets, cores, gpus):
+            if c & s.cores_free != c or g & s.gpus_free != g:
+                return False
+        return True
 
     def take(self, hold: Hold) -> None:
         cores, gpus, mem = hold
