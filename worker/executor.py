@@ -355,7 +355,10 @@ def _open_output(name: str, path: str | None, pipes: dict[int, str]) -> int:
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
         except OSError as e:
             raise _SpawnError(STATUS_CANNOT_RUN, f"{name} {path}: {e.strerror}") from None
-    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        r, w = os.pipe2(os.O_CLOEXEC)
+    except OSError as e:  # EMFILE: the worker is out of fds, not the user's fault
+        raise _SpawnError(STATUS_CANNOT_RUN, f"{name} pipe: {e.strerror}") from None
     os.set_blocking(r, False)  # not O_NONBLOCK on pipe2: the child's end must block
     pipes[r] = name
     return w

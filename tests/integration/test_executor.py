@@ -87,6 +87,18 @@ async def test_stdout_stderr_separate_and_exit_code():
     assert r.pid and r.started <= r.ended <= time.time()
 
 
+async def test_task_leads_own_session_with_default_signals():
+    h = Harness()
+    r, out, _ = await h.run(PY, "-c", "import os; print(os.getsid(0) == os.getpgid(0) == os.getpid())")
+    assert out == b"True\n"
+    # The worker (Python) ignores SIGPIPE; ignored signals would survive exec.
+    # (glibc's posix_spawn leaves its internal signals 32 and 33 ignored.)
+    r, out, _ = await h.run("cat", "/proc/self/status")
+    sig_ign = next(int(line.split()[1], 16) for line in out.decode().splitlines()
+                   if line.startswith("SigIgn:"))
+    assert sig_ign & ((1 << 31) - 1) == 0, hex(sig_ign)
+
+
 async def test_large_output_intact():
     h = Harness()
     script = ("import sys\n"
@@ -175,8 +187,9 @@ async def test_affinity_applied_and_worker_affinity_restored():
 
 async def test_terminate_escalates_to_sigkill_after_grace():
     h = Harness()
-    script = ("import signal, sys, time\n"
-              "signal.signal(signal.SIGTERM, lambda *a: print('got TERM', flush=True))\n"
+    # os.write: a print() in the handler could re-enter the 'ready' print.
+    script = ("import os, signal, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: os.write(1, b'got TERM\\n'))\n"
               "print('ready', flush=True)\n"
               "while True: time.sleep(1)\n")
     key, _ = h.start(PY, "-c", script)
