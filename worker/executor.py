@@ -72,45 +72,75 @@ class _SpawnError(Exception):
         self.status = status
 
 
+@dataclass(slots=True, eq=False)
 class _Task:
-    __slots__ = ("key", "pid", "pidfd", "pipes", "started", "ended", "waitstatus",
-                 "starttime", "kill_timer", "drain_timer")
+    key: TaskKey
+    pid: int
+    pidfd: int
+    pipes: dict[int, str]  # read end -> "stdout" | "stderr"
+    started: float
+    starttime: int | None  # from /proc, for the orphan pidfile
+    ended: float = 0.0
+    waitstatus: int | None = None
+    kill_timer: asyncio.TimerHandle | None = None
+    drain_timer: asyncio.TimerHandle | None = None
 
-    def __init__(self, key: TaskKey, pid: int, pidfd: int, pipes: dict[int, str],
-                 started: float, starttime: int | None) -> None:
-        self.key, self.pid, self.pidfd, self.pipes = key, pid, pidfd, pipes
-        self.started, self.starttime = started, starttime
-        self.ended = 0.0
-        self.waitstatus: int | None = None
-        self.kill_timer: asyncio.TimerHandle | None = None
-        self.drain_timer: asyncio.TimerHandle | None = None
 
+class _Executor:
+    """Bookkeeping shared by the real and the mock executor."""
 
-class TaskExecutor:
-    def __init__(self, on_output: OnOutput, on_exit: OnExit, pidfile: str | None = None) -> None:
-        self._on_output = on_output
+    def __init__(self, on_exit: OnExit) -> None:
         self._on_exit = on_exit
-        self._pidfile = pidfile
-        self._pidfile_dirty = False
-        self._allowed_cores = frozenset(os.sched_getaffinity(0))
-        self._tasks: dict[TaskKey, _Task] = {}
+        self._tasks: dict = {}
         self._idle: asyncio.Future[None] | None = None
-        self._private_cwd_threads: set[int] = set()
 
     @property
     def running(self) -> int:
         return len(self._tasks)
 
+    def terminate(self, key: TaskKey, grace: float) -> None:
+        raise NotImplementedError
+
+    async def shutdown(self, grace: float) -> None:
+        for key in list(self._tasks):
+            self.terminate(key, grace)
+        if self._tasks:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+
+    def _check_new(self, key: TaskKey) -> asyncio.AbstractEventLoop:
+        if key in self._tasks:
+            raise ValueError(f"task {key} is already running")
+        return asyncio.get_running_loop()
+
+    def _fail_soon(self, loop: asyncio.AbstractEventLoop, key: TaskKey, status: int,
+                   error: str, started: float) -> None:
+        result = TaskResult(key, status, None, None, error, None, started, time.time())
+        loop.call_soon(self._on_exit, result)
+
+    def _report(self, result: TaskResult) -> None:
+        """Call after removing the task from self._tasks."""
+        self._on_exit(result)
+        if not self._tasks and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+
+class TaskExecutor(_Executor):
+    def __init__(self, on_output: OnOutput, on_exit: OnExit, pidfile: str | None = None) -> None:
+        super().__init__(on_exit)
+        self._on_output = on_output
+        self._pidfile = pidfile
+        self._pidfile_dirty = False
+        self._allowed_cores = frozenset(os.sched_getaffinity(0))
+        self._private_cwd_threads: set[int] = set()
+
     def start(self, spec: TaskSpec) -> int | None:
-        if spec.key in self._tasks:
-            raise ValueError(f"task {spec.key} is already running")
-        loop = asyncio.get_running_loop()
+        loop = self._check_new(spec.key)
         started = time.time()
         try:
             pid, pidfd, pipes = self._spawn(spec)
         except _SpawnError as e:
-            result = TaskResult(spec.key, e.status, None, None, str(e), None, started, time.time())
-            loop.call_soon(self._on_exit, result)
+            self._fail_soon(loop, spec.key, e.status, str(e), started)
             return None
         task = _Task(spec.key, pid, pidfd, pipes, started,
                      _starttime(pid) if self._pidfile else None)
@@ -140,11 +170,7 @@ class TaskExecutor:
                 grace, _killpg, task.pid, _signal.SIGKILL)
 
     async def shutdown(self, grace: float) -> None:
-        for key in list(self._tasks):
-            self.terminate(key, grace)
-        if self._tasks:
-            self._idle = asyncio.get_running_loop().create_future()
-            await self._idle
+        await super().shutdown(grace)
         self._write_pidfile()
 
     @staticmethod
@@ -298,9 +324,7 @@ class TaskExecutor:
         _killpg(task.pid, _signal.SIGKILL)
         del self._tasks[task.key]
         self._pidfile_changed(asyncio.get_running_loop())
-        self._on_exit(_result(task))
-        if not self._tasks and self._idle is not None and not self._idle.done():
-            self._idle.set_result(None)
+        self._report(_result(task))
 
     # -- orphan bookkeeping -------------------------------------------------
 
@@ -382,10 +406,14 @@ def _result(task: _Task) -> TaskResult:
         return TaskResult(task.key, 255, None, None, "exit status lost (reaped elsewhere)",
                           task.pid, task.started, task.ended)
     if os.WIFSIGNALED(ws):
-        sig = os.WTERMSIG(ws)
-        return TaskResult(task.key, 128 + sig, None, sig, None, task.pid, task.started, task.ended)
-    code = os.WEXITSTATUS(ws)
-    return TaskResult(task.key, code, code, None, None, task.pid, task.started, task.ended)
+        return _exited(task.key, task.pid, None, os.WTERMSIG(ws), task.started, task.ended)
+    return _exited(task.key, task.pid, os.WEXITSTATUS(ws), None, task.started, task.ended)
+
+
+def _exited(key: TaskKey, pid: int, code: int | None, sig: int | None,
+            started: float, ended: float) -> TaskResult:
+    status = 128 + sig if sig is not None else code
+    return TaskResult(key, status, code, sig, None, pid, started, ended)
 
 
 def _killpg(pgid: int, sig: int) -> bool:
@@ -416,17 +444,18 @@ _NON_FATAL = frozenset({0, _signal.SIGCHLD, _signal.SIGCONT, _signal.SIGURG, _si
                         _signal.SIGSTOP, _signal.SIGTSTP, _signal.SIGTTIN, _signal.SIGTTOU})
 
 
+@dataclass(slots=True, eq=False)
 class _MockTask:
-    __slots__ = ("key", "pid", "code", "sig", "started", "timer", "done")
+    key: TaskKey
+    pid: int
+    code: int
+    started: float
+    sig: int | None = None
+    timer: asyncio.TimerHandle | None = None
+    done: bool = False
 
-    def __init__(self, key: TaskKey, pid: int, code: int, started: float) -> None:
-        self.key, self.pid, self.code, self.started = key, pid, code, started
-        self.sig: int | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.done = False
 
-
-class TestExecutor:
+class TestExecutor(_Executor):
     """Pretends to run tasks: each lasts MC_TEST_RUN_DURATION s and exits MC_TEST_EXIT_CODE.
 
     Zero-length tasks complete in one batch on the next loop iteration, so the
@@ -437,28 +466,18 @@ class TestExecutor:
     def __init__(self, on_output: OnOutput, on_exit: OnExit, pidfile: str | None = None) -> None:
         # on_output and pidfile are accepted for interface parity: nothing runs,
         # so there is neither output nor a process to record.
-        self._on_exit = on_exit
-        self._tasks: dict[TaskKey, _MockTask] = {}
+        super().__init__(on_exit)
         self._due: list[_MockTask] = []
         self._next_pid = _FAKE_PID_BASE
-        self._idle: asyncio.Future[None] | None = None
-
-    @property
-    def running(self) -> int:
-        return len(self._tasks)
 
     def start(self, spec: TaskSpec) -> int | None:
-        if spec.key in self._tasks:
-            raise ValueError(f"task {spec.key} is already running")
-        loop = asyncio.get_running_loop()
+        loop = self._check_new(spec.key)
         started = time.time()
         try:
             duration = float(spec.env.get("MC_TEST_RUN_DURATION", "0"))
             code = int(spec.env.get("MC_TEST_EXIT_CODE", "0"))
         except ValueError as e:
-            result = TaskResult(spec.key, STATUS_CANNOT_RUN, None, None, f"mock task: {e}",
-                                None, started, started)
-            loop.call_soon(self._on_exit, result)
+            self._fail_soon(loop, spec.key, STATUS_CANNOT_RUN, f"mock task: {e}", started)
             return None
         self._next_pid += 1
         task = _MockTask(spec.key, self._next_pid, code, started)
@@ -481,13 +500,6 @@ class TestExecutor:
     def terminate(self, key: TaskKey, grace: float) -> None:
         self.signal(key, _signal.SIGTERM)
 
-    async def shutdown(self, grace: float) -> None:
-        for key in list(self._tasks):
-            self.terminate(key, grace)
-        if self._tasks:
-            self._idle = asyncio.get_running_loop().create_future()
-            await self._idle
-
     def _make_due(self, task: _MockTask, loop: asyncio.AbstractEventLoop) -> None:
         self._due.append(task)
         if len(self._due) == 1:
@@ -503,13 +515,5 @@ class TestExecutor:
             return
         task.done = True
         del self._tasks[task.key]
-        sig = task.sig
-        if sig is None:
-            result = TaskResult(task.key, task.code, task.code, None, None, task.pid,
-                                task.started, time.time())
-        else:
-            result = TaskResult(task.key, 128 + sig, None, sig, None, task.pid,
-                                task.started, time.time())
-        self._on_exit(result)
-        if not self._tasks and self._idle is not None and not self._idle.done():
-            self._idle.set_result(None)
+        code = task.code if task.sig is None else None
+        self._report(_exited(task.key, task.pid, code, task.sig, task.started, time.time()))
