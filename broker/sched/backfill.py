@@ -53,24 +53,24 @@ def plan_reservation(graph: ResourceGraph, job_id: int, request: Request, policy
             graph.attach(*detached.pop())
 
     try:
-        found = None
         low, high = 0, 1
         while high <= len(order):
             move_to(high)
-            found = graph.match(request, policy)
-            if found is not None:
+            if graph.fits(request, policy):
                 break
             low, high = high, min(high * 2, len(order)) if high < len(order) else high + 1
-        if found is None:
+        else:
             return None
         while high - low > 1:
             mid = (low + high) // 2
             move_to(mid)
-            candidate = graph.match(request, policy)
-            if candidate is None:
-                low = mid
+            if graph.fits(request, policy):
+                high = mid
             else:
-                high, found = mid, candidate
+                low = mid
+        move_to(high)
+        found = graph.match(request, policy)
+        assert found is not None, "fits() and match() disagree"
         return Reservation(job_id, max(now, ends[order[high - 1]]), found)
     finally:
         move_to(0)

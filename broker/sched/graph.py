@@ -304,6 +304,7 @@ class ResourceGraph:
     # match(request, policy="first-fit") -> Allocation | None; bound directly,
     # without a wrapper call, because it is the hottest entry point.
     match = matcher.match
+    fits = matcher.fits  # fits(request, policy="first-fit") -> bool, no ids carved
 
     def check_feasible(self, request: Request) -> None:
         """Raise InfeasibleRequest if request could never fit, even on an empty instance."""

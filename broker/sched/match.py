@@ -32,26 +32,38 @@ def match(graph: ResourceGraph, req: Request, policy: str = "first-fit") -> Allo
     mask = _candidates(graph, req)
     if not mask:
         return None
+    if req.nslots == 1:
+        return _match_one(graph, mask, req, policy)
+    picks = _choose(graph, mask, req, policy)
+    if picks is None:
+        return None
+    cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
+    return Allocation({node.rank: RankAlloc(node.carve(n, cps, gps, mps)) for node, n in picks},
+                      req.exclusive)
+
+
+def fits(graph: ResourceGraph, req: Request, policy: str = "first-fit") -> bool:
+    """Whether match() would succeed, without carving ids (cheaper for wide jobs)."""
+    check_policy(policy)
+    mask = _candidates(graph, req)
+    return bool(mask) and _choose(graph, mask, req, policy) is not None
+
+
+def _choose(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Picks | None:
+    """Which nodes, and how many slots on each, in policy order."""
     cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
     counts = req.node_counts()
     if counts and req.exclusive and mask.bit_count() < len(counts):
         return None
     min_free = cps * (counts[-1] if counts else 1)
     by_pos = graph.by_pos
-    if req.nslots == 1:
-        return _match_one(graph, mask, req, policy)
     nodes = (by_pos[p] for p in candidate_order(graph, mask, policy, min_free))
     sized = ((n, n.capacity(cps, gps, mps)) for n in nodes)
     if counts:
-        picks = _pick_gang(sized, counts)
-    elif policy == "spread":
-        picks = _pick_spread(sized, req.nslots)
-    else:
-        picks = _pick_greedy(sized, req.nslots)
-    if picks is None:
-        return None
-    return Allocation({node.rank: RankAlloc(node.carve(n, cps, gps, mps)) for node, n in picks},
-                      req.exclusive)
+        return _pick_gang(sized, counts)
+    if policy == "spread":
+        return _pick_spread(sized, req.nslots)
+    return _pick_greedy(sized, req.nslots)
 
 
 def _match_one(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Allocation | None:

@@ -186,6 +186,7 @@ class _Cycle:
         self.starts: list[Start] = []
         self.truncated = False
         self.reservation: Reservation | None = None
+        self.phantom_cores = 0  # cores held for the reservation right now
         self.failed: set[tuple] = set()
 
     def run(self) -> None:
@@ -216,8 +217,7 @@ class _Cycle:
         return self.truncated
 
     def _nothing_free(self) -> bool:
-        graph = self.s.graph
-        return graph.cluster.free_cores + graph.held_cores(PHANTOM) == 0
+        return self.s.graph.cluster.free_cores + self.phantom_cores == 0
 
     def _start_in_order(self, entry: _Pending) -> None:
         """Start elements while they fit; reserve for the job if it blocks."""
@@ -234,7 +234,12 @@ class _Cycle:
         # None: can never run with the current ranks, so it must not block others.
         self.reservation = s._reserve(entry, self.now)
         if self.reservation is not None:
-            s.graph.hold_free_part(PHANTOM, self.reservation.allocation)
+            self._hold_phantom()
+
+    def _hold_phantom(self) -> None:
+        graph = self.s.graph
+        graph.hold_free_part(PHANTOM, self.reservation.allocation)
+        self.phantom_cores = graph.held_cores(PHANTOM)
 
     def _backfill(self, entry: _Pending) -> None:
         """Start elements that leave the reservation alone or end before it."""
@@ -267,4 +272,4 @@ class _Cycle:
                 self.starts.append(self.s._start(entry, alloc, self.now))
             return alloc is not None
         finally:
-            graph.hold_free_part(PHANTOM, self.reservation.allocation)
+            self._hold_phantom()

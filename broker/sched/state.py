@@ -89,40 +89,40 @@ class NodeState:
     def carve(self, n: int, cps: int, gps: int, mps: int) -> tuple[Slot, ...]:
         """Choose core/GPU ids for n slots from the free sets (does not take them).
 
-        A slot's cores come from one socket when any socket has enough
-        (best fit, keeping big sockets whole for wide tasks); otherwise
-        they span sockets.  GPUs prefer the socket of the slot's cores.
+        A slot's cores come from one socket when possible: whole slots are
+        cut from the fullest sockets first (best fit, keeping emptier
+        sockets whole for wide tasks); only the remainder spans sockets.
+        GPUs prefer the socket of the slot's cores.
         """
         if n == 1 and not gps:
             one = self._carve_one(cps, mps)
             if one is not None:
                 return (one,)
-        cores_free = [s.cores_free for s in self.sockets]
-        counts = [m.bit_count() for m in cores_free]
-        gpus_free = [s.gpus_free for s in self.sockets]
-        slots = []
-        for _ in range(n):
-            fits = [i for i, c in enumerate(counts) if c >= cps]
-            order = [min(fits, key=counts.__getitem__)] if fits else range(len(counts))
-            cores: tuple[int, ...] = ()
-            home = -1
-            for i in order:
-                want = cps - len(cores)
-                if want <= 0:
-                    break
-                got, mask = idset.lowest(cores_free[i], want)
-                if got and home < 0:
-                    home = i
-                cores_free[i] ^= mask
-                counts[i] -= len(got)
-                cores += got
-            gpus: tuple[int, ...] = ()
-            for i in ([home] + [j for j in range(len(gpus_free)) if j != home]) if gps else ():
-                got, mask = idset.lowest(gpus_free[i], gps - len(gpus))
-                gpus_free[i] ^= mask
-                gpus += got
-            slots.append(Slot(tuple(sorted(cores)), tuple(sorted(gpus)), mps))
-        return tuple(slots)
+        free = [list(idset.iter_ascending(s.cores_free)) for s in self.sockets]
+        groups: list[tuple[int, list[int]]] = []  # (home socket, core ids)
+        for i in sorted(range(len(free)), key=lambda i: len(free[i])):
+            ids = free[i]
+            k = min(n - len(groups), len(ids) // cps)
+            groups.extend((i, ids[j * cps:(j + 1) * cps]) for j in range(k))
+            del ids[:k * cps]
+        pool = [(i, c) for i, ids in enumerate(free) for c in ids]
+        while len(groups) < n:
+            take, pool = pool[:cps], pool[cps:]
+            groups.append((take[0][0], sorted(c for _, c in take)))
+        if not gps:  # the common CPU-only case: one Slot per group, nothing else
+            return tuple([Slot(tuple(cores), (), mps) for _, cores in groups])
+        gpu_free = [list(idset.iter_ascending(s.gpus_free)) for s in self.sockets]
+        return tuple([Slot(tuple(cores), self._carve_gpus(gpu_free, home, gps), mps)
+                      for home, cores in groups])
+
+    @staticmethod
+    def _carve_gpus(gpu_free: list[list[int]], home: int, gps: int) -> tuple[int, ...]:
+        gpus: list[int] = []
+        for i in [home] + [j for j in range(len(gpu_free)) if j != home]:
+            want = gps - len(gpus)
+            gpus += gpu_free[i][:want]
+            del gpu_free[i][:want]
+        return tuple(sorted(gpus))
 
     def _carve_one(self, cps: int, mps: int) -> Slot | None:
         """Fast path for the common single CPU-only slot from one socket."""

@@ -1,0 +1,259 @@
+"""Benchmark of the broker.sched matcher and EASY scheduler (not a timed test).
+
+    python benchmarks/matcher.py [--json] [--quick]
+
+Each graph size runs in its own subprocess so its RSS is not polluted by the
+others.  Per size: graph build time and RSS, single-core match+alloc rate
+while the graph fills up (wall and CPU time: this machine is shared), latency
+of a 64-node exclusive gang match, and one EASY scheduling cycle with a
+queue of mixed jobs.  --quick runs small sizes in a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from broker.sched import (Allocation, InfeasibleRequest, RankAlloc, Request, ResourceGraph, SchedJob,  # noqa: E402
+                          Scheduler, Slot)
+
+FULL = [  # name, nodes, cores per node, gpus per node, fill ops cap, queued jobs
+    ("256x32", 256, 32, 0, None, 10_000),
+    ("1024x64", 1024, 64, 0, None, 10_000),
+    ("16384x64x4gpu", 16384, 64, 4, 200_000, 10_000),
+]
+QUICK = [("64x32", 64, 32, 0, None, 1_000), ("1024x64", 1024, 64, 4, 20_000, 1_000)]
+TARGETS = [  # (description, size, metric path, target, "min" | "max")
+    ("single-core match+alloc/s (CPU time)", "1024x64", ("fill", "cpu_rate_median"), 50_000, "min"),
+    ("64-node exclusive gang match, ms", "16384x64x4gpu", ("gang", "match_ms_median"), 20.0, "max"),
+    ("16,384-node graph build, s", "16384x64x4gpu", ("build", "seconds"), 30.0, "max"),
+    ("16,384-node graph RSS, MB", "16384x64x4gpu", ("build", "rss_mb"), 2048.0, "max"),
+    ("EASY cycle, 10,000 queued jobs, s", "1024x64", ("cycle", "first_seconds"), 1.0, "max"),
+]
+FLUXION = {"1-core match, 256x32": "15-22 ms per job", "match, 16,384 nodes": "1.8 s",
+           "load 16,384-node graph": "70 s"}
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build(nodes: int, cores: int, gpus: int) -> ResourceGraph:
+    graph = ResourceGraph()
+    half = cores // 2
+    sockets = {0: tuple(range(half)), 1: tuple(range(half, cores))}
+    for rank in range(nodes):
+        graph.add_rank(rank, hostname=f"node{rank:05d}", sockets=sockets,
+                       gpus=tuple(range(gpus)), memory_mb=256_000,
+                       properties={"zone": "ab"[rank % 2]})
+    return graph
+
+
+def bench_build(nodes: int, cores: int, gpus: int) -> tuple[ResourceGraph, dict]:
+    before = rss_mb()
+    start = time.perf_counter()
+    graph = build(nodes, cores, gpus)
+    seconds = time.perf_counter() - start
+    return graph, {"seconds": seconds, "rss_mb": rss_mb(), "rss_delta_mb": rss_mb() - before,
+                   "vertices": graph.graph.number_of_nodes()}
+
+
+def bench_fill(graph: ResourceGraph, cap: int | None) -> dict:
+    """Single-core match+alloc until full (or cap), timed in 10 chunks; then free all."""
+    total = cap or graph.cluster.free_cores
+    chunk = max(1, total // 10)
+    req, key = Request(), 0
+    wall_rates, cpu_rates = [], []
+    while key < total:
+        w0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(min(chunk, total - key)):
+            graph.alloc(key, graph.match(req))
+            key += 1
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        wall_rates.append(chunk / wall)
+        cpu_rates.append(chunk / max(cpu, 1e-9))
+    w0 = time.perf_counter()
+    for k in range(key):
+        graph.free(k)
+    return {"ops": key, "wall_rate_median": statistics.median(wall_rates),
+            "wall_rate_min": min(wall_rates), "cpu_rate_median": statistics.median(cpu_rates),
+            "free_rate": key / (time.perf_counter() - w0)}
+
+
+def bench_gang(graph: ResourceGraph, repeats: int = 21) -> dict:
+    """64-node exclusive gang: on the empty graph, and with every other node busy."""
+    nnodes = min(64, len(graph.nodes) // 2)
+    req = Request(nslots=nnodes, nnodes=nnodes, exclusive=True)
+
+    def median_ms(fn) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000)
+        return statistics.median(times)
+
+    def match_alloc_free() -> None:
+        graph.alloc("gang", graph.match(req))
+        graph.free("gang")
+
+    empty = median_ms(lambda: graph.match(req))
+    cycle = median_ms(match_alloc_free)
+    for rank in range(0, len(graph.nodes), 2):
+        graph.alloc(("busy", rank), Allocation({rank: RankAlloc((Slot((0,)),))}))
+    fragmented = median_ms(lambda: graph.match(req))
+    for rank in range(0, len(graph.nodes), 2):
+        graph.free(("busy", rank))
+    return {"nnodes": nnodes, "match_ms_median": empty, "match_alloc_free_ms_median": cycle,
+            "match_ms_median_half_busy": fragmented}
+
+
+def mixed_jobs(count: int, gpus: bool, seed: int = 7) -> list[SchedJob]:
+    """A queue shaped like a busy site: mostly small jobs, some wide, a few huge."""
+    rng = random.Random(seed)
+    shapes = [
+        (60, Request()),
+        (15, Request(nslots=2, cores_per_slot=4)),
+        (10, Request(nslots=16, nnodes=1)),
+        (5, Request.from_strings(["zone=a"], nslots=32, nnodes=2)),
+        (4, Request(nslots=2, nnodes=2, exclusive=True)),
+        (4, Request(nslots=4, gpus_per_slot=1, nnodes=1) if gpus else Request(nslots=8)),
+        (1, Request(nslots=64, nnodes=64, exclusive=True)),
+        (1, Request(nslots=4096)),
+    ]
+    weights = [w for w, _ in shapes]
+    jobs = []
+    for job_id in range(count):
+        req = rng.choices([r for _, r in shapes], weights)[0]
+        jobs.append(SchedJob(job_id, urgency=rng.choice([8, 16, 16, 16, 24]),
+                             submit_time=float(job_id), request=req,
+                             time_limit=float(rng.randrange(60, 7200))))
+    return jobs
+
+
+def bench_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
+    """First EASY cycle on an empty graph with `queued` jobs, then a steady-state one."""
+    sched = Scheduler(graph)
+    rejected = 0
+    for job in mixed_jobs(queued, gpus):
+        try:
+            graph.check_feasible(job.request)  # as the broker does at submit
+        except InfeasibleRequest:
+            rejected += 1
+            continue
+        sched.enqueue(job)
+    t0 = time.perf_counter()
+    starts = sched.schedule(0.0)
+    first = time.perf_counter() - t0
+    head = next((j for j in range(queued) if sched.estimated_start(j) is not None), None)
+    reserved_at = sched.estimated_start(head) if head is not None else None
+    rng = random.Random(3)
+    for start in rng.sample(starts, len(starts) // 10):
+        sched.release(start.job_id, start.element, 30.0)
+    t0 = time.perf_counter()
+    again = sched.schedule(30.0)
+    second = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sched.schedule(31.0)
+    quiet = time.perf_counter() - t0
+    return {"queued": queued - rejected, "rejected": rejected, "first_seconds": first, "first_starts": len(starts),
+            "reserved_head": head, "reserved_start": reserved_at, "steady_seconds": second, "steady_starts": len(again),
+            "quiet_seconds": quiet, "running": sched.running_count(),
+            "pending": sched.pending_count()}
+
+
+def run_case(name: str) -> dict:
+    spec = next(c for c in FULL + QUICK if c[0] == name and (c in FULL) == (not QUICK_MODE))
+    _, nodes, cores, gpus, cap, queued = spec
+    graph, built = bench_build(nodes, cores, gpus)
+    result = {"nodes": nodes, "cores_per_node": cores, "gpus_per_node": gpus, "build": built}
+    result["fill"] = bench_fill(graph, cap)
+    result["gang"] = bench_gang(graph)
+    result["cycle"] = bench_cycle(graph, queued, bool(gpus))
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return result
+
+
+def evaluate(results: dict) -> list[dict]:
+    rows = []
+    for desc, size, path, target, kind in TARGETS:
+        if size not in results:
+            continue
+        value = results[size][path[0]][path[1]]
+        ratio = value / target if kind == "min" else target / max(value, 1e-9)
+        rows.append({"target": desc, "size": size, "goal": target, "measured": value,
+                     "ratio": ratio, "met": ratio >= 1.0})
+    return rows
+
+
+def report(results: dict, rows: list[dict]) -> None:
+    for name, r in results.items():
+        b, f, g, c = r["build"], r["fill"], r["gang"], r["cycle"]
+        print(f"== {name}: {r['nodes']} nodes x {r['cores_per_node']} cores"
+              f" x {r['gpus_per_node']} gpus")
+        print(f"  build {b['seconds']:.2f} s, RSS {b['rss_mb']:.0f} MB"
+              f" (+{b['rss_delta_mb']:.0f}), {b['vertices']} vertices")
+        print(f"  1-core match+alloc: {f['cpu_rate_median']:,.0f}/s CPU,"
+              f" {f['wall_rate_median']:,.0f}/s wall (min {f['wall_rate_min']:,.0f}),"
+              f" {f['ops']} ops; free {f['free_rate']:,.0f}/s")
+        print(f"  {g['nnodes']}-node exclusive gang: match {g['match_ms_median']:.3f} ms,"
+              f" match+alloc+free {g['match_alloc_free_ms_median']:.3f} ms,"
+              f" half nodes busy {g['match_ms_median_half_busy']:.3f} ms")
+        print(f"  EASY cycle, {c['queued']} queued: {c['first_seconds'] * 1000:.0f} ms"
+              f" ({c['first_starts']} starts), after 10% releases"
+              f" {c['steady_seconds'] * 1000:.0f} ms ({c['steady_starts']} starts),"
+              f" unchanged {c['quiet_seconds'] * 1e6:.0f} us")
+    for row in rows:
+        print(f"target {row['target']} [{row['size']}]: {row['measured']:.3g} vs {row['goal']:g}"
+              f" -> x{row['ratio']:.2f} {'MET' if row['met'] else 'MISSED'}")
+
+
+QUICK_MODE = False
+
+
+def main() -> int:
+    global QUICK_MODE
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # one size, in a child process
+    args = parser.parse_args()
+    QUICK_MODE = args.quick
+    if args.case:
+        print(json.dumps(run_case(args.case)))
+        return 0
+    results = {}
+    for name, *_ in (QUICK if args.quick else FULL):
+        cmd = [sys.executable, __file__, "--case", name] + (["--quick"] if args.quick else [])
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        results[name] = json.loads(out)
+    rows = evaluate(results) if not args.quick else []
+    load = os.getloadavg()
+    doc = {"quick": args.quick, "cpus": os.cpu_count(), "loadavg": load,
+           "python": sys.version.split()[0], "results": results, "targets": rows,
+           "fluxion_published": FLUXION}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        report(results, rows)
+        print(f"(load average {load[0]:.1f} on {os.cpu_count()} CPUs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
