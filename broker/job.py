@@ -1,0 +1,120 @@
+"""A job's in-memory record and its state machine (protocol.md §3.6–3.7, states as in Flux RFC 21). No I/O.
+
+Records are slotted objects with counters, not dicts: an inactive job drops its jobspec and keeps only what
+`mc jobs` shows, so a retained job costs well under 2 KB (docs/performance.md).
+"""
+from __future__ import annotations
+
+import enum
+from array import array
+from typing import Any
+
+from minicluster.model.idset import IdSet
+from minicluster.model.jobspec import Jobspec
+
+
+class State(enum.Enum):
+    NEW = "NEW"
+    DEPEND = "DEPEND"
+    PRIORITY = "PRIORITY"
+    SCHED = "SCHED"
+    RUN = "RUN"
+    CLEANUP = "CLEANUP"
+    INACTIVE = "INACTIVE"
+
+
+# Which state each event leads to; events not listed leave the state alone.
+TRANSITIONS: dict[str, tuple[set[State], State]] = {
+    "submit": ({State.NEW}, State.DEPEND),
+    "depend": ({State.DEPEND}, State.PRIORITY),
+    "priority": ({State.PRIORITY}, State.SCHED),
+    "alloc": ({State.SCHED}, State.RUN),
+    "finish": ({State.RUN, State.SCHED}, State.CLEANUP),
+    "clean": ({State.CLEANUP, State.SCHED}, State.INACTIVE),
+}
+
+
+class TransitionError(RuntimeError):
+    pass
+
+
+class Job:
+    __slots__ = (
+        "id", "uid", "name", "state", "urgency", "ntasks", "nnodes", "t_submit", "t_run", "t_inactive",
+        "status", "exception", "seq", "spec", "array", "pending_map", "next_element",
+        "running", "succeeded", "failed", "cancelled", "ranks", "deadline", "output_bytes", "oseq",
+        "truncated", "ending", "tasks_left",
+    )
+
+    def __init__(self, job_id: int, uid: int, spec: Jobspec, t_submit: float) -> None:
+        self.id = job_id
+        self.uid = uid
+        self.name = spec.name
+        self.state = State.NEW
+        self.urgency = spec.urgency
+        self.ntasks = spec.ntasks
+        self.nnodes = spec.nnodes
+        self.t_submit = t_submit
+        self.t_run: float | None = None
+        self.t_inactive: float | None = None
+        self.status: int | None = None
+        self.exception: str | None = None
+        self.seq = 0
+        self.spec: Jobspec | None = spec
+        self.array: IdSet | None = spec.array_ids
+        # Element ordinals still to run, when not simply next_element.. (after a restart some already ran).
+        self.pending_map: array[int] | None = None
+        self.next_element = 0
+        self.running = 0
+        self.succeeded = 0
+        self.failed = 0
+        self.cancelled = 0
+        self.ranks: set[int] = set()
+        self.deadline: float | None = None
+        self.output_bytes = 0
+        self.oseq = 0
+        self.truncated = False
+        # Set once an exception ended the job: no more tasks start, the rest are being killed.
+        self.ending = False
+        self.tasks_left = len(self.array) if self.array is not None else spec.ntasks
+
+    @property
+    def is_array(self) -> bool:
+        return self.array is not None
+
+    @property
+    def total_tasks(self) -> int:
+        return len(self.array) if self.array is not None else self.ntasks
+
+    def index_of(self, task: int) -> int:
+        """Array index of task (element ordinal) `task`; plain jobs use the task rank."""
+        return self.array[task] if self.array is not None else task
+
+    def apply(self, event: str) -> None:
+        rule = TRANSITIONS.get(event)
+        if rule is None:
+            return
+        allowed, target = rule
+        if self.state not in allowed:
+            raise TransitionError(f"job {self.id}: event {event} not allowed in state {self.state.value}")
+        self.state = target
+
+    def pending(self) -> int:
+        return max(self.tasks_left - self.running, 0) if self.state in (State.SCHED, State.RUN) else 0
+
+    def summary(self, est_start: float | None = None) -> dict[str, Any]:
+        return {
+            "id": self.id, "name": self.name, "uid": self.uid, "state": self.state.value,
+            "urgency": self.urgency, "t_submit": self.t_submit, "t_run": self.t_run,
+            "t_inactive": self.t_inactive, "ntasks": self.total_tasks, "nnodes": self.nnodes,
+            "ranks": str(IdSet.from_ints(self.ranks)), "status": self.status, "exception": self.exception,
+            "array": str(self.array) if self.array is not None else None,
+            "counts": {
+                "pending": self.pending(), "running": self.running, "succeeded": self.succeeded,
+                "failed": self.failed, "cancelled": self.cancelled,
+            },
+            "est_start": est_start,
+        }
+
+    def counts_wire(self) -> list[int]:
+        return [self.succeeded, self.failed, self.cancelled]

@@ -1,0 +1,177 @@
+"""The broker's durable record: sqlite in WAL mode, written by one thread with group commit.
+
+Every write is a list of (sql, params) statements.  The writer thread takes everything queued, runs it in one
+transaction, commits, and only then resolves the callers' futures, so "acknowledged" always means "durable"
+(docs/architecture.md#durability).  Reads go through a second connection on a reader thread so the event loop
+never waits on the disk.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+Statement = tuple[str, Sequence[Any]]
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY, uid INTEGER NOT NULL, state TEXT NOT NULL, spec BLOB NOT NULL,
+    t_submit REAL NOT NULL, t_run REAL, t_inactive REAL, status INTEGER, exception TEXT,
+    seq INTEGER NOT NULL DEFAULT 0, counts BLOB
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS events (
+    job INTEGER NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL, name TEXT NOT NULL, context BLOB NOT NULL,
+    PRIMARY KEY (job, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tasks (
+    job INTEGER NOT NULL, task INTEGER NOT NULL, idx INTEGER NOT NULL, rank INTEGER NOT NULL,
+    status INTEGER NOT NULL, exit_code INTEGER, signal INTEGER, error TEXT, started REAL, ended REAL,
+    PRIMARY KEY (job, task)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS output (
+    job INTEGER NOT NULL, oseq INTEGER NOT NULL, task INTEGER NOT NULL, stream INTEGER NOT NULL,
+    data BLOB NOT NULL, PRIMARY KEY (job, oseq)
+) WITHOUT ROWID;
+"""
+
+
+class JournalError(RuntimeError):
+    pass
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    # FULL syncs the WAL at each commit: acknowledged submissions survive power loss, not just kill -9.
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    return conn
+
+
+class Journal:
+    def __init__(self, state_dir: str) -> None:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        self.path = os.path.join(state_dir, "journal.sqlite")
+        setup = _connect(self.path)
+        setup.executescript(_SCHEMA)
+        found = setup.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if found is None:
+            setup.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+        elif found[0] != SCHEMA_VERSION:
+            raise JournalError(f"{self.path} has schema {found[0]}, this broker reads {SCHEMA_VERSION}")
+        setup.close()
+        self._writes: queue.SimpleQueue[tuple[list[Statement], asyncio.Future[None]] | None] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writer = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
+        self._reader = concurrent.futures.ThreadPoolExecutor(1, "journal-reader", initializer=self._open_reader)
+        self._reader_local = threading.local()
+        self.commits = 0
+        self.statements = 0
+
+    # --- synchronous use, before the event loop serves anyone -------------------------------------------
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """A read on the calling thread: for start-up recovery only."""
+        conn = _connect(self.path)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def execute_now(self, statements: list[Statement]) -> None:
+        """A synchronous transaction: for start-up only, before the writer thread runs."""
+        conn = _connect(self.path)
+        try:
+            _run_transaction(conn, statements)
+        finally:
+            conn.close()
+
+    # --- asynchronous use --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._writer.start()
+
+    def write(self, statements: list[Statement]) -> asyncio.Future[None]:
+        """Queue one atomic group of statements; the future resolves once it is committed."""
+        assert self._loop is not None, "Journal.start() first"
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._writes.put((statements, fut))
+        return fut
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader, lambda: fn(self._reader_local.conn))
+
+    async def close(self) -> None:
+        if self._writer.is_alive():
+            self._writes.put(None)
+            await asyncio.get_running_loop().run_in_executor(None, self._writer.join)
+        self._reader.shutdown(wait=True)
+
+    def _open_reader(self) -> None:
+        self._reader_local.conn = _connect(self.path)
+
+    def _write_loop(self) -> None:
+        conn = _connect(self.path)
+        running = True
+        while running:
+            batch = [self._writes.get()]
+            # Group commit: take everything that queued up while the last transaction was syncing.
+            while len(batch) < 4096:
+                try:
+                    batch.append(self._writes.get_nowait())
+                except queue.Empty:
+                    break
+            if None in batch:
+                running = False
+                batch = [item for item in batch if item is not None]
+            if batch:
+                self._commit(conn, batch)
+        conn.close()
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[list[Statement], asyncio.Future[None]]]) -> None:
+        statements = [s for group, _ in batch for s in group]
+        error: BaseException | None = None
+        try:
+            _run_transaction(conn, statements)
+        except sqlite3.Error as exc:
+            log.exception("journal commit of %d statements failed", len(statements))
+            error = JournalError(f"journal write failed: {exc}")
+        self.commits += 1
+        self.statements += len(statements)
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(_resolve, [fut for _, fut in batch], error)
+
+
+def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> None:
+    conn.execute("BEGIN")
+    try:
+        for sql, params in statements:
+            conn.execute(sql, params)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _resolve(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for fut in futures:
+        if fut.done():
+            continue
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)

@@ -1,0 +1,199 @@
+"""The overlay transport (protocol.md §2.1–2.4): one ROUTER for children, one DEALER to the parent, routing.
+
+Liveness, joining and everything else with meaning lives in the broker and worker; this module only moves
+envelopes between ranks without blocking the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from minicluster.config import InstanceConfig
+from minicluster.overlay import curve
+from minicluster.proto import envelope, topology
+from minicluster.proto.envelope import BadMessage, Message
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Message], None]
+
+
+class _Sender:
+    """Non-blocking send with an ordered backlog: try NOBLOCK first, queue behind a writer task on EAGAIN."""
+
+    def __init__(self, sock: zmq.asyncio.Socket, name: str) -> None:
+        self.sock = sock
+        # zmq.asyncio turns NOBLOCK failures into futures; the shadow raises zmq.Again synchronously.
+        self.sync = zmq.Socket.shadow(sock.underlying)
+        self.name = name
+        self.backlog: deque[list[bytes]] = deque()
+        self.writer: asyncio.Task[None] | None = None
+        self.dropped = 0
+
+    def send(self, frames: list[bytes]) -> None:
+        if not self.backlog:
+            try:
+                self.sync.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                pass
+            except zmq.ZMQError as exc:
+                self._drop(exc)
+                return
+        self.backlog.append(frames)
+        if self.writer is None or self.writer.done():
+            self.writer = asyncio.get_running_loop().create_task(self._write())
+
+    async def _write(self) -> None:
+        while self.backlog:
+            try:
+                await self.sock.send_multipart(self.backlog[0], copy=False)
+            except zmq.ZMQError as exc:
+                self._drop(exc)
+            self.backlog.popleft()
+
+    def _drop(self, exc: zmq.ZMQError) -> None:
+        # EHOSTUNREACH: the child is not connected; §2.4 makes delivery best effort.
+        self.dropped += 1
+        log.debug("%s: dropped a message: %s", self.name, exc)
+
+    async def drained(self) -> None:
+        if self.writer is not None and not self.writer.done():
+            await asyncio.shield(self.writer)
+
+
+class Overlay:
+    """One rank's view of the tree. `handler` receives every message whose destination is this rank."""
+
+    def __init__(self, config: InstanceConfig, rank: int, cert: curve.Certificate, handler: Handler) -> None:
+        if not 0 <= rank < config.tree_size:
+            raise ValueError(f"rank {rank} is outside 0..{config.tree_size - 1}")
+        self.config = config
+        self.rank = rank
+        self.fanout = config.fanout
+        self.parent = topology.parent(rank, self.fanout)
+        self.handler = handler
+        self._cert = cert
+        self._ctx = zmq.asyncio.Context()
+        self._auth = curve.start_authenticator(self._ctx, cert)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._router = self._make_router()
+        self._dealer = self._make_dealer() if self.parent is not None else None
+        self._down = _Sender(self._router, "router")
+        self._up = _Sender(self._dealer, "dealer") if self._dealer is not None else None
+        self.bad_frames = 0
+
+    def _make_router(self) -> zmq.asyncio.Socket:
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, envelope.MAX_FRAME)
+        # A restarted child reuses its routing id; let the new connection take over the old one.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        curve.make_server(sock, self._cert)
+        sock.bind(self.config.bind_address(self.rank))
+        return sock
+
+    def _make_dealer(self) -> zmq.asyncio.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, str(self.rank).encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, envelope.MAX_FRAME)
+        # Short, capped reconnect backoff: a parent that comes back is rejoined within a second.
+        sock.setsockopt(zmq.RECONNECT_IVL, 50)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        curve.make_client(sock, self._cert)
+        assert self.parent is not None
+        sock.connect(self.config.endpoint_of(self.parent))
+        return sock
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._receive(self._router, from_child=True)))
+        if self._dealer is not None:
+            self._tasks.append(loop.create_task(self._receive(self._dealer, from_child=False)))
+
+    async def close(self) -> None:
+        for sender in (self._down, self._up):
+            if sender is not None:
+                try:
+                    await asyncio.wait_for(sender.drained(), 1.0)
+                except asyncio.TimeoutError:
+                    pass
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._auth.stop()
+        self._ctx.destroy(linger=0)
+
+    def send(self, kind: str, dst: int, body: dict[str, Any]) -> None:
+        self.route(Message(kind, self.rank, dst, body))
+
+    def route(self, msg: Message, frame: bytes | None = None) -> None:
+        """Deliver `msg` locally or pass it one hop on (§2.4); `frame` is its encoding when already known."""
+        if msg.dst == self.rank:
+            self.handler(msg)
+            return
+        hop = topology.next_hop(self.rank, msg.dst, self.fanout)
+        data = frame if frame is not None else envelope.encode(msg)
+        if hop is not None and hop < self.config.tree_size:
+            self._down.send([str(hop).encode(), data])
+        elif self._up is not None:
+            self._up.send([data])
+        else:
+            log.debug("rank 0 dropped %s for unknown rank %d", msg.kind, msg.dst)
+
+    async def _receive(self, sock: zmq.asyncio.Socket, from_child: bool) -> None:
+        sync = zmq.Socket.shadow(sock.underlying)
+        while True:
+            frames = await sock.recv_multipart()
+            self._on_frames(frames, from_child)
+            # Drain what is already queued without going back through the loop for each message.
+            for _ in range(256):
+                try:
+                    frames = sync.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._on_frames(frames, from_child)
+
+    def _on_frames(self, frames: list[bytes], from_child: bool) -> None:
+        if from_child:
+            if len(frames) != 2 or not self._is_my_child(frames[0]):
+                self.bad_frames += 1
+                return
+        elif len(frames) != 1:
+            self.bad_frames += 1
+            return
+        frame = frames[-1]
+        try:
+            msg = envelope.decode(frame)
+        except BadMessage as exc:
+            self.bad_frames += 1
+            log.warning("rank %d: dropped a bad frame: %s", self.rank, exc)
+            if exc.src is not None and exc.code == "version":
+                self.send("error", exc.src, {"code": "version", "message": str(exc), "ref": ""})
+            return
+        try:
+            self.route(msg, frame)
+        except Exception:
+            # One bad message must never take the rank down.
+            log.exception("rank %d: handler failed on %s from %d", self.rank, msg.kind, msg.src)
+
+    def _is_my_child(self, ident: bytes) -> bool:
+        try:
+            child = int(ident)
+        except ValueError:
+            return False
+        return 0 < child < self.config.tree_size and topology.parent(child, self.fanout) == self.rank
