@@ -1,0 +1,344 @@
+"""Synchronous client of the broker: protocol.md §3 (client protocol).
+
+One `Client` is one unix-socket connection. Requests carry ids chosen here; responses are matched by
+id, so many requests may be in flight at once (pipelining) and several streams (`output`, `eventlog`,
+`wait`) can be followed on one connection. Not thread-safe: use one Client per thread.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+from collections import deque
+from collections.abc import Collection, Iterable, Iterator
+from typing import Any
+
+import msgpack
+
+from minicluster.model.jobspec import InvalidJobspec, Jobspec, from_wire
+from minicluster.proto.frames import VERSION, FrameError, pack, read_blocking
+
+DEFAULT_SOCKET = "/run/minicluster/broker.sock"
+# submit-many batches stay well under the 16 MiB frame limit, whatever the size of each environment.
+BATCH_BYTES = 8 * 1024 * 1024
+BATCH_COUNT = 1000
+_SEND_CHUNK = 256 * 1024
+
+JobspecLike = Jobspec | dict[str, Any]
+
+
+class ClientError(Exception):
+    """An error response from the broker (protocol.md §3.2), or a failure to reach it."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ClientError({self.code!r}, {self.message!r})"
+
+
+def socket_path(uri: str | None = None) -> str:
+    """The broker socket: `uri`, else $MC_URI, else the default local socket if it exists."""
+    uri = uri or os.environ.get("MC_URI")
+    if uri:
+        if uri.startswith("unix://"):
+            return uri[len("unix://"):]
+        if "://" in uri:
+            raise ClientError("bad-uri", f"unsupported MiniCluster URI {uri!r}: expected unix:///PATH")
+        return uri
+    if os.path.exists(DEFAULT_SOCKET):
+        return DEFAULT_SOCKET
+    raise ClientError("no-instance", "no MiniCluster found: set MC_URI or run inside `mc start`")
+
+
+def wire_jobspec(spec: JobspecLike) -> dict[str, Any]:
+    """The wire map of `spec`, validated locally so a bad jobspec fails before any I/O."""
+    data = spec.to_wire() if isinstance(spec, Jobspec) else spec
+    try:
+        from_wire(data)
+    except InvalidJobspec as exc:
+        raise ClientError("invalid-jobspec", str(exc)) from None
+    return data
+
+
+class Client:
+    """A connection to one MiniCluster broker. Use as a context manager, or call close()."""
+
+    def __init__(self, uri: str | None = None) -> None:
+        self.path = socket_path(uri)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(self.path)
+        except OSError as exc:
+            self._sock.close()
+            raise ClientError("connect", f"cannot reach the MiniCluster at {self.path}: "
+                                         f"{exc.strerror or exc}") from None
+        self._next_id = 1
+        self._open: set[int] = set()        # requests still expecting a response
+        self._inbox: dict[int, deque[dict[str, Any]]] = {}
+        self._discarded: set[int] = set()   # abandoned streams whose responses are dropped
+        self._pending_submits: list[int] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    # ------------------------------------------------------------ low level: pipelined requests
+
+    def request(self, op: str, **fields: Any) -> int:
+        """Send one request without waiting for its response; returns its id."""
+        rid = self._next_id
+        self._next_id += 1
+        self._send(pack({"v": VERSION, "id": rid, "op": op, **fields}))
+        self._open.add(rid)
+        self._inbox[rid] = deque()
+        return rid
+
+    def response(self, rid: int) -> dict[str, Any]:
+        """The next response of request `rid`, blocking; raises ClientError for an error response."""
+        got = self.next_response((rid,))
+        assert got is not None
+        return got[1]
+
+    def next_response(self, rids: Collection[int], timeout: float | None = None
+                      ) -> tuple[int, dict[str, Any]] | None:
+        """The next response of any request in `rids`, or None after `timeout` seconds.
+
+        Responses of other requests that arrive meanwhile are kept for later. A response with
+        `more` true means the stream goes on; any other response is the request's last.
+        """
+        for rid in rids:
+            if rid not in self._inbox:
+                raise ValueError(f"request {rid} has no response to come")
+        while True:
+            for rid in rids:
+                box = self._inbox[rid]
+                if box:
+                    msg = box.popleft()
+                    if not box and rid not in self._open:
+                        del self._inbox[rid]
+                    return rid, _checked(msg)
+            if timeout is not None:
+                readable, _, _ = select.select([self._sock], [], [], timeout)
+                if not readable:
+                    return None
+            self._receive()
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        """One request and its single response."""
+        return self.response(self.request(op, **fields))
+
+    def stream(self, op: str, **fields: Any) -> Iterator[dict[str, Any]]:
+        """The responses of one streaming request; leaving the loop early drops the rest."""
+        rid = self.request(op, **fields)
+        finished = False
+        try:
+            while True:
+                msg = self.response(rid)
+                finished = not msg.get("more")
+                yield msg
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.discard(rid)
+
+    def discard(self, rid: int) -> None:
+        """Stop caring about request `rid`: its queued and future responses are dropped."""
+        self._inbox.pop(rid, None)
+        if rid in self._open:
+            self._discarded.add(rid)
+
+    def _receive(self) -> None:
+        try:
+            msg = read_blocking(self._sock)
+        except FrameError as exc:
+            raise ClientError("bad-frame", f"bad frame from the broker: {exc}") from None
+        except ConnectionResetError:
+            msg = None
+        if msg is None:
+            raise ClientError("disconnected", "the broker closed the connection")
+        rid = msg.get("id")
+        final = not msg.get("more")
+        if rid == 0 and msg.get("ok") is False:
+            _checked(msg)   # a connection-level error (bad-frame): nothing else will follow
+        if rid in self._discarded:
+            if final:
+                self._discarded.discard(rid)
+                self._open.discard(rid)
+            return
+        if rid not in self._open:
+            return          # not ours to match: an id we never sent or already finished
+        self._inbox[rid].append(msg)
+        if final:
+            self._open.discard(rid)
+
+    def _send(self, data: bytes) -> None:
+        """Send all of `data`, reading incoming frames meanwhile.
+
+        A pipelining client that only writes can deadlock with a broker that is blocked writing
+        responses back; reading whenever the socket is readable keeps both directions moving.
+        """
+        view = memoryview(data)
+        while view:
+            readable, writable, _ = select.select([self._sock], [self._sock], [])
+            if writable:
+                try:
+                    sent = self._sock.send(view[:_SEND_CHUNK], socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                except (BrokenPipeError, ConnectionResetError):
+                    raise ClientError("disconnected", "the broker closed the connection") from None
+                view = view[sent:]
+            elif readable:
+                self._receive()
+
+    # ------------------------------------------------------------ jobs
+
+    def hello(self) -> dict[str, Any]:
+        return _fields(self.call("hello"))
+
+    def submit(self, spec: JobspecLike) -> int:
+        """Submit one job; returns its id once the broker has made it durable."""
+        return self.call("submit", jobspec=wire_jobspec(spec))["job"]
+
+    def submit_async(self, spec: JobspecLike) -> int:
+        """Send a `submit` without waiting; returns the request id. Results come from collect()."""
+        rid = self.request("submit", jobspec=wire_jobspec(spec))
+        self._pending_submits.append(rid)
+        return rid
+
+    def collect(self) -> list[int | ClientError]:
+        """For every submit_async() since the last collect(), in order: its job id or its error."""
+        rids, self._pending_submits = self._pending_submits, []
+        out: list[int | ClientError] = []
+        for rid in rids:
+            try:
+                out.append(self.response(rid)["job"])
+            except ClientError as exc:
+                out.append(exc)
+        return out
+
+    def submit_many(self, specs: Iterable[JobspecLike]) -> list[int | ClientError]:
+        """Submit many jobs in pipelined `submit-many` batches; per job, its id or its error."""
+        batches = list(_batches(specs))    # validate every jobspec before sending any
+        rids = [self.request("submit-many", jobspecs=batch) for batch in batches]
+        out: list[int | ClientError] = []
+        for rid in rids:
+            for item in self.response(rid)["jobs"]:
+                if isinstance(item, dict):
+                    out.append(ClientError(item.get("code", "error"), item.get("message", "")))
+                else:
+                    out.append(item)
+        return out
+
+    def wait(self, job_ids: Iterable[int]) -> Iterator[dict[str, Any]]:
+        """`{job, status, state, exception}` for each job, as it becomes inactive."""
+        for msg in self.stream("wait", jobs=list(job_ids)):
+            if "job" in msg:
+                yield _fields(msg)
+
+    def jobs(self, all: bool = False, ids: Iterable[int] | None = None,
+             limit: int | None = None) -> list[dict[str, Any]]:
+        """Job summaries (protocol.md §3.6); active jobs only unless `all`."""
+        fields: dict[str, Any] = {"all": all}
+        if ids is not None:
+            fields["ids"] = list(ids)
+        if limit is not None:
+            fields["limit"] = limit
+        return self.call("jobs", **fields)["jobs"]
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        """One job summary; arrays also carry `failed`, the idset of failed indices."""
+        msg = self.call("job", job=job_id)
+        summary = dict(msg["job"])
+        if "failed" in msg:
+            summary["failed"] = msg["failed"]
+        return summary
+
+    def cancel(self, job_ids: Iterable[int]) -> tuple[list[int], dict[int, str]]:
+        """Cancel jobs: (the cancelled ids, {job: why not} for the others)."""
+        msg = self.call("cancel", jobs=list(job_ids))
+        errors = {int(k): v for k, v in (msg.get("errors") or {}).items()}
+        return msg.get("cancelled", []), errors
+
+    def eventlog(self, job_id: int, from_: int = 0, follow: bool = False) -> Iterator[list[Any]]:
+        """Events `[seq, time, name, context]`; with `follow`, until the `clean` event."""
+        for msg in self.stream("eventlog", job=job_id, **{"from": from_}, follow=follow):
+            yield from msg.get("events", [])
+
+    def output(self, job_id: int, follow: bool = False,
+               index: int | None = None) -> Iterator[tuple[int, int, bytes]]:
+        """Output chunks `(task, stream, data)`, stream 1 = stdout, 2 = stderr."""
+        fields: dict[str, Any] = {"job": job_id, "follow": follow}
+        if index is not None:
+            fields["index"] = index
+        for msg in self.stream("output", **fields):
+            for task, stream, data in msg.get("chunks", []):
+                yield task, stream, data
+
+    def task_results(self, job_id: int, from_: int = 0, limit: int | None = None) -> list[list[Any]]:
+        """`[task, index, rank, status, exit_code, signal, error]` per ended task."""
+        fields: dict[str, Any] = {"job": job_id, "from": from_}
+        if limit is not None:
+            fields["limit"] = limit
+        return self.call("task-results", **fields)["tasks"]
+
+    # ------------------------------------------------------------ instance
+
+    def resources(self) -> list[dict[str, Any]]:
+        return self.call("resources")["ranks"]
+
+    def status(self) -> dict[str, Any]:
+        return _fields(self.call("status"))
+
+    def drain(self, ranks: Iterable[int], reason: str = "") -> list[int]:
+        return self.call("drain", ranks=list(ranks), reason=reason)["drained"]
+
+    def undrain(self, ranks: Iterable[int]) -> list[int]:
+        return self.call("undrain", ranks=list(ranks))["undrained"]
+
+    def shutdown(self) -> None:
+        self.call("shutdown")
+
+
+def _checked(msg: dict[str, Any]) -> dict[str, Any]:
+    if msg.get("ok") is False:
+        error = msg.get("error") or {}
+        raise ClientError(str(error.get("code", "error")), str(error.get("message", "request failed")))
+    return msg
+
+
+def _fields(msg: dict[str, Any]) -> dict[str, Any]:
+    """A response without its envelope keys."""
+    return {k: v for k, v in msg.items() if k not in ("v", "id", "ok", "more")}
+
+
+def _batches(specs: Iterable[JobspecLike]) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for spec in specs:
+        data = wire_jobspec(spec)
+        nbytes = len(msgpack.packb(data, use_bin_type=True))
+        if batch and (size + nbytes > BATCH_BYTES or len(batch) >= BATCH_COUNT):
+            yield batch
+            batch, size = [], 0
+        batch.append(data)
+        size += nbytes
+    if batch:
+        yield batch
+
+
+__all__ = ["Client", "ClientError", "DEFAULT_SOCKET", "socket_path", "wire_jobspec"]
