@@ -21,7 +21,6 @@ from worker.pmi.wire import (
     WireError,
     decode,
     encode,
-    escape,
     format_response,
     parse_request,
     unescape,
@@ -105,13 +104,6 @@ def test_format_response() -> None:
     assert format_response("get_result", rc=0, value="a=b") == "cmd=get_result rc=0 value=a=b\n"
     with pytest.raises(WireError):
         format_response("get_result", value="a\nb")
-
-
-def test_escape_round_trip() -> None:
-    text = "no such key: a\\b"
-    escaped = escape(text)
-    assert " " not in escaped.replace("\\ ", "")
-    assert unescape(escaped) == text
 
 
 def test_non_utf8_bytes_round_trip() -> None:
@@ -224,7 +216,7 @@ def test_process_mapping_is_served_as_a_key() -> None:
 def test_missing_key_is_rc_minus_one_not_an_error() -> None:
     engine = ready_engine()
     text = reply(engine.handle("cmd=get kvsname=mc-job-7 key=PMI_hwloc_xmlfile\n"))
-    assert text.startswith("cmd=get_result rc=-1 msg=")
+    assert text == "cmd=get_result rc=-1 msg=not_found\n"
     assert engine.phase is Phase.READY
 
 

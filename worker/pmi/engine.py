@@ -17,7 +17,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.pmi.wire import Request, WireError, escape, format_response, parse_request, unescape
+from worker.pmi.wire import Request, WireError, format_response, parse_request, unescape
 
 PMI_VERSION = 1
 PMI_SUBVERSION = 1
@@ -123,8 +123,13 @@ def initack_reply(rank: int, size: int) -> str:
 
 
 def failure(cmd: str, message: str) -> Reply:
-    """A ``rc=-1`` response with a message MPICH can parse."""
-    return Reply(format_response(cmd, rc=-1, msg=escape(message)))
+    """A ``rc=-1`` response whose message is one bare token.
+
+    Spaces become underscores rather than MPICH-style escapes because older
+    simple-PMI clients reject a token without ``=`` as a parse error, which
+    would turn an expected miss (an absent key) into a failed call.
+    """
+    return Reply(format_response(cmd, rc=-1, msg=message.replace(" ", "_")))
 
 
 class TaskEngine:

@@ -123,11 +123,6 @@ def format_response(cmd: str, **fields: object) -> str:
     return " ".join(parts) + "\n"
 
 
-def escape(text: str) -> str:
-    """Make free text safe as one value token (MPICH-style backslash escapes)."""
-    return text.replace("\\", "\\\\").replace(" ", "\\ ").replace("\n", "\\ ")
-
-
 def unescape(value: str) -> str:
     """Undo backslash escapes, e.g. for logging an abort message."""
     out: list[str] = []
