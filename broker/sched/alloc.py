@@ -24,6 +24,26 @@ class Slot(NamedTuple):
     memory_mb: int = 0
 
 
+_SLOT_CACHE: dict[tuple, Slot] = {}
+_SLOT_CACHE_MAX = 1 << 16
+
+
+def make_slot(cores: tuple[int, ...], gpus: tuple[int, ...], memory_mb: int) -> Slot:
+    """An interned Slot: equal slots on different nodes share one object.
+
+    A 4096-task job on 64-core nodes has only 64 distinct slots; sharing
+    them saves memory and spares the cyclic GC from tracking every one.
+    The cache only holds immutable values; it is emptied when it grows big.
+    """
+    key = (cores, gpus, memory_mb)
+    slot = _SLOT_CACHE.get(key)
+    if slot is None:
+        if len(_SLOT_CACHE) >= _SLOT_CACHE_MAX:
+            _SLOT_CACHE.clear()
+        slot = _SLOT_CACHE[key] = Slot(cores, gpus, memory_mb)
+    return slot
+
+
 class RankAlloc(NamedTuple):
     """The slots an allocation holds on one rank."""
 
@@ -45,11 +65,15 @@ class Allocation(Mapping[int, RankAlloc]):
     the slots' cores: the worker may still bind tasks to the slot cores.
     """
 
-    __slots__ = ("_ranks", "exclusive")
+    __slots__ = ("_ranks", "exclusive", "hint")
 
-    def __init__(self, ranks: Mapping[int, RankAlloc], exclusive: bool = False) -> None:
+    def __init__(self, ranks: Mapping[int, RankAlloc], exclusive: bool = False,
+                 hint: dict | None = None) -> None:
         self._ranks = dict(ranks) if len(ranks) == 1 else {r: ranks[r] for r in sorted(ranks)}
         self.exclusive = exclusive
+        # Set by the matcher: rank -> (node state, hold) so alloc() need not
+        # recompute masks core by core.  Not part of equality or the wire form.
+        self.hint = hint
 
     def __getitem__(self, rank: int) -> RankAlloc:
         return self._ranks[rank]

@@ -88,9 +88,15 @@ class ResourceGraph:
             self._carry_holds(node)
 
     def remove_rank(self, rank: int) -> None:
-        """Forget a rank; holds on it are dropped from accounting (free skips it)."""
+        """Forget a rank; what live allocations held on it is forgotten too.
+
+        Dropping those holds matters if the rank is added again later: the
+        new node must not be credited with resources it never gave out.
+        """
         self._detach_node(self._node(rank))
         self.by_pos[self.nodes.pop(rank).pos] = None
+        for holds in self._holds.values():
+            holds.pop(rank, None)
 
     def set_down(self, rank: int) -> None:
         self._set_health(self._node(rank), up=False)
@@ -221,6 +227,7 @@ class ResourceGraph:
         if key in self._holds:
             raise ValueError(f"allocation key {key!r} already holds resources")
         holds: dict[int, Hold] = {}
+        hint = allocation.hint or {}
         for rank, ralloc in allocation.items():
             node = self.nodes.get(rank)
             if node is None:
@@ -230,13 +237,15 @@ class ResourceGraph:
                     raise ValueError(f"rank {rank} is not idle, cannot allocate it exclusively")
                 hold = node.free_hold()
             else:
-                hold = node.hold_for(ralloc.slots)
+                hinted = hint.get(rank)
+                hold = hinted[1] if hinted and hinted[0] is node else node.hold_for(ralloc.slots)
                 if not node.can_take(hold):
                     raise ValueError(f"resources on rank {rank} are not free for {key!r}")
             holds[rank] = hold
         for rank, hold in holds.items():
             self._account(self.nodes[rank], hold, True)
         self._holds[key] = holds
+        allocation.hint = None  # spent: do not keep node references alive via the broker
 
     def free(self, key: Hashable) -> None:
         """Give back everything key holds (KeyError if it holds nothing)."""

@@ -38,8 +38,12 @@ def match(graph: ResourceGraph, req: Request, policy: str = "first-fit") -> Allo
     if picks is None:
         return None
     cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
-    return Allocation({node.rank: RankAlloc(node.carve(n, cps, gps, mps)) for node, n in picks},
-                      req.exclusive)
+    ranks, hint = {}, {}
+    for node, n in picks:
+        slots, hold = node.carve(n, cps, gps, mps)
+        ranks[node.rank] = RankAlloc(slots)
+        hint[node.rank] = (node, hold)
+    return Allocation(ranks, req.exclusive, hint)
 
 
 def fits(graph: ResourceGraph, req: Request, policy: str = "first-fit") -> bool:
@@ -77,12 +81,17 @@ def _match_one(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Al
     if policy == "first-fit":
         node = by_pos[(mask & -mask).bit_length() - 1]
         if node.capacity(cps, gps, mps):
-            return Allocation({node.rank: RankAlloc(node.carve(1, cps, gps, mps))}, req.exclusive)
+            return _one_slot(node, req)
     for pos in candidate_order(graph, mask, policy, cps):
         node = by_pos[pos]
         if node.capacity(cps, gps, mps):
-            return Allocation({node.rank: RankAlloc(node.carve(1, cps, gps, mps))}, req.exclusive)
+            return _one_slot(node, req)
     return None
+
+
+def _one_slot(node: NodeState, req: Request) -> Allocation:
+    slots, hold = node.carve(1, req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot)
+    return Allocation({node.rank: RankAlloc(slots)}, req.exclusive, {node.rank: (node, hold)})
 
 
 def _candidates(graph: ResourceGraph, req: Request) -> int:

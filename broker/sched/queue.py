@@ -231,8 +231,14 @@ class _Cycle:
             s._reservation_stamp = None  # in-order starts may occupy what it counted on
         if not entry.remaining or self.truncated:
             return
-        # None: can never run with the current ranks, so it must not block others.
+        # Unreservable: can never run with the current ranks, so it must not
+        # block others; the same shape is not planned twice in one cycle.
+        shape = (job.request, policy, "unreservable")
+        if shape in self.failed:
+            return
         self.reservation = s._reserve(entry, self.now)
+        if self.reservation is None:
+            self.failed.add(shape)
         if self.reservation is not None:
             self._hold_phantom()
 

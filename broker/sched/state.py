@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import idset
-from .alloc import Slot
+from .alloc import Slot, make_slot
 
 # Hold = (core mask per socket, gpu mask per socket, memory MB)
 Hold = tuple[tuple[int, ...], tuple[int, ...], int]
@@ -86,54 +86,59 @@ class NodeState:
             cap = min(cap, self.free_mem // mps)
         return cap
 
-    def carve(self, n: int, cps: int, gps: int, mps: int) -> tuple[Slot, ...]:
+    def carve(self, n: int, cps: int, gps: int, mps: int) -> tuple[tuple[Slot, ...], Hold]:
         """Choose core/GPU ids for n slots from the free sets (does not take them).
 
-        A slot's cores come from one socket when possible: whole slots are
-        cut from the fullest sockets first (best fit, keeping emptier
-        sockets whole for wide tasks); only the remainder spans sockets.
-        GPUs prefer the socket of the slot's cores.
+        Returns the slots and the Hold they amount to.  A slot's cores come
+        from one socket when possible: whole slots are cut from the fullest
+        sockets first (best fit, keeping emptier sockets whole for wide
+        tasks); only the remainder spans sockets.  GPUs prefer the socket of
+        the slot's cores.
         """
         if n == 1 and not gps:
             one = self._carve_one(cps, mps)
             if one is not None:
-                return (one,)
+                return one
+        nsock = len(self.sockets)
         free = [list(idset.iter_ascending(s.cores_free)) for s in self.sockets]
+        taken = [0] * nsock
         groups: list[tuple[int, list[int]]] = []  # (home socket, core ids)
-        for i in sorted(range(len(free)), key=lambda i: len(free[i])):
+        for i in sorted(range(nsock), key=lambda i: len(free[i])):
             ids = free[i]
             k = min(n - len(groups), len(ids) // cps)
-            groups.extend((i, ids[j * cps:(j + 1) * cps]) for j in range(k))
-            del ids[:k * cps]
+            if k:
+                groups.extend((i, ids[j * cps:(j + 1) * cps]) for j in range(k))
+                # the k*cps lowest free ids as a mask, without a per-core loop
+                taken[i] = self.sockets[i].cores_free & ((2 << ids[k * cps - 1]) - 1)
+                del ids[:k * cps]
         pool = [(i, c) for i, ids in enumerate(free) for c in ids]
         while len(groups) < n:
             take, pool = pool[:cps], pool[cps:]
+            for i, c in take:
+                taken[i] |= 1 << c
             groups.append((take[0][0], sorted(c for _, c in take)))
-        if not gps:  # the common CPU-only case: one Slot per group, nothing else
-            return tuple([Slot(tuple(cores), (), mps) for _, cores in groups])
-        gpu_free = [list(idset.iter_ascending(s.gpus_free)) for s in self.sockets]
-        return tuple([Slot(tuple(cores), self._carve_gpus(gpu_free, home, gps), mps)
-                      for home, cores in groups])
+        gpu_taken = [0] * nsock
+        if not gps:  # the common CPU-only case
+            slots = tuple([make_slot(tuple(cores), (), mps) for _, cores in groups])
+        else:
+            gpu_free = [list(idset.iter_ascending(s.gpus_free)) for s in self.sockets]
+            slots = tuple([make_slot(tuple(cores), _carve_gpus(gpu_free, gpu_taken, home, gps), mps)
+                           for home, cores in groups])
+        return slots, (tuple(taken), tuple(gpu_taken), n * mps)
 
-    @staticmethod
-    def _carve_gpus(gpu_free: list[list[int]], home: int, gps: int) -> tuple[int, ...]:
-        gpus: list[int] = []
-        for i in [home] + [j for j in range(len(gpu_free)) if j != home]:
-            want = gps - len(gpus)
-            gpus += gpu_free[i][:want]
-            del gpu_free[i][:want]
-        return tuple(sorted(gpus))
-
-    def _carve_one(self, cps: int, mps: int) -> Slot | None:
+    def _carve_one(self, cps: int, mps: int) -> tuple[tuple[Slot, ...], Hold] | None:
         """Fast path for the common single CPU-only slot from one socket."""
-        best, best_free = None, 0
-        for sock in self.sockets:
+        best, best_free, at = None, 0, 0
+        for i, sock in enumerate(self.sockets):
             free = sock.cores_free.bit_count()
             if free >= cps and (best is None or free < best_free):
-                best, best_free = sock, free
+                best, best_free, at = sock, free, i
         if best is None:
             return None
-        return Slot(idset.lowest(best.cores_free, cps)[0], (), mps)
+        cores, mask = idset.lowest(best.cores_free, cps)
+        masks = [0] * len(self.sockets)
+        masks[at] = mask
+        return (make_slot(cores, (), mps),), (tuple(masks), (0,) * len(masks), mps)
 
     def hold_for(self, slots: tuple[Slot, ...]) -> Hold:
         """The Hold that taking these slots' resources amounts to."""
@@ -192,6 +197,22 @@ class NodeState:
                 s.gpus_free |= g
                 self.free_gpus += g.bit_count()
         self.free_mem += mem
+
+
+def _carve_gpus(gpu_free: list[list[int]], gpu_taken: list[int], home: int,
+                gps: int) -> tuple[int, ...]:
+    """Take gps GPU ids, home socket first; record them in gpu_taken masks."""
+    gpus: list[int] = []
+    for i in [home] + [j for j in range(len(gpu_free)) if j != home]:
+        want = gps - len(gpus)
+        if want <= 0:
+            break
+        got = gpu_free[i][:want]
+        del gpu_free[i][:want]
+        for g in got:
+            gpu_taken[i] |= 1 << g
+        gpus += got
+    return tuple(sorted(gpus))
 
 
 def hold_ids(hold: Hold) -> tuple[set[int], set[int], int]:

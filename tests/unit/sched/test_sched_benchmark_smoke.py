@@ -1,0 +1,22 @@
+"""The matcher benchmark still runs (--quick) and reports every metric."""
+import json
+import pathlib
+import subprocess
+import sys
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "matcher.py"
+
+
+def test_benchmark_quick_json():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json"], check=True,
+                         capture_output=True, text=True, timeout=90).stdout
+    doc = json.loads(out)
+    assert doc["quick"] is True and doc["results"]
+    for size in doc["results"].values():
+        assert size["build"]["seconds"] > 0 and size["build"]["rss_mb"] > 0
+        assert size["fill"]["ops"] > 0 and size["fill"]["cpu_rate_median"] > 0
+        assert size["gang"]["match_ms_median"] > 0
+        cycle = size["cycle"]
+        assert cycle["first_starts"] > 0 and cycle["running"] > 0
+        assert cycle["first_starts"] + cycle["steady_starts"] == cycle["running"] + \
+            cycle["first_starts"] // 10
