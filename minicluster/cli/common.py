@@ -1,0 +1,87 @@
+"""What every user command shares: one-line errors instead of tracebacks, and the exit codes."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from minicluster.client import ClientError
+from minicluster.model.idset import IdSet, IdSetError
+from minicluster.model.jobspec import InvalidJobspec
+from minicluster.proto.frames import FrameError
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """Bad input noticed after option parsing; exits 2 like an argparse error."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`prog: error: ...`) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(EXIT_USAGE)
+
+
+def guarded(prog: str, func: Callable[[], int]) -> int:
+    """Run `func`, turning user-facing failures into one line on stderr and an exit code.
+
+    Set MC_DEBUG=1 to see the traceback instead.
+    """
+    try:
+        return func()
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`mc jobs | head`); don't let the final flush complain again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except (UsageError, InvalidJobspec) as exc:
+        _report(prog, exc)
+        return EXIT_USAGE
+    except (ClientError, FrameError, OSError) as exc:
+        _report(prog, exc)
+        return 1
+
+
+def _report(prog: str, exc: BaseException) -> None:
+    if os.environ.get("MC_DEBUG"):
+        raise exc
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if isinstance(exc, OSError) and exc.filename:
+        text = f"{exc.filename}: {text}"
+    sys.stderr.write(f"{prog}: error: {text}\n")
+
+
+def job_id(text: str) -> int:
+    """argparse type of a job id: a positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (must be positive)")
+    return value
+
+
+def ranks(items: list[str]) -> list[int]:
+    """Ranks given as idsets on the command line (`mc drain 1-3 7`)."""
+    out: list[int] = []
+    for item in items:
+        try:
+            out.extend(IdSet.parse(item))
+        except IdSetError as exc:
+            raise UsageError(str(exc)) from None
+    return sorted(set(out))
+
+
+def exit_status(status: int | None, exception: str | None) -> int:
+    """The process exit code for a finished job: its status, 1 if it never ran to a status."""
+    if status is None:
+        return 1 if exception else 0
+    return min(int(status), 255)

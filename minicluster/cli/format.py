@@ -1,0 +1,176 @@
+"""Human output (rich tables, event lines) and the stable `--json` shapes. Pure functions, no I/O."""
+from __future__ import annotations
+
+import json
+import pwd
+import sys
+from functools import lru_cache
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+# Keys of one job in `mc jobs --json`, in order. Adding keys is allowed; removing or renaming is not.
+JOB_KEYS = ("id", "name", "uid", "user", "state", "result", "urgency", "t_submit", "t_run",
+            "t_inactive", "runtime", "ntasks", "nnodes", "ranks", "status", "exception", "counts",
+            "est_start")
+COUNT_KEYS = ("pending", "running", "succeeded", "failed", "cancelled")
+_COUNT_LABELS = {"pending": "pending", "running": "running", "succeeded": "ok", "failed": "failed",
+                 "cancelled": "cancelled"}
+_RESULT_STYLE = {"COMPLETED": "green", "FAILED": "red", "CANCELLED": "yellow", "TIMEOUT": "red",
+                 "RUN": "cyan"}
+
+
+def console(stderr: bool = False) -> Console:
+    """A console that wraps nothing when piped, so `mc jobs | grep` sees whole rows."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(file=stream, soft_wrap=False, width=None if stream.isatty() else 512)
+
+
+def table(*headers: str) -> Table:
+    t = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
+    for h in headers:
+        t.add_column(h, no_wrap=True, justify="right" if h in ("ID", "RANK", "NTASKS", "NODES") else "left")
+    return t
+
+
+@lru_cache(maxsize=256)
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return "-"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def duration(seconds: float | None) -> str:
+    """Compact and readable: 0.41s, 12.3s, 5m03s, 2h05m, 3d04h."""
+    if seconds is None or seconds < 0:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.2f}s" if seconds < 10 else f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def result(summary: dict[str, Any]) -> str:
+    """What happened to the job: its state while active, then COMPLETED/FAILED/CANCELLED/TIMEOUT/..."""
+    state = summary.get("state") or "?"
+    if state != "INACTIVE":
+        return state
+    exception = summary.get("exception")
+    if exception == "cancel":
+        return "CANCELLED"
+    if exception:
+        return exception.upper()
+    return "COMPLETED" if not summary.get("status") else "FAILED"
+
+
+def runtime(summary: dict[str, Any], now: float) -> float | None:
+    start = summary.get("t_run")
+    if not start:
+        return None
+    return (summary.get("t_inactive") or now) - start
+
+
+def job_json(summary: dict[str, Any], now: float) -> dict[str, Any]:
+    """One job of `mc jobs --json`: the protocol summary plus user, result and runtime."""
+    derived = {"user": user_name(summary.get("uid")), "result": result(summary),
+               "runtime": runtime(summary, now)}
+    counts = summary.get("counts") or {}
+    out = {key: derived[key] if key in derived else summary.get(key) for key in JOB_KEYS}
+    out["counts"] = {key: int(counts.get(key, 0)) for key in COUNT_KEYS}
+    return out
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=False)
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{counts[k]} {_COUNT_LABELS[k]}" for k in COUNT_KEYS if counts.get(k))
+
+
+def jobs_table(summaries: list[dict[str, Any]], now: float) -> Table:
+    t = table("ID", "NAME", "USER", "STATE", "NTASKS", "NODES", "RANKS", "TIME", "STATUS", "INFO")
+    for s in summaries:
+        state = result(s)
+        style = _RESULT_STYLE.get(state, "")
+        counts = s.get("counts") or {}
+        info = []
+        if sum(counts.values()) > 1 or s.get("array"):
+            info.append(counts_text(counts))
+        if s.get("est_start") and s.get("state") != "RUN":
+            info.append(f"starts in ~{duration(max(0.0, s['est_start'] - now))}")
+        status = s.get("status")
+        t.add_row(str(s.get("id")), str(s.get("name", "")), user_name(s.get("uid")),
+                  f"[{style}]{state}[/]" if style else state, str(s.get("ntasks", "")),
+                  str(s.get("nnodes") or "-"), s.get("ranks") or "-", duration(runtime(s, now)),
+                  "-" if status is None else str(status), "; ".join(i for i in info if i))
+    return t
+
+
+def resources_table(ranks: list[dict[str, Any]]) -> Table:
+    t = table("RANK", "HOST", "STATE", "CORES free/total", "GPUS free/total", "MiB free/total",
+              "PROPERTIES", "REASON")
+    for r in ranks:
+        props = ",".join(f"{k}={v}" if v else k for k, v in (r.get("properties") or {}).items())
+        state = r.get("state", "?")
+        style = {"up": "green", "drained": "yellow", "down": "red"}.get(state, "")
+        t.add_row(str(r.get("rank")), str(r.get("hostname", "")), f"[{style}]{state}[/]" if style else state,
+                  _free_of(r, "cores_free", "cores_total"), _free_of(r, "gpus_free", "gpus_total"),
+                  _free_of(r, "memory_mb_free", "memory_mb_total"), props or "-", r.get("reason") or "")
+    return t
+
+
+def _free_of(r: dict[str, Any], free: str, total: str) -> str:
+    return f"{r.get(free, '?')}/{r.get(total, '?')}"
+
+
+def status_lines(status: dict[str, Any]) -> list[str]:
+    queue = status.get("queue") or {}
+    queued = ", ".join(f"{n} {state}" for state, n in queue.items() if n) or "empty"
+    return [f"{status.get('name', '?')}: size {status.get('size', '?')}, fanout {status.get('fanout', '?')}, "
+            f"epoch {status.get('epoch', '?')}", f"queue: {queued}"]
+
+
+def status_table(ranks: list[dict[str, Any]], now: float) -> Table:
+    t = table("RANK", "STATE", "PID", "HOST", "ENDPOINT", "SINCE")
+    for r in ranks:
+        since = r.get("since")
+        t.add_row(str(r.get("rank")), str(r.get("state", "?")), str(r.get("pid") or "-"),
+                  str(r.get("hostname") or "-"), str(r.get("endpoint") or "-"),
+                  duration(now - since) + " ago" if since else "-")
+    return t
+
+
+def _context_value(value: Any) -> str:
+    if isinstance(value, str) and value and not any(c.isspace() for c in value):
+        return value
+    return json.dumps(value)
+
+
+def context_text(context: dict[str, Any] | None) -> str:
+    return " ".join(f"{k}={_context_value(v)}" for k, v in (context or {}).items())
+
+
+def event_line(event: list[Any], t0: float) -> str:
+    """`+1.234s exception type=cancel severity=0` (time relative to the job's first event)."""
+    _seq, when, name, context = event
+    text = f"+{when - t0:.3f}s {name}"
+    ctx = context_text(context)
+    return f"{text} {ctx}" if ctx else text
+
+
+def eventlog_line(event: list[Any]) -> str:
+    """`SEQ TIME NAME key=value...`, one event per line for `mc eventlog`."""
+    seq, when, name, context = event
+    ctx = context_text(context)
+    return f"{seq} {when:.6f} {name}" + (f" {ctx}" if ctx else "")

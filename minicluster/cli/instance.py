@@ -1,0 +1,74 @@
+"""Commands about the instance rather than a job: resources, status, drain, undrain, shutdown."""
+from __future__ import annotations
+
+import time
+
+from minicluster.cli.common import Parser, ranks
+from minicluster.cli.format import console, dumps, resources_table, status_lines, status_table
+from minicluster.client import Client
+
+RESOURCES_HELP = "per node: state, free/total cores, GPUs and memory, properties, drain reason"
+STATUS_HELP = "the instance: size, fanout, each rank's state, pid and endpoint; queue counts"
+DRAIN_HELP = "stop scheduling on ranks (running jobs go on)"
+UNDRAIN_HELP = "schedule on drained ranks again"
+SHUTDOWN_HELP = "stop the instance: end all jobs, the workers and the broker"
+
+
+def resources(argv: list[str]) -> int:
+    parser = Parser(prog="mc resources", description=RESOURCES_HELP,
+                    epilog='--json prints {"ranks": [rankresources, ...]} as the broker reports them.')
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    with Client() as client:
+        rows = client.resources()
+    if args.json:
+        print(dumps({"ranks": rows}))
+    else:
+        console().print(resources_table(rows))
+    return 0
+
+
+def status(argv: list[str]) -> int:
+    parser = Parser(prog="mc status", description=STATUS_HELP,
+                    epilog="--json prints {name, size, fanout, epoch, ranks: [{rank, state, pid, hostname, "
+                           "endpoint, since}], queue: {state: count}}.")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    with Client() as client:
+        info = client.status()
+    if args.json:
+        print(dumps(info))
+        return 0
+    out = console()
+    for line in status_lines(info):
+        out.print(line, highlight=False)
+    out.print(status_table(info.get("ranks") or [], time.time()))
+    return 0
+
+
+def drain(argv: list[str]) -> int:
+    parser = Parser(prog="mc drain", description=DRAIN_HELP)
+    parser.add_argument("--reason", default="", metavar="TEXT", help="why (shown by mc resources)")
+    parser.add_argument("ranks", nargs="+", metavar="RANK", help="ranks or idsets (1-3,7)")
+    args = parser.parse_args(argv)
+    targets = ranks(args.ranks)
+    with Client() as client:
+        client.drain(targets, args.reason)
+    return 0
+
+
+def undrain(argv: list[str]) -> int:
+    parser = Parser(prog="mc undrain", description=UNDRAIN_HELP)
+    parser.add_argument("ranks", nargs="+", metavar="RANK", help="ranks or idsets (1-3,7)")
+    args = parser.parse_args(argv)
+    targets = ranks(args.ranks)
+    with Client() as client:
+        client.undrain(targets)
+    return 0
+
+
+def shutdown(argv: list[str]) -> int:
+    Parser(prog="mc shutdown", description=SHUTDOWN_HELP).parse_args(argv)
+    with Client() as client:
+        client.shutdown()
+    return 0

@@ -1,0 +1,73 @@
+"""`mc`: one entry point dispatching to subcommands.
+
+Each subcommand's module is imported only when it runs, so `mc jobs` stays fast and a subcommand
+whose module (or its dependencies) is missing fails alone.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+
+from minicluster.cli.common import EXIT_USAGE, Parser, guarded
+
+# name -> (module, function taking argv and returning an exit code, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": ("minicluster.cli.submit", "run", "run a job in the foreground, streaming its output"),
+    "submit": ("minicluster.cli.submit", "submit", "submit a job, print its id (same as mc-submit)"),
+    "bulksubmit": ("minicluster.cli.bulk", "main", "submit one job per line of a file or stdin"),
+    "jobs": ("minicluster.cli.jobs", "main", "list jobs (-a: with inactive ones; --json)"),
+    "cancel": ("minicluster.cli.jobs", "cancel", "cancel jobs"),
+    "attach": ("minicluster.cli.logs", "attach", "replay and follow a job's output and events"),
+    "logs": ("minicluster.cli.logs", "logs", "print a job's output (--follow, --index)"),
+    "eventlog": ("minicluster.cli.logs", "eventlog", "print a job's event log"),
+    "resources": ("minicluster.cli.instance", "resources", "show nodes and their free resources"),
+    "status": ("minicluster.cli.instance", "status", "show the instance: ranks, states, queue"),
+    "drain": ("minicluster.cli.instance", "drain", "stop scheduling on ranks"),
+    "undrain": ("minicluster.cli.instance", "undrain", "schedule on drained ranks again"),
+    "shutdown": ("minicluster.cli.instance", "shutdown", "stop the instance"),
+    "start": ("minicluster.cli.launcher", "main", "start a local instance and run a command in it"),
+    "broker": ("minicluster.cli.boot", "broker_main", "run the rank-0 broker (used by pods and mc start)"),
+    "worker": ("minicluster.cli.boot", "worker_main", "run a worker rank (used by pods and mc start)"),
+    "boot": ("minicluster.cli.boot", "boot_main", "run this pod's rank: broker or worker"),
+    "operator": ("minicluster.cli.main", "operator", "run the Kubernetes operator"),
+}
+
+
+def operator(argv: list[str]) -> int:
+    parser = Parser(prog="mc operator", description="run the MiniCluster Kubernetes operator")
+    parser.add_argument("--namespace", help="watch only this namespace (default: all)")
+    args = parser.parse_args(argv)
+    from minicluster.operator import run
+
+    run(namespace=args.namespace)
+    return 0
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: mc COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_m, _f, help_) in COMMANDS.items()]
+    lines += ["", "`mc COMMAND --help` describes a command. MC_URI=unix:///PATH selects the instance."]
+    return "\n".join(lines) + "\n"
+
+
+def _resolve(name: str) -> Callable[[list[str]], int]:
+    module_name, func_name, _help = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise OSError(f"`mc {name}` is unavailable here: {exc}") from None
+    return getattr(module, func_name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        (sys.stdout if args else sys.stderr).write(_usage())
+        return 0 if args else EXIT_USAGE
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        sys.stderr.write(f"mc: error: unknown command {name!r}; `mc --help` lists them\n")
+        return EXIT_USAGE
+    return guarded("mc", lambda: int(_resolve(name)(rest) or 0))

@@ -1,0 +1,183 @@
+"""Job-shape options shared by mc-submit, mc run and mc bulksubmit, and the jobspec they build."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from minicluster.config import POLICIES
+from minicluster.model.idset import IdSet, IdSetError
+from minicluster.model.jobspec import MPI_MODES, InvalidJobspec, from_wire
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_MEM_UNITS = {"": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def urgency(text: str) -> int:
+    value = non_negative_int(text)
+    if value > 31:
+        raise argparse.ArgumentTypeError(f"must be 0..31, got {value}")
+    return value
+
+
+def time_limit(text: str) -> float:
+    """Seconds from a Slurm time (`30` minutes, `5:00`, `1:00:00`, `2-12`, `1-0:30:00`) or `90s`/`10m`/`2h`/`1d`."""
+    text = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text)
+    if match:
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    else:
+        seconds = _slurm_time(text)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"time limit must be positive, got {text!r}")
+    return seconds
+
+
+def _slurm_time(text: str) -> float:
+    bad = argparse.ArgumentTypeError(
+        f"bad time limit {text!r}: use minutes (30), MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or 90s/10m/2h/1d")
+    days_text, dash, clock = text.rpartition("-") if "-" in text else ("", "", text)
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or (dash and not days_text.isdigit()) or len(parts) > 3:
+        raise bad
+    values = [int(p) for p in parts]
+    if dash:
+        # Slurm: after days, the fields are hours[:minutes[:seconds]].
+        hours, minutes, seconds = (values + [0, 0])[:3]
+        return int(days_text) * 86400 + hours * 3600 + minutes * 60 + seconds
+    if len(values) == 1:
+        return values[0] * 60.0
+    if len(values) == 2:
+        return values[0] * 60.0 + values[1]
+    return values[0] * 3600.0 + values[1] * 60 + values[2]
+
+
+def memory_mb(text: str) -> int:
+    """MiB from `512`, `512M`, `4G`, `1T`."""
+    match = re.fullmatch(r"(\d+)([mMgGtT]?)[bB]?", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"bad memory size {text!r}: use MiB (512) or 512M, 4G, 1T")
+    return int(match.group(1)) * _MEM_UNITS[match.group(2).lower()]
+
+
+def idset(text: str) -> str:
+    try:
+        return str(IdSet.parse(text))
+    except IdSetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_job_options(parser: argparse.ArgumentParser) -> None:
+    """Options describing one job's shape and environment (not the command itself)."""
+    g = parser.add_argument_group("job shape")
+    g.add_argument("-N", "--nodes", type=positive_int, metavar="N", help="number of nodes")
+    g.add_argument("-n", "--ntasks", type=positive_int, metavar="N",
+                   help="number of tasks (default: nodes x tasks-per-node, else nodes, else 1)")
+    g.add_argument("-c", "--cores-per-task", type=positive_int, default=1, metavar="N")
+    g.add_argument("-g", "--gpus-per-task", type=non_negative_int, default=0, metavar="N")
+    g.add_argument("--mem", type=memory_mb, default=0, metavar="MB", help="memory per task (512, 4G)")
+    g.add_argument("--tasks-per-node", type=positive_int, default=0, metavar="K")
+    g.add_argument("--exclusive", action="store_true", help="allocate whole nodes")
+    g.add_argument("-t", "--time-limit", type=time_limit, metavar="TIME",
+                   help="30 (minutes), 5:00, 1:00:00, 2-0, or 90s/10m/2h/1d")
+    g.add_argument("--requires", action="append", default=[], metavar="CONSTRAINT",
+                   help="node property: zone=a, gpu=h100|a100, ssd (repeatable)")
+    g.add_argument("--policy", choices=POLICIES, help="node match policy for this job")
+    g.add_argument("--cc", type=idset, metavar="IDSET",
+                   help="array job: one task per index; {cc} in the command becomes the index")
+    g = parser.add_argument_group("job environment")
+    g.add_argument("--name", help="job name (default: the command's basename)")
+    g.add_argument("--urgency", type=urgency, default=16, metavar="0-31", help="higher runs first")
+    g.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="set K=V, copy K from here, or -K to drop it (repeatable)")
+    g.add_argument("--env-clear", action="store_true", help="do not send this environment")
+    g.add_argument("--cwd", metavar="DIR", help="working directory (default: the current one)")
+    g.add_argument("--output", metavar="FILE",
+                   help="output file on the node ({id}, {task}, {index}); default: stream to mc")
+    g.add_argument("--mpi", choices=MPI_MODES, help="serve PMI-1 (default: pmi1 when ntasks > 1)")
+
+
+def add_command_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD ARGS...",
+                        help="the command and its arguments (options after CMD belong to CMD)")
+
+
+def command_of(args: argparse.Namespace) -> list[str]:
+    """The command after the options, without the `--` that may separate them."""
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    return command
+
+
+def build_env(settings: Sequence[str], clear: bool, environ: Mapping[str, str]) -> dict[str, str]:
+    """The task environment: the submitter's (unless `clear`), then each --env in order."""
+    env = {} if clear else dict(environ)
+    for item in settings:
+        if item.startswith("-"):
+            env.pop(item[1:], None)
+        elif "=" in item:
+            key, _, value = item.partition("=")
+            if not key:
+                raise InvalidJobspec(f"env: {item!r} has no variable name")
+            env[key] = value
+        elif item in environ:
+            env[item] = environ[item]
+        else:
+            raise InvalidJobspec(f"env: {item} is not set here; use {item}=VALUE")
+    return env
+
+
+def jobspec_from_args(args: argparse.Namespace, command: Sequence[str],
+                      environ: Mapping[str, str] | None = None,
+                      cwd: str | None = None) -> dict[str, Any]:
+    """The wire jobspec (protocol.md §3.4) for `command` with the parsed job options.
+
+    Raises InvalidJobspec with the field name when the combination is invalid.
+    """
+    if not command:
+        raise InvalidJobspec("no command given")
+    environ = os.environ if environ is None else environ
+    nnodes = args.nodes or 0
+    ntasks = args.ntasks or (nnodes * args.tasks_per_node) or nnodes or 1
+    spec: dict[str, Any] = {
+        "argv": list(command),
+        "env": build_env(args.env, args.env_clear, environ),
+        "cwd": os.path.abspath(args.cwd if args.cwd else (cwd or os.getcwd())),
+        "ntasks": ntasks,
+        "nnodes": nnodes,
+        "tasks_per_node": args.tasks_per_node,
+        "cores_per_task": args.cores_per_task,
+        "gpus_per_task": args.gpus_per_task,
+        "mem_per_task": args.mem,
+        "exclusive": args.exclusive,
+        "requires": list(args.requires),
+        "urgency": args.urgency,
+    }
+    optional = {"time_limit": args.time_limit, "name": args.name, "output": args.output,
+                "array": args.cc, "policy": args.policy, "mpi": args.mpi}
+    spec.update({k: v for k, v in optional.items() if v is not None})
+    from_wire(spec)
+    return spec
