@@ -10,7 +10,7 @@ from typing import Any, BinaryIO
 
 from minicluster.cli.common import EXIT_INTERRUPTED, exit_status
 from minicluster.cli.format import console, event_line
-from minicluster.client import Client, ClientError
+from minicluster.client import Client
 
 # How often a follower wakes up to notice Ctrl-C or to refresh a progress bar.
 _TICK = 0.2
@@ -37,8 +37,7 @@ def write_chunk(stream: int, data: bytes, stdout: BinaryIO, stderr: BinaryIO) ->
     out.flush()
 
 
-def follow(client: Client, job: int, *, events: bool, ctrl_c_cancels: bool,
-           index: int | None = None) -> int:
+def follow(client: Client, job: int, *, events: bool, ctrl_c_cancels: bool) -> int:
     """Stream a job's output (all of it, from the start) and events until it is inactive.
 
     Returns the exit code: the job's status. With `events`, every event goes to stderr; otherwise
@@ -46,10 +45,7 @@ def follow(client: Client, job: int, *, events: bool, ctrl_c_cancels: bool,
     first if `ctrl_c_cancels`, then detaches.
     """
     stdout, stderr = sys.stdout.buffer, sys.stderr.buffer
-    output_fields: dict[str, Any] = {"job": job, "follow": True}
-    if index is not None:
-        output_fields["index"] = index
-    streams = {client.request("output", **output_fields),
+    streams = {client.request("output", job=job, follow=True),
                client.request("eventlog", job=job, **{"from": 0}, follow=True)}
     waiter = client.request("wait", jobs=[job])
     streams.add(waiter)
@@ -58,8 +54,8 @@ def follow(client: Client, job: int, *, events: bool, ctrl_c_cancels: bool,
     interrupts_seen = 0
     with _counting_sigint() as interrupts:
         while streams:
-            if interrupts[0] > interrupts_seen:
-                interrupts_seen = interrupts[0]
+            while interrupts_seen < interrupts[0]:
+                interrupts_seen += 1
                 if ctrl_c_cancels and interrupts_seen == 1:
                     sys.stderr.write(f"mc: cancelling job {job} (Ctrl-C again to detach)\n")
                     streams.add(client.request("cancel", jobs=[job]))
@@ -68,12 +64,7 @@ def follow(client: Client, job: int, *, events: bool, ctrl_c_cancels: bool,
                         client.discard(rid)
                     sys.stderr.write(f"mc: detached from job {job}; `mc attach {job}` to resume\n")
                     return EXIT_INTERRUPTED
-            try:
-                got = client.next_response(streams, timeout=_TICK)
-            except ClientError:
-                for rid in streams:
-                    client.discard(rid)
-                raise
+            got = client.next_response(streams, timeout=_TICK)
             if got is None:
                 continue
             rid, msg = got
