@@ -171,10 +171,40 @@ def bench_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
     t0 = time.perf_counter()
     sched.schedule(31.0)
     quiet = time.perf_counter() - t0
+    running = sched.running_count()
+    for start in starts + again:  # leave the graph empty for the next measurement
+        if graph.holds((start.job_id, start.element)):
+            sched.release(start.job_id, start.element, 40.0)
     return {"queued": queued - rejected, "rejected": rejected, "first_seconds": first, "first_starts": len(starts),
             "reserved_head": head, "reserved_start": reserved_at, "steady_seconds": second, "steady_starts": len(again),
-            "quiet_seconds": quiet, "running": sched.running_count(),
+            "quiet_seconds": quiet, "running": running,
             "pending": sched.pending_count()}
+
+
+def bench_busy_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
+    """EASY cycle when 90% of nodes run whole-node jobs: exercises the reservation search."""
+    sched = Scheduler(graph)
+    rng = random.Random(5)
+    cores = next(iter(graph.nodes.values())).total_cores
+    busy = int(len(graph.nodes) * 0.9)
+    for job_id in range(busy):
+        sched.enqueue(SchedJob(job_id, urgency=31, request=Request(nslots=cores, nnodes=1),
+                               time_limit=float(rng.randrange(600, 36_000))))
+    prefill = len(sched.schedule(0.0))
+    for job in mixed_jobs(queued, gpus):
+        try:
+            graph.check_feasible(job.request)
+        except InfeasibleRequest:
+            continue
+        sched.enqueue(SchedJob(busy + job.job_id, job.urgency, job.submit_time, job.request,
+                               job.time_limit))
+    t0 = time.perf_counter()
+    starts = sched.schedule(1.0)
+    seconds = time.perf_counter() - t0
+    head = next((j for j in range(busy, busy + queued) if sched.estimated_start(j) is not None),
+                None)
+    return {"running_before": prefill, "seconds": seconds, "starts": len(starts),
+            "reserved_start": sched.estimated_start(head) if head is not None else None}
 
 
 def run_case(name: str) -> dict:
@@ -185,6 +215,7 @@ def run_case(name: str) -> dict:
     result["fill"] = bench_fill(graph, cap)
     result["gang"] = bench_gang(graph)
     result["cycle"] = bench_cycle(graph, queued, bool(gpus))
+    result["busy_cycle"] = bench_busy_cycle(graph, queued, bool(gpus))
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
 
@@ -218,6 +249,10 @@ def report(results: dict, rows: list[dict]) -> None:
               f" ({c['first_starts']} starts), after 10% releases"
               f" {c['steady_seconds'] * 1000:.0f} ms ({c['steady_starts']} starts),"
               f" unchanged {c['quiet_seconds'] * 1e6:.0f} us")
+        u = r["busy_cycle"]
+        print(f"  EASY cycle with {u['running_before']} whole-node jobs running:"
+              f" {u['seconds'] * 1000:.0f} ms ({u['starts']} starts,"
+              f" head reserved at t={u['reserved_start']})")
     for row in rows:
         print(f"target {row['target']} [{row['size']}]: {row['measured']:.3g} vs {row['goal']:g}"
               f" -> x{row['ratio']:.2f} {'MET' if row['met'] else 'MISSED'}")

@@ -201,3 +201,19 @@ def test_estimated_start_is_the_earliest_end_that_makes_room(sched):
     sched.release(2, 0, 10.0)
     sched.release(5, 0, 10.0)
     assert started(sched.schedule(10.0)) == [(4, 0)]
+
+
+def test_cycle_on_full_cluster_does_not_scan_the_queue(sched, monkeypatch):
+    sched.enqueue(job(1, nslots=16, limit=100.0))
+    sched.schedule(0.0)
+    for j in range(2, 5002):
+        sched.enqueue(job(j, nslots=1 + j % 3, limit=10.0))
+    calls = []
+    real_match, real_fits = type(sched.graph).match, type(sched.graph).fits
+    monkeypatch.setattr(type(sched.graph), "match",
+                        lambda g, *a: calls.append("m") or real_match(g, *a))
+    monkeypatch.setattr(type(sched.graph), "fits",
+                        lambda g, *a: calls.append("f") or real_fits(g, *a))
+    assert sched.schedule(1.0) == []
+    assert sched.estimated_start(2) == 100.0
+    assert len(calls) < 10  # head match + reservation search; no backfill attempts
