@@ -43,7 +43,7 @@ class Job:
         "id", "uid", "name", "state", "urgency", "ntasks", "nnodes", "t_submit", "t_run", "t_inactive",
         "status", "exception", "seq", "spec", "array", "pending_map", "next_element",
         "running", "succeeded", "failed", "cancelled", "ranks", "deadline", "output_bytes", "oseq",
-        "truncated", "ending", "tasks_left",
+        "truncated", "ending", "tasks_left", "done_bits", "abort_note",
     )
 
     def __init__(self, job_id: int, uid: int, spec: Jobspec, t_submit: float) -> None:
@@ -77,6 +77,9 @@ class Job:
         # Set once an exception ended the job: no more tasks start, the rest are being killed.
         self.ending = False
         self.tasks_left = len(self.array) if self.array is not None else spec.ntasks
+        # One bit per task: results re-sent after a restart are recognised and counted once.
+        self.done_bits = bytearray((self.tasks_left + 7) // 8)
+        self.abort_note: str | None = None
 
     @property
     def is_array(self) -> bool:
@@ -89,6 +92,36 @@ class Job:
     def index_of(self, task: int) -> int:
         """Array index of task (element ordinal) `task`; plain jobs use the task rank."""
         return self.array[task] if self.array is not None else task
+
+    def mark_done(self, task: int) -> bool:
+        """Record that `task` ended; False when it is out of range or already recorded."""
+        if not 0 <= task < self.total_tasks or not self.done_bits:
+            return False
+        byte, bit = divmod(task, 8)
+        if self.done_bits[byte] & (1 << bit):
+            return False
+        self.done_bits[byte] |= 1 << bit
+        return True
+
+    def is_done(self, task: int) -> bool:
+        byte, bit = divmod(task, 8)
+        return bool(self.done_bits[byte] & (1 << bit))
+
+    def record_result(self, status: int, was_running: bool) -> None:
+        self.status = status if self.status is None else max(self.status, status)
+        if status == 0:
+            self.succeeded += 1
+        else:
+            self.failed += 1
+        if was_running:
+            self.running -= 1
+        self.tasks_left -= 1
+
+    def retire(self) -> None:
+        """Drop what only an active job needs, keeping the record `mc jobs` shows."""
+        self.spec = None
+        self.done_bits = bytearray()
+        self.pending_map = None
 
     def apply(self, event: str) -> None:
         rule = TRANSITIONS.get(event)

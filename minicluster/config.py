@@ -28,8 +28,10 @@ class InstanceConfig:
     # never changes an existing rank's parent.
     max_size: int = 0
     fanout: int = 32
-    # Overlay endpoint of each rank; "{rank}" is substituted.  tcp:// or ipc://.
+    # Overlay endpoint of each rank: "{rank}" is substituted, and "{port}" by port_base + rank (for
+    # several ranks on one host).  tcp:// or ipc://.
     endpoint: str = "tcp://127.0.0.1:8050"
+    port_base: int = 0
     curve_cert: str = ""
     state_dir: str = "/var/lib/minicluster"
     # Client socket of the broker (unix domain, mode 0600 or 0660 with access_group).
@@ -74,7 +76,7 @@ class InstanceConfig:
         return self.socket or os.path.join(self.state_dir, "broker.sock")
 
     def endpoint_of(self, rank: int) -> str:
-        return self.endpoint.replace("{rank}", str(rank))
+        return self.endpoint.replace("{rank}", str(rank)).replace("{port}", str(self.port_base + rank))
 
     def bind_address(self, rank: int) -> str:
         """Where `rank` binds its ROUTER: ipc paths as they are, tcp on all interfaces."""

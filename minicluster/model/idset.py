@@ -70,6 +70,13 @@ class IdSet:
         i = bisect_right(self._offsets, ordinal) - 1
         return self._ranges[i][ordinal - self._offsets[i]]
 
+    def ordinal(self, value: int) -> int:
+        """Position of `value` in the set; ValueError when absent."""
+        for offset, r in zip(self._offsets, self._ranges):
+            if value in r:
+                return offset + r.index(value)
+        raise ValueError(f"{value} is not in {self}")
+
     def __contains__(self, value: object) -> bool:
         return any(value in r for r in self._ranges)
 

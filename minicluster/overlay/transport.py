@@ -144,7 +144,11 @@ class Overlay:
     def route(self, msg: Message, frame: bytes | None = None) -> None:
         """Deliver `msg` locally or pass it one hop on (§2.4); `frame` is its encoding when already known."""
         if msg.dst == self.rank:
-            self.handler(msg)
+            if msg.src == self.rank:
+                # A rank talking to itself (rank 0's own worker agent): no re-entry into the sender.
+                asyncio.get_running_loop().call_soon(self.handler, msg)
+            else:
+                self.handler(msg)
             return
         hop = topology.next_hop(self.rank, msg.dst, self.fanout)
         data = frame if frame is not None else envelope.encode(msg)

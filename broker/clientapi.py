@@ -1,0 +1,170 @@
+"""The client socket (protocol.md §3.1–3.2): a unix-domain listener, peer credentials, framing and dispatch.
+
+Each request is handed to an operation in broker/ops.py.  An operation returns a response map, a future of
+one (a submission answered once durable, without holding up the requests behind it), or an async iterator
+of responses for streaming requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import grp
+import logging
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from broker.jobmanager import JobError
+from minicluster.proto import frames
+
+log = logging.getLogger(__name__)
+
+_PEERCRED = struct.Struct("3i")
+
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+
+class Connection:
+    def __init__(self, writer: asyncio.StreamWriter, peer: Peer) -> None:
+        self.writer = writer
+        self.peer = peer
+        self.streams: dict[int, asyncio.Task[None]] = {}
+
+    def respond(self, req_id: Any, body: dict[str, Any], more: bool = False) -> None:
+        if self.writer.is_closing():
+            return
+        message = {"v": frames.VERSION, "id": req_id, "ok": True, **body}
+        if more:
+            message["more"] = True
+        try:
+            self.writer.write(frames.pack(message))
+        except frames.FrameError as exc:
+            self.fail(req_id, "bad-request", f"response too large: {exc}")
+
+    def fail(self, req_id: Any, code: str, message: str) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(frames.pack({"v": frames.VERSION, "id": req_id, "ok": False,
+                                           "error": {"code": code, "message": message}}))
+
+
+class ClientServer:
+    def __init__(self, ops: Any, path: str, access_group: str = "") -> None:
+        self.ops = ops
+        self.path = path
+        self.access_group = access_group
+        self._server: asyncio.base_events.Server | None = None
+        self.connections: set[Connection] = set()
+
+    async def start(self) -> None:
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        # Create the socket with no access at all, then open it up: no window where others may connect.
+        old = os.umask(0o177 if not self.access_group else 0o117)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, self.path, limit=frames.MAX_FRAME + 4)
+        finally:
+            os.umask(old)
+        if self.access_group:
+            os.chown(self.path, -1, grp.getgrnam(self.access_group).gr_gid)
+            os.chmod(os.path.dirname(self.path), 0o750)
+            os.chown(os.path.dirname(self.path), -1, grp.getgrnam(self.access_group).gr_gid)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            for task in conn.streams.values():
+                task.cancel()
+            conn.writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        pid, uid, gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        conn = Connection(writer, Peer(pid, uid, gid))
+        self.connections.add(conn)
+        try:
+            await self._read_requests(reader, conn)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.connections.discard(conn)
+            for task in conn.streams.values():
+                task.cancel()
+            writer.close()
+
+    async def _read_requests(self, reader: asyncio.StreamReader, conn: Connection) -> None:
+        while True:
+            try:
+                message = await frames.read(reader)
+            except frames.FrameError as exc:
+                conn.fail(0, "bad-frame", str(exc))
+                await conn.writer.drain()
+                return
+            if message is None:
+                return
+            self._dispatch(conn, message)
+            await conn.writer.drain()
+
+    def _dispatch(self, conn: Connection, message: dict[str, Any]) -> None:
+        req_id = message.get("id")
+        if isinstance(req_id, bool) or not isinstance(req_id, int):
+            conn.fail(0, "bad-request", "request needs an integer id")
+            return
+        if message.get("v") != frames.VERSION:
+            conn.fail(req_id, "version", f"protocol version {message.get('v')!r}, the broker speaks {frames.VERSION}")
+            return
+        op = message.get("op")
+        handler = self.ops.handler(op)
+        if handler is None:
+            conn.fail(req_id, "unknown-op", f"unknown operation {op!r}")
+            return
+        try:
+            result = handler(conn.peer, message)
+        except JobError as exc:
+            conn.fail(req_id, exc.code, str(exc))
+            return
+        except Exception as exc:
+            log.exception("operation %s failed", op)
+            conn.fail(req_id, "internal", f"{op} failed: {exc}")
+            return
+        if isinstance(result, dict):
+            conn.respond(req_id, result)
+        elif isinstance(result, asyncio.Future):
+            result.add_done_callback(lambda f: _answer_future(conn, req_id, f))
+        else:
+            conn.streams[req_id] = asyncio.get_running_loop().create_task(_stream(conn, req_id, result))
+
+
+def _answer_future(conn: Connection, req_id: int, fut: asyncio.Future[dict[str, Any]]) -> None:
+    exc = fut.exception()
+    if exc is None:
+        conn.respond(req_id, fut.result())
+    elif isinstance(exc, JobError):
+        conn.fail(req_id, exc.code, str(exc))
+    else:
+        conn.fail(req_id, "internal", str(exc))
+
+
+async def _stream(conn: Connection, req_id: int, responses: AsyncIterator[dict[str, Any]]) -> None:
+    try:
+        previous = None
+        async for body in responses:
+            if previous is not None:
+                conn.respond(req_id, previous, more=True)
+                await conn.writer.drain()
+            previous = body
+        conn.respond(req_id, previous or {})
+    except JobError as exc:
+        conn.fail(req_id, exc.code, str(exc))
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        conn.streams.pop(req_id, None)

@@ -1,0 +1,295 @@
+"""Task execution as seen from rank 0: dispatch (`run`), results (`done`), output, kills, time limits,
+lost ranks and the PMI exchange (protocol.md §2.5–2.8).
+
+Tracks every running task by (job, task) with its rank, so a lost rank, a cancel or a time limit can be
+turned into the right `kill` messages and exceptions.  Job-level consequences go back to the JobManager.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import signal
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from broker import sched
+from broker.job import Job, State
+from broker.jobmanager import JobManager
+from minicluster.config import InstanceConfig
+from minicluster.model.idset import IdSet
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, int]
+Send = Callable[[str, int, dict[str, Any]], None]
+NODE_LOST_STATUS = 128 + signal.SIGKILL
+
+
+class RunningTask(NamedTuple):
+    rank: int
+    element: int
+    started: float
+
+
+class Execution:
+    def __init__(self, config: InstanceConfig, manager: JobManager, send: Send, uri: str) -> None:
+        self.config = config
+        self.manager = manager
+        self.send = send
+        self.uri = uri
+        self.tasks: dict[Key, RunningTask] = {}
+        self.by_rank: dict[int, set[Key]] = defaultdict(set)
+        self.by_job: dict[int, set[Key]] = defaultdict(set)
+        self._deadlines: list[tuple[float, int, int]] = []
+        self._pmi: dict[tuple[int, int], dict[int, dict[str, str]]] = {}
+        # Plain jobs whose `run` waits for their alloc event to be durable.
+        self._undispatched: set[int] = set()
+        manager.kill_tasks = self.kill_job
+
+    # --- dispatch ------------------------------------------------------------------------------------------
+
+    def start(self, starts: list[sched.Start]) -> None:
+        batches: dict[int, dict[str, Any]] = {}
+        now = self.manager.clock()
+        for st in starts:
+            job = self.manager.jobs[st.job_id]
+            if job.is_array:
+                self._start_element(job, st, now, batches)
+            else:
+                self._start_job(job, st, now)
+        for rank, body in batches.items():
+            self.send("run", rank, body)
+
+    def _track(self, job: Job, task: int, rank: int, element: int, now: float) -> None:
+        key = (job.id, task)
+        self.tasks[key] = RunningTask(rank, element, now)
+        self.by_rank[rank].add(key)
+        self.by_job[job.id].add(key)
+        job.running += 1
+        job.ranks.add(rank)
+        assert job.spec is not None
+        heapq.heappush(self._deadlines, (now + self.manager.time_limit(job.spec), job.id, task))
+
+    def adopt(self, job: Job, task: int, element: int, rank: int, allocation: sched.Allocation | None,
+              now: float) -> None:
+        """Track a task that survived a broker restart (broker/recovery.py)."""
+        self._track(job, task, rank, element, now)
+        if allocation is not None:
+            assert job.spec is not None
+            self.manager.scheduler.adopt(job.id, element, allocation, now, self.manager.time_limit(job.spec))
+
+    def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, dict[str, Any]]) -> None:
+        task = job.pending_map[st.element] if job.pending_map is not None else st.element
+        ((rank, slot),) = st.allocation.task_slots()
+        if job.state == State.SCHED:
+            job.t_run = now
+            self.manager.post(job, "alloc", {"ranks": str(rank)})
+            self.manager.post(job, "start")
+        self._track(job, task, rank, st.element, now)
+        batch = batches.setdefault(rank, {"jobs": {}, "tasks": []})
+        if job.id not in batch["jobs"]:
+            batch["jobs"][job.id] = self._jobinfo(job, [[rank, 1]])
+        batch["tasks"].append([job.id, task, job.index_of(task), list(slot.cores), list(slot.gpus)])
+
+    def _start_job(self, job: Job, st: sched.Start, now: float) -> None:
+        slots = st.allocation.task_slots()
+        job.t_run = now
+        for task, (rank, _) in enumerate(slots):
+            self._track(job, task, rank, 0, now)
+        layout = [[rank, len(ra.slots)] for rank, ra in st.allocation.items()]
+        self.manager.post(job, "alloc", {"ranks": str(IdSet.from_ints(job.ranks))})
+        fut = self.manager.post(job, "start")
+        self._undispatched.add(job.id)
+        info = self._jobinfo(job, layout)
+
+        def dispatch(_: object) -> None:
+            # A cancel that came before the alloc was durable already ended these tasks.
+            if job.id not in self._undispatched:
+                return
+            self._undispatched.discard(job.id)
+            per_rank: dict[int, list[list[Any]]] = defaultdict(list)
+            for task, (rank, slot) in enumerate(slots):
+                per_rank[rank].append([job.id, task, task, list(slot.cores), list(slot.gpus)])
+            for rank, tasks in per_rank.items():
+                self.send("run", rank, {"jobs": {job.id: info}, "tasks": tasks})
+
+        fut.add_done_callback(dispatch)
+
+    def _jobinfo(self, job: Job, layout: list[list[int]]) -> dict[str, Any]:
+        spec = job.spec
+        assert spec is not None
+        env = dict(spec.env)
+        env["MC_URI"] = self.uri
+        return {
+            "argv": list(spec.argv), "env": env, "cwd": spec.cwd, "ntasks": job.total_tasks,
+            "output": spec.output, "mpi": spec.uses_pmi and not job.is_array, "layout": layout,
+        }
+
+    # --- results and output --------------------------------------------------------------------------------
+
+    def on_done(self, rank: int, results: list[list[Any]], ack: bool = True) -> None:
+        touched: dict[int, Job] = {}
+        statements = []
+        keys = []
+        now = self.manager.clock()
+        for result in results:
+            job_id, task, status, exit_code, sig, error, started, ended = result
+            keys.append([job_id, task])
+            job = self.manager.jobs.get(job_id)
+            if job is None or job.state == State.INACTIVE or not job.mark_done(task):
+                continue  # a duplicate (re-sent after a restart) or a purged job: acknowledge only
+            running = self._untrack((job_id, task))
+            statements.append(("INSERT OR REPLACE INTO tasks VALUES (?,?,?,?,?,?,?,?,?,?)",
+                               (job_id, task, job.index_of(task), rank, status, exit_code, sig, error,
+                                started, ended)))
+            job.record_result(status, was_running=running is not None)
+            if running is not None and job.is_array:
+                self.manager.scheduler.release(job_id, running.element, now)
+            if status and job.spec is not None and job.spec.uses_pmi and not job.is_array:
+                note = f"task {task} on rank {rank} exited with status {status}"
+                touched.setdefault(job_id, job)
+                job.abort_note = job.abort_note or note
+            touched[job_id] = job
+        fut = self.manager.journal.write(statements)
+        if ack and keys:
+            fut.add_done_callback(lambda f: f.exception() or self.send("done-ack", rank, {"keys": keys}))
+        for job in touched.values():
+            self._after_results(job, now)
+
+    def _after_results(self, job: Job, now: float) -> None:
+        if not job.is_array and job.running == 0 and job.state == State.RUN:
+            self.manager.scheduler.release(job.id, 0, now)
+        if job.abort_note and not job.ending:
+            self.manager.raise_exception(job, "abort", job.abort_note)
+        self.manager.maybe_finish(job)
+        self.manager.wake_scheduler()
+
+    def _untrack(self, key: Key) -> RunningTask | None:
+        running = self.tasks.pop(key, None)
+        if running is not None:
+            self.by_rank[running.rank].discard(key)
+            group = self.by_job[key[0]]
+            group.discard(key)
+            if not group:
+                del self.by_job[key[0]]
+        return running
+
+    def on_output(self, chunks: list[list[Any]]) -> None:
+        statements, published = [], []
+        for job_id, task, stream, data in chunks:
+            job = self.manager.jobs.get(job_id)
+            if job is None or not isinstance(data, bytes):
+                continue
+            room = self.config.output_cap - job.output_bytes
+            if room <= 0:
+                continue
+            if len(data) > room:
+                data = data[:room]
+                self.manager.post(job, "output-truncated", {"cap": self.config.output_cap})
+            job.output_bytes += len(data)
+            oseq = job.oseq
+            job.oseq += 1
+            statements.append(("INSERT INTO output VALUES (?,?,?,?,?)", (job_id, oseq, task, stream, data)))
+            published.append((job_id, [oseq, task, stream, data]))
+        if statements:
+            fut = self.manager.journal.write(statements)
+            watchers = self.manager.watchers
+            fut.add_done_callback(lambda f: f.exception() or [watchers.output(j, c) for j, c in published])
+
+    # --- ending tasks --------------------------------------------------------------------------------------
+
+    def kill_job(self, job: Job, sig: int) -> None:
+        if job.id in self._undispatched:
+            self._undispatched.discard(job.id)
+            self._end_locally(job, list(self.by_job.get(job.id, ())), 128 + sig, "cancelled before start")
+            return
+        self._signal(list(self.by_job.get(job.id, ())), sig)
+
+    def _signal(self, keys: list[Key], sig: int) -> None:
+        per_rank: dict[int, list[list[int]]] = defaultdict(list)
+        for key in keys:
+            running = self.tasks.get(key)
+            if running is not None:
+                per_rank[running.rank].append(list(key))
+        grace = self.config.kill_grace if sig == signal.SIGTERM else 0.0
+        for rank, group in per_rank.items():
+            self.send("kill", rank, {"keys": group, "signal": int(sig), "grace": grace})
+
+    def _end_locally(self, job: Job, keys: list[Key], status: int, error: str) -> None:
+        """Record tasks as ended without hearing from their worker (lost rank, never dispatched)."""
+        now = self.manager.clock()
+        by_rank: dict[int, list[list[Any]]] = defaultdict(list)
+        for key in keys:
+            running = self.tasks.get(key)
+            if running is not None:
+                by_rank[running.rank].append([key[0], key[1], status, None, None, error, running.started, now])
+        for rank, results in by_rank.items():
+            self.on_done(rank, results, ack=False)
+
+    def check_deadlines(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, job_id, task = heapq.heappop(self._deadlines)
+            job = self.manager.jobs.get(job_id)
+            if job is None or (job_id, task) not in self.tasks:
+                continue
+            if job.is_array:
+                log.info("job %d task %d reached its time limit", job_id, task)
+                self._signal([(job_id, task)], signal.SIGTERM)
+            else:
+                assert job.spec is not None
+                self.manager.raise_exception(job, "timeout", f"time limit of {self.manager.time_limit(job.spec):g}s reached")
+
+    # --- ranks ---------------------------------------------------------------------------------------------
+
+    def rank_lost(self, rank: int, why: str = "node-lost") -> None:
+        keys = list(self.by_rank.get(rank, ()))
+        jobs = {key[0] for key in keys}
+        for job_id in jobs:
+            job = self.manager.jobs[job_id]
+            if not job.is_array:
+                self.manager.raise_exception(job, "node-lost", f"rank {rank} was lost")
+        for job_id in jobs:
+            job = self.manager.jobs[job_id]
+            self._end_locally(job, [k for k in keys if k[0] == job_id], NODE_LOST_STATUS, why)
+
+    def reconcile(self, rank: int, reported: list[list[Any]]) -> None:
+        """A rank (re)joined listing the tasks it still runs: end the ones it lost, kill the ones we forgot."""
+        reported_keys = {(int(r[0]), int(r[1])) for r in reported}
+        known = self.by_rank.get(rank, set())
+        lost = known - reported_keys
+        if lost:
+            for job_id in {k[0] for k in lost}:
+                job = self.manager.jobs[job_id]
+                if not job.is_array:
+                    self.manager.raise_exception(job, "node-lost", f"rank {rank} restarted")
+                self._end_locally(job, [k for k in lost if k[0] == job_id], NODE_LOST_STATUS, "node-lost")
+        strays = [list(k) for k in reported_keys - known]
+        if strays:
+            self.send("kill", rank, {"keys": strays, "signal": int(signal.SIGKILL), "grace": 0.0})
+
+    # --- PMI exchange (§2.8) -------------------------------------------------------------------------------
+
+    def on_pmi_put(self, rank: int, body: dict[str, Any]) -> None:
+        job = self.manager.jobs.get(body.get("job", -1))
+        seq, kvs = body.get("seq"), body.get("kvs")
+        if job is None or not isinstance(seq, int) or not isinstance(kvs, dict) or rank not in job.ranks:
+            self.send("error", rank, {"code": "bad-request", "message": "pmi-put for an unknown job", "ref": "pmi-put"})
+            return
+        parts = self._pmi.setdefault((job.id, seq), {})
+        parts[rank] = kvs
+        if len(parts) < len(job.ranks):
+            return
+        del self._pmi[(job.id, seq)]
+        merged: dict[str, str] = {}
+        for part in parts.values():
+            merged.update(part)
+        for r in job.ranks:
+            self.send("pmi-kvs", r, {"job": job.id, "seq": seq, "kvs": merged})
+
+    def on_abort(self, rank: int, body: dict[str, Any]) -> None:
+        job = self.manager.jobs.get(body.get("job", -1))
+        if job is not None:
+            note = f"task {body.get('task')} on rank {rank} called abort({body.get('code')}): {body.get('message', '')}"
+            self.manager.raise_exception(job, "abort", note.strip())
+

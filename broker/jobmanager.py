@@ -1,0 +1,238 @@
+"""Job manager: submit, events, exceptions, finish and purge (protocol.md §3.3–3.7).
+
+Owns the in-memory job table and the rule "an event is visible only once durable": every event goes to the
+journal, and followers hear of it from the commit callback.  Starting, tracking and killing tasks lives in
+broker/execution.py; choosing where they run lives in broker/sched/.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgpack
+
+from broker import sched
+from broker.job import Job, State
+from broker.journal import Journal, Statement
+from broker.watchers import Watchers
+from minicluster.config import InstanceConfig
+from minicluster.model.jobspec import Jobspec
+
+log = logging.getLogger(__name__)
+
+
+class JobError(Exception):
+    """A client request about jobs was refused; `code` is a protocol.md §3.2 error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def request_of(spec: Jobspec) -> sched.Request:
+    try:
+        constraints = tuple(sched.parse_constraint(c) for c in spec.requires)
+    except ValueError as exc:
+        raise JobError("invalid-jobspec", f"requires: {exc}") from None
+    return sched.Request(
+        nnodes=spec.nnodes, nslots=spec.ntasks, cores_per_slot=spec.cores_per_task,
+        gpus_per_slot=spec.gpus_per_task, mem_per_slot=spec.mem_per_task,
+        slots_per_node=spec.tasks_per_node, exclusive=spec.exclusive, constraints=constraints,
+    )
+
+
+def pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+class JobManager:
+    def __init__(self, config: InstanceConfig, journal: Journal, scheduler: sched.Scheduler,
+                 watchers: Watchers, owner_uid: int, next_id: int,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.journal = journal
+        self.scheduler = scheduler
+        self.watchers = watchers
+        self.owner_uid = owner_uid
+        self.next_id = next_id
+        self.clock = clock
+        self.jobs: dict[int, Job] = {}
+        # Set by the broker: called when the queue may have work that fits.
+        self.wake_scheduler: Callable[[], None] = lambda: None
+        # Set by the broker: ends a job's running tasks (execution.kill_job).
+        self.kill_tasks: Callable[[Job, int], None] = lambda job, sig: None
+        self.all_ranks_seen = False
+
+    # --- submit --------------------------------------------------------------------------------------------
+
+    def validate(self, spec: Jobspec) -> sched.Request:
+        request = request_of(spec)
+        if spec.policy is not None:
+            try:
+                sched.check_policy(spec.policy)
+            except ValueError as exc:
+                raise JobError("invalid-jobspec", f"policy: {exc}") from None
+        if spec.nnodes > self.config.size:
+            raise JobError("infeasible", f"nnodes: needs {spec.nnodes} nodes, the MiniCluster has {self.config.size}")
+        if self.all_ranks_seen:
+            try:
+                self.scheduler.graph.check_feasible(request)
+            except sched.InfeasibleRequest as exc:
+                raise JobError("infeasible", str(exc)) from None
+        return request
+
+    def submit(self, uid: int, spec: Jobspec) -> asyncio.Future[None]:
+        """Create the job and queue it; the returned future resolves once it is durable."""
+        request = self.validate(spec)
+        now = self.clock()
+        job = Job(self.next_id, uid, spec, now)
+        self.next_id += 1
+        self.jobs[job.id] = job
+        statements: list[Statement] = [
+            ("INSERT INTO jobs (id, uid, state, spec, t_submit) VALUES (?,?,?,?,?)",
+             (job.id, uid, job.state.value, pack(spec.to_wire()), now)),
+            ("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self.next_id,)),
+        ]
+        self.post(job, "submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array}, statements)
+        self.post(job, "depend")
+        fut = self.post(job, "priority", {"priority": job.urgency})
+        self.enqueue(job, request)
+        return fut
+
+    def enqueue(self, job: Job, request: sched.Request, count: int | None = None) -> None:
+        spec = job.spec
+        assert spec is not None
+        self.scheduler.enqueue(sched.SchedJob(
+            job_id=job.id, urgency=job.urgency, submit_time=job.t_submit, request=request,
+            time_limit=self.time_limit(spec), policy=spec.policy,
+            count=count if count is not None else job.total_tasks if job.is_array else 1,
+        ))
+        self.wake_scheduler()
+
+    def time_limit(self, spec: Jobspec) -> float:
+        return spec.time_limit or self.config.default_time_limit
+
+    # --- events --------------------------------------------------------------------------------------------
+
+    def post(self, job: Job, name: str, context: dict[str, Any] | None = None,
+             extra: Iterable[Statement] = ()) -> asyncio.Future[None]:
+        """Append an event: state changes now, followers hear of it once it is durable."""
+        ts = self.clock()
+        seq = job.seq
+        job.seq += 1
+        job.apply(name)
+        context = context or {}
+        statements = [
+            *extra,
+            ("INSERT INTO events VALUES (?,?,?,?,?)", (job.id, seq, ts, name, pack(context))),
+            ("UPDATE jobs SET state=?, seq=? WHERE id=?", (job.state.value, job.seq, job.id)),
+        ]
+        fut = self.journal.write(statements)
+        event = [seq, ts, name, context]
+        job_id = job.id
+        fut.add_done_callback(lambda f: f.exception() or self.watchers.event(job_id, event))
+        return fut
+
+    def raise_exception(self, job: Job, kind: str, note: str, severity: int = 0) -> None:
+        if job.state == State.INACTIVE or (job.ending and severity == 0):
+            return
+        self.post(job, "exception", {"type": kind, "severity": severity, "note": note})
+        if severity != 0:
+            return
+        job.exception = kind
+        job.ending = True
+        self.scheduler.cancel(job.id)
+        if job.running:
+            self.kill_tasks(job, signal.SIGTERM)
+        else:
+            self.finish(job)
+
+    def maybe_finish(self, job: Job) -> None:
+        if job.running == 0 and (job.ending or job.tasks_left == 0) and job.state in (State.RUN, State.SCHED):
+            self.finish(job)
+
+    def finish(self, job: Job) -> None:
+        if job.status is None:
+            job.status = 128 + signal.SIGTERM if job.exception == "cancel" else (1 if job.exception else 0)
+        if job.ending:
+            job.cancelled += job.tasks_left
+            job.tasks_left = 0
+        job.t_inactive = self.clock()
+        counts = job.counts_wire()
+        self.post(job, "finish", {"status": job.status, "counts": counts})
+        self.post(job, "release")
+        self.clean(job)
+
+    def clean(self, job: Job) -> None:
+        """The last step, also taken alone for a job a restart found in CLEANUP."""
+        job.t_inactive = job.t_inactive or self.clock()
+        row = ("UPDATE jobs SET status=?, exception=?, t_run=?, t_inactive=?, counts=? WHERE id=?",
+               (job.status, job.exception, job.t_run, job.t_inactive, pack(job.counts_wire()), job.id))
+        fut = self.post(job, "clean", extra=[row])
+        job.retire()
+        result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
+        fut.add_done_callback(lambda f: f.exception() or self.watchers.inactive(job.id, result))
+        self.wake_scheduler()
+
+    # --- client operations ---------------------------------------------------------------------------------
+
+    def get(self, job_id: Any) -> Job:
+        if isinstance(job_id, bool) or not isinstance(job_id, int):
+            raise JobError("bad-request", f"job id must be an integer, got {job_id!r}")
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise JobError("not-found", f"job {job_id} does not exist (or was purged)")
+        return job
+
+    def cancel(self, uid: int, job_ids: list[Any]) -> tuple[list[int], dict[str, str]]:
+        cancelled, errors = [], {}
+        for job_id in job_ids:
+            try:
+                job = self.get(job_id)
+            except JobError as exc:
+                errors[str(job_id)] = str(exc)
+                continue
+            if uid not in (job.uid, self.owner_uid):
+                errors[str(job_id)] = f"permission denied: job {job_id} belongs to uid {job.uid}"
+            elif job.state == State.INACTIVE or job.ending:
+                errors[str(job_id)] = f"job {job_id} has already ended"
+            else:
+                self.raise_exception(job, "cancel", f"cancelled by uid {uid}")
+                cancelled.append(job.id)
+        return cancelled, errors
+
+    def summary(self, job: Job) -> dict[str, Any]:
+        return job.summary(self.scheduler.estimated_start(job.id))
+
+    def queue_counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in State}
+        for job in self.jobs.values():
+            counts[job.state.value] += 1
+        return counts
+
+    # --- purge ---------------------------------------------------------------------------------------------
+
+    def purge(self) -> int:
+        """Forget inactive jobs beyond the configured age and count limits (oldest first)."""
+        now = self.clock()
+        inactive = [j for j in self.jobs.values() if j.state == State.INACTIVE]
+        excess = len(inactive) - self.config.purge_max_count
+        doomed = [j.id for n, j in enumerate(inactive)
+                  if n < excess or now - (j.t_inactive or now) > self.config.purge_max_age]
+        if not doomed:
+            return 0
+        for job_id in doomed:
+            del self.jobs[job_id]
+        statements: list[Statement] = []
+        for table, column in (("jobs", "id"), ("events", "job"), ("tasks", "job"), ("output", "job")):
+            statements.extend((f"DELETE FROM {table} WHERE {column}=?", (j,)) for j in doomed)
+        self.journal.write(statements)
+        return len(doomed)

@@ -1,0 +1,303 @@
+"""Client operations (protocol.md §3.3), one small function each, registered by name.
+
+Each takes the peer (uid from the kernel) and the request map.  The broker object gives access to the job
+manager, the rank table, the resource graph and the journal's reader.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from broker.clientapi import Peer
+from broker.job import State
+from broker.jobmanager import JobError, unpack
+from minicluster.model import jobspec as jobspec_model
+from minicluster.model.idset import IdSet
+
+OPS: dict[str, Callable[..., Any]] = {}
+
+
+def op(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        OPS[name] = fn
+        return fn
+    return register
+
+
+class Operations:
+    """Binds the registered operations to one broker."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+
+    def handler(self, name: Any) -> Callable[[Peer, dict[str, Any]], Any] | None:
+        fn = OPS.get(name) if isinstance(name, str) else None
+        if fn is None:
+            return None
+        return lambda peer, req: fn(self.broker, peer, req)
+
+
+def _field(req: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if name not in req:
+        if default is ...:
+            raise JobError("bad-request", f"missing field {name!r}")
+        return default
+    value = req[name]
+    if isinstance(value, bool) and kind is int or not isinstance(value, kind):
+        raise JobError("bad-request", f"field {name!r} has the wrong type")
+    return value
+
+
+def _owner_only(broker: Any, peer: Peer, what: str) -> None:
+    if peer.uid != broker.owner_uid:
+        raise JobError("permission", f"only the instance owner (uid {broker.owner_uid}) may {what}")
+
+
+def _refuse_when_stopping(broker: Any) -> None:
+    if broker.stopping:
+        raise JobError("shutting-down", "the MiniCluster is shutting down")
+
+
+@op("hello")
+def hello(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    cfg = broker.config
+    return {"version": 1, "name": cfg.name, "size": cfg.size, "uid": peer.uid, "owner_uid": broker.owner_uid}
+
+
+def _spec(req_spec: Any) -> jobspec_model.Jobspec:
+    try:
+        return jobspec_model.from_wire(req_spec)
+    except jobspec_model.InvalidJobspec as exc:
+        raise JobError("invalid-jobspec", str(exc)) from None
+
+
+@op("submit")
+def submit(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    _refuse_when_stopping(broker)
+    spec = _spec(_field(req, "jobspec", dict))
+    durable = broker.manager.submit(peer.uid, spec)
+    job_id = broker.manager.next_id - 1
+    return _then(durable, {"job": job_id})
+
+
+@op("submit-many")
+def submit_many(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    _refuse_when_stopping(broker)
+    answers: list[Any] = []
+    last: asyncio.Future[None] | None = None
+    for raw in _field(req, "jobspecs", list):
+        try:
+            last = broker.manager.submit(peer.uid, _spec(raw))
+            answers.append(broker.manager.next_id - 1)
+        except JobError as exc:
+            answers.append({"code": exc.code, "message": str(exc)})
+    # Journal writes commit in order, so the last submission being durable covers all of them.
+    if last is None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        last = done
+    return _then(last, {"jobs": answers})
+
+
+def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    out: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+    def relay(f: asyncio.Future[None]) -> None:
+        if f.exception() is not None:
+            out.set_exception(f.exception())  # type: ignore[arg-type]
+        else:
+            out.set_result(body)
+
+    fut.add_done_callback(relay)
+    return out
+
+
+@op("jobs")
+def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    show_all = _field(req, "all", bool, False)
+    ids = _field(req, "ids", list, None)
+    limit = _field(req, "limit", int, 1000)
+    manager = broker.manager
+    if ids is not None:
+        selected = [manager.get(i) for i in ids]
+    else:
+        selected = [j for j in reversed(manager.jobs.values()) if show_all or j.state != State.INACTIVE]
+    return {"jobs": [manager.summary(j) for j in selected[:limit]]}
+
+
+@op("job")
+def job(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+    record = broker.manager.get(_field(req, "job", int))
+    summary = broker.manager.summary(record)
+
+    async def with_failed() -> dict[str, Any]:
+        failed = await broker.journal.read(
+            lambda c: [r[0] for r in c.execute("SELECT idx FROM tasks WHERE job=? AND status!=0 ORDER BY idx",
+                                               (record.id,))])
+        return {"job": summary, "failed": str(IdSet.from_ints(failed))}
+
+    return asyncio.ensure_future(with_failed())
+
+
+@op("cancel")
+def cancel(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    cancelled, errors = broker.manager.cancel(peer.uid, _field(req, "jobs", list))
+    return {"cancelled": cancelled, "errors": errors}
+
+
+@op("eventlog")
+def eventlog(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    record = broker.manager.get(_field(req, "job", int))
+    start = _field(req, "from", int, 0)
+    follow = _field(req, "follow", bool, False)
+
+    def history(c: Any) -> list[list[Any]]:
+        rows = c.execute("SELECT seq, ts, name, context FROM events WHERE job=? AND seq>=? ORDER BY seq",
+                         (record.id, start))
+        return [[seq, ts, name, unpack(ctx)] for seq, ts, name, ctx in rows]
+
+    return _follow(broker, record, follow, history, broker.watchers.follow_events, "events",
+                   lambda item: item[0], start)
+
+
+@op("output")
+def output(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    record = broker.manager.get(_field(req, "job", int))
+    follow = _field(req, "follow", bool, False)
+    index = _field(req, "index", int, None)
+    task = None
+    if index is not None:
+        task = _task_of_index(record, index)
+
+    def history(c: Any) -> list[list[Any]]:
+        rows = c.execute("SELECT oseq, task, stream, data FROM output WHERE job=? ORDER BY oseq", (record.id,))
+        return [list(r) for r in rows]
+
+    def visible(item: list[Any]) -> bool:
+        return task is None or item[1] == task
+
+    stream = _follow(broker, record, follow, history, broker.watchers.follow_output, "chunks",
+                     lambda item: item[0], 0, visible)
+    return _strip_oseq(stream)
+
+
+async def _strip_oseq(stream: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    async for body in stream:
+        yield {"chunks": [c[1:] for c in body["chunks"]]}
+
+
+def _task_of_index(record: Any, index: int) -> int:
+    if record.array is None:
+        if not 0 <= index < record.ntasks:
+            raise JobError("not-found", f"job {record.id} has no task {index}")
+        return index
+    try:
+        return record.array.ordinal(index)
+    except ValueError:
+        raise JobError("not-found", f"job {record.id} has no array index {index}") from None
+
+
+async def _follow(broker: Any, record: Any, follow: bool, history: Callable[[Any], list[list[Any]]],
+                  subscribe: Callable[[int], Any], key: str, seq_of: Callable[[list[Any]], int], start: int,
+                  visible: Callable[[list[Any]], bool] = lambda item: True) -> AsyncIterator[dict[str, Any]]:
+    """History from sqlite, then live items, skipping sequence numbers already sent (no gaps, no repeats)."""
+    follower = subscribe(record.id) if follow and record.state != State.INACTIVE else None
+    try:
+        past = await broker.journal.read(history)
+        yield {key: [i for i in past if visible(i)]}
+        next_seq = (seq_of(past[-1]) + 1) if past else start
+        while follower is not None:
+            item = await follower.queue.get()
+            if item is None:
+                return
+            if follower.overflowed:
+                raise JobError("bad-request", "client fell too far behind; re-read from the last sequence")
+            if seq_of(item) >= next_seq:
+                next_seq = seq_of(item) + 1
+                if visible(item):
+                    yield {key: [item]}
+    finally:
+        if follower is not None:
+            broker.watchers.unfollow(record.id, follower)
+
+
+@op("wait")
+def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    records = [broker.manager.get(i) for i in _field(req, "jobs", list)]
+
+    async def results() -> AsyncIterator[dict[str, Any]]:
+        followers = {r.id: broker.watchers.follow_inactive(r.id) for r in records if r.state != State.INACTIVE}
+        try:
+            for r in records:
+                if r.id not in followers:
+                    yield {"job": r.id, "status": r.status, "state": r.state.value, "exception": r.exception}
+            for job_id, follower in followers.items():
+                yield await follower.queue.get()
+        finally:
+            for job_id, follower in followers.items():
+                broker.watchers.unfollow(job_id, follower)
+
+    return results()
+
+
+@op("task-results")
+def task_results(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+    record = broker.manager.get(_field(req, "job", int))
+    start = _field(req, "from", int, 0)
+    limit = _field(req, "limit", int, 10_000)
+    sql = ("SELECT task, idx, rank, status, exit_code, signal, error FROM tasks WHERE job=? AND task>=? "
+           "ORDER BY task LIMIT ?")
+    fut = broker.journal.read(lambda c: [list(r) for r in c.execute(sql, (record.id, start, limit))])
+    return asyncio.ensure_future(_wrap(fut, "tasks"))
+
+
+async def _wrap(awaitable: Any, key: str) -> dict[str, Any]:
+    return {key: await awaitable}
+
+
+@op("resources")
+def resources(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    return {"ranks": broker.graph.summary()}
+
+
+@op("status")
+def status(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    cfg = broker.config
+    return {"name": cfg.name, "size": cfg.size, "fanout": cfg.fanout, "epoch": broker.epoch,
+            "ranks": broker.ranks.rows(), "queue": broker.manager.queue_counts()}
+
+
+@op("drain")
+def drain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    _owner_only(broker, peer, "drain ranks")
+    ranks = _ranks(broker, _field(req, "ranks", list))
+    reason = _field(req, "reason", str, "")
+    for r in ranks:
+        broker.graph.drain(r, reason or "drained by the owner")
+    return {"drained": ranks}
+
+
+@op("undrain")
+def undrain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    _owner_only(broker, peer, "undrain ranks")
+    ranks = _ranks(broker, _field(req, "ranks", list))
+    for r in ranks:
+        broker.graph.undrain(r)
+    broker.manager.wake_scheduler()
+    return {"undrained": ranks}
+
+
+def _ranks(broker: Any, ranks: list[Any]) -> list[int]:
+    known = {row["rank"] for row in broker.graph.summary()}
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, int) or r not in known:
+            raise JobError("not-found", f"rank {r!r} is not part of the MiniCluster's resources")
+    return ranks
+
+
+@op("shutdown")
+def shutdown(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    _owner_only(broker, peer, "shut the MiniCluster down")
+    asyncio.get_running_loop().call_later(0.05, broker.request_stop)
+    return {}

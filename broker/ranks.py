@@ -1,0 +1,88 @@
+"""Rank liveness at rank 0 (protocol.md §2.6): joined / up / unresponsive / lost, from heartbeats. No I/O."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RankState(enum.Enum):
+    NEVER = "never-joined"
+    UP = "up"
+    UNRESPONSIVE = "unresponsive"
+    LOST = "lost"
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    state: RankState = RankState.NEVER
+    pid: int | None = None
+    hostname: str = ""
+    endpoint: str = ""
+    last_seen: float = 0.0
+    since: float = 0.0
+    resources: dict[str, Any] = field(default_factory=dict)
+
+
+class RankTable:
+    def __init__(self, size: int, tree_size: int, endpoint_of: Any, unresponsive_after: float,
+                 lost_after: float) -> None:
+        self.size = size
+        self.unresponsive_after = unresponsive_after
+        self.lost_after = lost_after
+        self.ranks = {r: RankInfo(r, endpoint=endpoint_of(r)) for r in range(tree_size)}
+
+    def resize(self, size: int) -> None:
+        self.size = size
+
+    def joined(self, rank: int, now: float, pid: int | None, hostname: str, resources: dict[str, Any]) -> None:
+        info = self.ranks[rank]
+        info.state = RankState.UP
+        info.pid, info.hostname, info.resources = pid, hostname, resources
+        info.last_seen = info.since = now
+
+    def heartbeat(self, rank: int, now: float) -> bool:
+        """Record a heartbeat; False when the rank has not joined (it must be told to rejoin)."""
+        info = self.ranks[rank]
+        if info.state in (RankState.NEVER, RankState.LOST):
+            return False
+        info.last_seen = now
+        if info.state == RankState.UNRESPONSIVE:
+            info.state, info.since = RankState.UP, now
+        return True
+
+    def sweep(self, now: float) -> list[int]:
+        """Advance states by silence; returns the ranks that became lost now."""
+        lost = []
+        for info in self.ranks.values():
+            if info.state in (RankState.NEVER, RankState.LOST) or info.rank == 0:
+                continue
+            silent = now - info.last_seen
+            if silent >= self.lost_after:
+                info.state, info.since = RankState.LOST, now
+                lost.append(info.rank)
+            elif silent >= self.unresponsive_after and info.state == RankState.UP:
+                info.state, info.since = RankState.UNRESPONSIVE, now
+        return lost
+
+    def is_member(self, rank: int) -> bool:
+        return self.ranks[rank].state in (RankState.UP, RankState.UNRESPONSIVE)
+
+    def counts(self) -> dict[str, int]:
+        expected = range(self.size)
+        out = {s.value: 0 for s in RankState}
+        for r in expected:
+            out[self.ranks[r].state.value] += 1
+        out["expected"] = self.size
+        return out
+
+    def all_up(self) -> bool:
+        return all(self.ranks[r].state == RankState.UP for r in range(self.size))
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {"rank": i.rank, "state": i.state.value, "pid": i.pid, "hostname": i.hostname,
+             "endpoint": i.endpoint, "since": i.since}
+            for i in self.ranks.values() if i.rank < self.size or i.state != RankState.NEVER
+        ]

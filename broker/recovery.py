@@ -1,0 +1,149 @@
+"""Broker restart: rebuild the job table from the journal and reattach running work (architecture.md#restart).
+
+The rule, documented for users:
+  * queued jobs are queued again, in their original order;
+  * a job that was running is reattached when the workers that rejoin within `reattach_timeout` report all of
+    its tasks still running (or finished: their results are kept by the workers until acknowledged);
+  * otherwise a plain job ends with the exception `broker-restart`, and the tasks that survived are killed;
+  * array elements that nobody reports are queued again (each element is independent).
+While the reattach window is open the scheduler starts nothing, so no core is handed out twice.
+"""
+from __future__ import annotations
+
+import logging
+from array import array
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker import sched
+from broker.job import Job, State
+from broker.journal import Journal
+from broker.jobmanager import JobManager, request_of, unpack
+from minicluster.model import jobspec as jobspec_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Recovered:
+    next_id: int
+    epoch: int
+    active: list[Job] = field(default_factory=list)
+
+
+def load(journal: Journal, manager: JobManager) -> Recovered:
+    """Read the journal into `manager.jobs`; returns the jobs that were queued or running."""
+    meta = dict(journal.query("SELECT key, value FROM meta"))
+    epoch = int(meta.get("epoch", 0)) + 1
+    journal.execute_now([("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (epoch,))])
+    max_id = journal.query("SELECT COALESCE(MAX(id), 0) FROM jobs")[0][0]
+    out = Recovered(next_id=max(int(meta.get("next_id", 1)), max_id + 1), epoch=epoch)
+    rows = journal.query("SELECT id, uid, state, spec, t_submit, t_run, t_inactive, status, exception, seq, counts "
+                         "FROM jobs ORDER BY id")
+    for row in rows:
+        job = _restore(row)
+        manager.jobs[job.id] = job
+        if job.state != State.INACTIVE:
+            out.active.append(job)
+    _restore_results(journal, {j.id: j for j in out.active})
+    return out
+
+
+def _restore(row: tuple[Any, ...]) -> Job:
+    job_id, uid, state, spec_blob, t_submit, t_run, t_inactive, status, exception, seq, counts = row
+    spec = jobspec_model.from_wire(unpack(spec_blob))
+    job = Job(job_id, uid, spec, t_submit)
+    job.state = State(state)
+    job.t_run, job.t_inactive, job.status, job.exception, job.seq = t_run, t_inactive, status, exception, seq
+    if job.state == State.INACTIVE:
+        if counts is not None:
+            job.succeeded, job.failed, job.cancelled = unpack(counts)
+        job.tasks_left = 0
+        job.retire()
+    return job
+
+
+def _restore_results(journal: Journal, active: dict[int, Job]) -> None:
+    if not active:
+        return
+    marks = ",".join("?" * len(active))
+    rows = journal.query(f"SELECT job, task, status FROM tasks WHERE job IN ({marks})", list(active))
+    for job_id, task, status in rows:
+        job = active[job_id]
+        if job.mark_done(task):
+            job.record_result(status, was_running=False)
+
+
+class Reattach:
+    """Collects what rejoining workers report while the window is open, then settles every active job."""
+
+    def __init__(self, manager: JobManager, active: list[Job]) -> None:
+        self.manager = manager
+        self.active = active
+        self.reports: dict[int, list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]] = defaultdict(list)
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.active)
+
+    def report(self, rank: int, running: list[list[Any]]) -> None:
+        for entry in running:
+            job_id, task, cores, gpus = int(entry[0]), int(entry[1]), tuple(entry[2]), tuple(entry[3])
+            self.reports[job_id].append((rank, task, cores, gpus))
+
+    def settle(self, execution: Any, now: float) -> None:
+        """Close the window: reattach what is whole, end or requeue the rest, kill strays."""
+        known = {j.id for j in self.active}
+        for job in self.active:
+            if job.state in (State.RUN, State.SCHED):
+                self._settle_job(job, execution, now)
+            elif job.state == State.CLEANUP:
+                self.manager.clean(job)
+        strays: dict[int, list[list[int]]] = defaultdict(list)
+        for job_id, entries in self.reports.items():
+            if job_id not in known:
+                for rank, task, _, _ in entries:
+                    strays[rank].append([job_id, task])
+        for rank, keys in strays.items():
+            execution.send("kill", rank, {"keys": keys, "signal": 9, "grace": 0.0})
+
+    def _settle_job(self, job: Job, execution: Any, now: float) -> None:
+        entries = [e for e in self.reports.get(job.id, []) if not job.is_done(e[1])]
+        spec = job.spec
+        assert spec is not None
+        request = request_of(spec)
+        if job.is_array:
+            for rank, task, cores, gpus in entries:
+                alloc = sched.Allocation({rank: sched.RankAlloc((sched.Slot(cores, gpus),))})
+                # Negative element keys cannot collide with the elements of the re-queued remainder.
+                execution.adopt(job, task, -1 - task, rank, alloc, now)
+            busy = {e[1] for e in entries}
+            left = array("I", (t for t in range(job.total_tasks) if not job.is_done(t) and t not in busy))
+            if left:
+                job.pending_map = left
+                self.manager.enqueue(job, request, count=len(left))
+            else:
+                self.manager.maybe_finish(job)
+            return
+        if job.state == State.SCHED:
+            self.manager.enqueue(job, request)
+            return
+        if job.tasks_left == 0:
+            self.manager.maybe_finish(job)
+            return
+        whole = len(entries) == job.tasks_left and job.tasks_left > 0
+        if whole:
+            ranks: dict[int, list[sched.Slot]] = defaultdict(list)
+            for rank, task, cores, gpus in sorted(entries, key=lambda e: e[1]):
+                ranks[rank].append(sched.Slot(cores, gpus))
+            alloc = sched.Allocation({r: sched.RankAlloc(tuple(s)) for r, s in ranks.items()}, spec.exclusive)
+            for rank, task, _, _ in entries:
+                execution.adopt(job, task, 0, rank, None, now)
+            self.manager.scheduler.adopt(job.id, 0, alloc, job.t_run or now, self.manager.time_limit(spec))
+            log.info("job %d reattached on ranks %s", job.id, sorted(ranks))
+            return
+        for rank, task, _, _ in entries:
+            execution.send("kill", rank, {"keys": [[job.id, task]], "signal": 9, "grace": 0.0})
+        self.manager.raise_exception(job, "broker-restart",
+                                     f"{len(entries)} of {job.tasks_left} unfinished tasks were reclaimed after a restart")

@@ -1,0 +1,295 @@
+"""Rank 0: wires the overlay, job manager, scheduler, execution tracking, client socket and status endpoint.
+
+It also hosts rank 0's own WorkerAgent, so the broker's node runs tasks like any other rank.  Periodic work
+(liveness sweep, time limits, purge, config reload) runs as small loops on the one event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from broker import sched
+from broker.clientapi import ClientServer
+from broker.execution import Execution
+from broker.jobmanager import JobManager
+from broker.journal import Journal
+from broker.ops import Operations
+from broker.ranks import RankTable
+from broker.recovery import Reattach, load
+from broker.status_http import StatusServer
+from broker.watchers import Watchers
+from minicluster import config as config_mod
+from minicluster.config import InstanceConfig
+from minicluster.overlay.curve import Certificate
+from minicluster.overlay.transport import Overlay
+from minicluster.proto.envelope import Message
+from worker.agent import WORKER_KINDS, WorkerAgent
+from worker.resources import discover
+
+log = logging.getLogger(__name__)
+
+
+class Broker:
+    def __init__(self, config: InstanceConfig, cert: Certificate, config_path: str | None = None,
+                 command: list[str] | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.command = command
+        self.owner_uid = os.getuid()
+        self.stopping = False
+        self._stop = asyncio.Event()
+        self.uri = f"unix://{config.socket_path}"
+        self.journal = Journal(config.state_dir)
+        self.graph = sched.ResourceGraph()
+        self.scheduler = sched.Scheduler(self.graph, config.policy, config.default_time_limit)
+        self.watchers = Watchers()
+        self.manager = JobManager(config, self.journal, self.scheduler, self.watchers, self.owner_uid, next_id=1)
+        recovered = load(self.journal, self.manager)
+        self.epoch = recovered.epoch
+        self.manager.next_id = recovered.next_id
+        self.reattach = Reattach(self.manager, recovered.active)
+        self.ranks = RankTable(config.size, config.tree_size, config.endpoint_of,
+                               config.unresponsive_after, config.lost_after)
+        self.overlay = Overlay(config, 0, cert, self._on_message)
+        self.execution = Execution(config, self.manager, self.overlay.send, self.uri)
+        self.manager.wake_scheduler = self._wake_scheduler
+        self.agent = WorkerAgent(config, 0, self.overlay.send, discover(config.resources, config.properties), self.uri)
+        self.client_server = ClientServer(Operations(self), config.socket_path, config.access_group)
+        self.status_server = StatusServer(config.status_port, self.status_snapshot) if config.status_port else None
+        self._schedule_pending = False
+        self._started = time.time()
+        self.command_state: dict[str, Any] | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        self.journal.start()
+        self.overlay.start()
+        await self.client_server.start()
+        if self.status_server is not None:
+            await self.status_server.start()
+        loops = [self._sweep_loop(), self._deadline_loop(), self._purge_loop(), self._reload_loop(),
+                 self.agent.run()]
+        tasks = [asyncio.ensure_future(c) for c in loops]
+        if not self.reattach.needed:
+            self.reattach = None  # type: ignore[assignment]
+        else:
+            tasks.append(asyncio.ensure_future(self._close_reattach_window()))
+        log.info("broker up: epoch %d, %s", self.epoch, self.uri)
+        status = 0
+        if self.command:
+            status = await self._run_command(self.command)
+            self.request_stop()
+        await self._stop.wait()
+        await self._shutdown(tasks)
+        return status
+
+    def request_stop(self) -> None:
+        self.stopping = True
+        self._stop.set()
+
+    async def _shutdown(self, tasks: list[asyncio.Future[Any]]) -> None:
+        for job in list(self.manager.jobs.values()):
+            if job.running:
+                self.manager.raise_exception(job, "shutdown", "the MiniCluster shut down")
+        for rank in range(1, self.config.tree_size):
+            if self.ranks.is_member(rank):
+                self.overlay.send("shutdown", rank, {})
+        await self.agent.shutdown()
+        await asyncio.sleep(0.1)  # let the last results and kills go out
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.client_server.close()
+        if self.status_server is not None:
+            await self.status_server.close()
+        await self.journal.close()
+        await self.overlay.close()
+
+    async def _run_command(self, argv: list[str]) -> int:
+        """Batch mode: once every rank joined, run the command with MC_URI set; its status is ours."""
+        while not self.ranks.all_up() and not self._stop.is_set():
+            await asyncio.sleep(0.02)
+        env = dict(os.environ, MC_URI=self.uri)
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, env=env)
+        except OSError as exc:
+            log.error("cannot run %s: %s", argv[0], exc)
+            self.command_state = {"state": "exited", "status": 127}
+            return 127
+        self.command_state = {"state": "running", "status": None}
+        code = await proc.wait()
+        status = code if code >= 0 else 128 - code
+        self.command_state = {"state": "exited", "status": status}
+        return status
+
+    # --- overlay messages ----------------------------------------------------------------------------------
+
+    def _on_message(self, msg: Message) -> None:
+        if msg.kind in WORKER_KINDS and msg.src == 0:
+            self.agent.handle(msg)
+            return
+        handler = _HANDLERS.get(msg.kind)
+        if handler is None:
+            self.overlay.send("error", msg.src, {"code": "unknown-kind", "message": f"unknown kind {msg.kind!r}",
+                                                 "ref": msg.kind})
+            return
+        if not 0 <= msg.src < self.config.tree_size:
+            return
+        if msg.kind not in ("join", "hb") and not self.ranks.is_member(msg.src):
+            self.overlay.send("rejoin", msg.src, {"epoch": self.epoch})
+            return
+        handler(self, msg.src, msg.body)
+
+    def _on_join(self, rank: int, body: dict[str, Any]) -> None:
+        resources = body.get("resources") or {}
+        now = time.time()
+        try:
+            self._add_resources(rank, resources)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.overlay.send("error", rank, {"code": "bad-request", "message": f"bad resources: {exc}", "ref": "join"})
+            return
+        self.ranks.joined(rank, now, body.get("pid"), str(body.get("hostname", "")), resources)
+        running = body.get("running") or []
+        if self.reattach is not None:
+            self.reattach.report(rank, running)
+        else:
+            self.execution.reconcile(rank, running)
+        self.overlay.send("welcome", rank, {"epoch": self.epoch, "size": self.config.size})
+        if self.ranks.all_up():
+            self.manager.all_ranks_seen = True
+        self._wake_scheduler()
+
+    def _add_resources(self, rank: int, wire: dict[str, Any]) -> None:
+        known = {row["rank"] for row in self.graph.summary()}
+        if rank in known:
+            self.graph.set_up(rank)
+            return
+        sockets = {int(sid): tuple(int(c) for c in cores) for sid, cores in wire["sockets"]}
+        self.graph.add_rank(rank, hostname=str(wire["hostname"]), sockets=sockets,
+                            gpus=tuple(int(g) for g in wire.get("gpus", ())),
+                            memory_mb=int(wire.get("memory_mb", 0)),
+                            properties={str(k): str(v) for k, v in (wire.get("properties") or {}).items()})
+
+    def _on_hb(self, rank: int, body: dict[str, Any]) -> None:
+        if not self.ranks.heartbeat(rank, time.time()):
+            self.overlay.send("rejoin", rank, {"epoch": self.epoch})
+
+    def _on_done(self, rank: int, body: dict[str, Any]) -> None:
+        self.execution.on_done(rank, list(body.get("results", [])))
+
+    def _on_out(self, rank: int, body: dict[str, Any]) -> None:
+        self.execution.on_output(list(body.get("chunks", [])))
+
+    def _on_pmi_put(self, rank: int, body: dict[str, Any]) -> None:
+        self.execution.on_pmi_put(rank, body)
+
+    def _on_abort(self, rank: int, body: dict[str, Any]) -> None:
+        self.execution.on_abort(rank, body)
+
+    def _on_error(self, rank: int, body: dict[str, Any]) -> None:
+        log.warning("rank %d refused a %s message: %s", rank, body.get("ref"), body.get("message"))
+
+    # --- scheduling and periodic work ----------------------------------------------------------------------
+
+    def _wake_scheduler(self) -> None:
+        if not self._schedule_pending:
+            self._schedule_pending = True
+            asyncio.get_running_loop().call_soon(self._schedule)
+
+    def _schedule(self) -> None:
+        self._schedule_pending = False
+        if self.reattach is not None or self.stopping:
+            return
+        starts = self.scheduler.schedule(time.time())
+        if starts:
+            self.execution.start(starts)
+
+    async def _close_reattach_window(self) -> None:
+        deadline = time.time() + self.config.reattach_timeout
+        while time.time() < deadline and not self.ranks.all_up():
+            await asyncio.sleep(0.05)
+        # Give joined workers a moment to re-send results they held while rank 0 was away.
+        await asyncio.sleep(min(0.5, self.config.heartbeat_interval))
+        reattach, self.reattach = self.reattach, None
+        reattach.settle(self.execution, time.time())
+        self.manager.all_ranks_seen = self.ranks.all_up()
+        self._wake_scheduler()
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval / 2)
+            self.ranks.heartbeat(0, time.time())
+            for rank in self.ranks.sweep(time.time()):
+                log.warning("rank %d lost", rank)
+                self.graph.set_down(rank)
+                self.execution.rank_lost(rank)
+
+    async def _deadline_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            self.execution.check_deadlines(time.time())
+
+    async def _purge_loop(self) -> None:
+        while True:
+            await asyncio.sleep(30)
+            self.manager.purge()
+
+    async def _reload_loop(self) -> None:
+        """Follow `size` in the config file, which the operator updates when a MiniCluster is scaled."""
+        if not self.config_path:
+            return
+        mtime = os.stat(self.config_path).st_mtime
+        while True:
+            await asyncio.sleep(2)
+            try:
+                now_mtime = os.stat(self.config_path).st_mtime
+                if now_mtime == mtime:
+                    continue
+                mtime = now_mtime
+                new = config_mod.load(self.config_path)
+            except (OSError, config_mod.ConfigError) as exc:
+                log.warning("config reload failed: %s", exc)
+                continue
+            if new.size != self.config.size and new.size <= self.config.tree_size:
+                log.info("size changed %d -> %d", self.config.size, new.size)
+                self.config = self.config.replace(size=new.size)
+                self.manager.config = self.config
+                self.ranks.resize(new.size)
+
+    def status_snapshot(self) -> dict[str, Any]:
+        counts = self.ranks.counts()
+        queue = self.manager.queue_counts()
+        jobs = {"queued": sum(queue[s] for s in ("NEW", "DEPEND", "PRIORITY", "SCHED")),
+                "running": queue["RUN"] + queue["CLEANUP"],
+                "finished": sum(1 for j in self.manager.jobs.values() if j.state.value == "INACTIVE" and j.status == 0),
+                "failed": sum(1 for j in self.manager.jobs.values() if j.state.value == "INACTIVE" and j.status)}
+        return {"name": self.config.name, "size": self.config.size, "max_size": self.config.tree_size,
+                "ranks": {"up": counts["up"], "unresponsive": counts["unresponsive"], "lost": counts["lost"],
+                          "expected": counts["expected"]},
+                "ready": self.ranks.all_up(), "jobs": jobs, "command": self.command_state}
+
+
+_HANDLERS = {
+    "join": Broker._on_join,
+    "hb": Broker._on_hb,
+    "done": Broker._on_done,
+    "out": Broker._on_out,
+    "pmi-put": Broker._on_pmi_put,
+    "abort": Broker._on_abort,
+    "error": Broker._on_error,
+}
+
+
+def install_signal_handlers(broker: Broker) -> None:
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, broker.request_stop)
+    # In batch mode the command owns the terminal: Ctrl-C is its to handle (mc run cancels its job).
+    if broker.command:
+        loop.add_signal_handler(signal.SIGINT, lambda: None)
+    else:
+        loop.add_signal_handler(signal.SIGINT, broker.request_stop)

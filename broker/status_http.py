@@ -1,0 +1,62 @@
+"""The broker's HTTP status endpoint for the operator (docs/operator.md#status): GET /status and /metrics.
+
+Read-only and unauthenticated by design: it reveals counts, never job contents, and lets the operator keep
+Kubernetes credentials out of the broker pod, where users run arbitrary code.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def metrics_text(status: dict[str, Any]) -> str:
+    lines = [
+        "# TYPE minicluster_ranks gauge",
+        *(f'minicluster_ranks{{state="{k}"}} {v}' for k, v in status["ranks"].items()),
+        "# TYPE minicluster_jobs gauge",
+        *(f'minicluster_jobs{{state="{k}"}} {v}' for k, v in status["jobs"].items()),
+        "# TYPE minicluster_ready gauge",
+        f"minicluster_ready {int(status['ready'])}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class StatusServer:
+    def __init__(self, port: int, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.port = port
+        self.snapshot = snapshot
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, host="0.0.0.0", port=self.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            if method != "GET":
+                code, ctype, body = "405 Method Not Allowed", "text/plain", "GET only\n"
+            elif path == "/status":
+                code, ctype, body = "200 OK", "application/json", json.dumps(self.snapshot())
+            elif path == "/metrics":
+                code, ctype, body = "200 OK", "text/plain; version=0.0.4", metrics_text(self.snapshot())
+            else:
+                code, ctype, body = "404 Not Found", "text/plain", "try /status or /metrics\n"
+            data = body.encode()
+            writer.write(f"HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
+                         f"Connection: close\r\n\r\n".encode() + data)
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
+                ConnectionError):
+            pass
+        finally:
+            writer.close()

@@ -1,0 +1,87 @@
+"""`mc broker`, `mc worker` and `mc boot`: the process entry points used by pods and by `mc start`.
+
+The rank comes from --rank or from JOB_COMPLETION_INDEX, which Kubernetes Indexed Jobs set in each pod.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from minicluster import config as config_mod
+from minicluster.overlay import curve
+
+
+def setup_logging(rank: int) -> None:
+    level = os.environ.get("MC_LOG_LEVEL", "WARNING").upper()
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format=f"%(asctime)s rank{rank} %(name)s %(levelname)s: %(message)s")
+
+
+def _parser(prog: str, with_command: bool) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--config", required=True, help="instance config file (TOML)")
+    parser.add_argument("--rank", type=int, help="this process's rank (default: $JOB_COMPLETION_INDEX)")
+    if with_command:
+        parser.add_argument("command", nargs=argparse.REMAINDER,
+                            help="batch mode: run this once every rank joined, then stop with its status")
+    return parser
+
+
+def _rank(args: argparse.Namespace) -> int:
+    if args.rank is not None:
+        return int(args.rank)
+    index = os.environ.get("JOB_COMPLETION_INDEX")
+    if index is None or not index.isdigit():
+        raise config_mod.ConfigError("no rank: pass --rank or set JOB_COMPLETION_INDEX")
+    return int(index)
+
+
+def _command(args: argparse.Namespace) -> list[str] | None:
+    command = list(getattr(args, "command", None) or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    return command or None
+
+
+def run_broker(config_path: str, command: list[str] | None) -> int:
+    from broker.service import Broker, install_signal_handlers
+
+    config = config_mod.load(config_path)
+    setup_logging(0)
+    cert = curve.load(config.curve_cert)
+
+    async def main() -> int:
+        broker = Broker(config, cert, config_path=config_path, command=command)
+        install_signal_handlers(broker)
+        return await broker.run()
+
+    return asyncio.run(main())
+
+
+def run_worker(config_path: str, rank: int) -> int:
+    from worker.service import run_worker as serve
+
+    config = config_mod.load(config_path)
+    setup_logging(rank)
+    return asyncio.run(serve(config, rank, curve.load(config.curve_cert)))
+
+
+def broker_main(argv: list[str]) -> int:
+    args = _parser("mc broker", True).parse_args(argv)
+    return run_broker(args.config, _command(args))
+
+
+def worker_main(argv: list[str]) -> int:
+    args = _parser("mc worker", False).parse_args(argv)
+    return run_worker(args.config, _rank(args))
+
+
+def boot_main(argv: list[str]) -> int:
+    args = _parser("mc boot", True).parse_args(argv)
+    rank = _rank(args)
+    if rank == 0:
+        return run_broker(args.config, _command(args))
+    return run_worker(args.config, rank)

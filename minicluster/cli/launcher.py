@@ -1,0 +1,206 @@
+"""`mc start`: a whole MiniCluster as local processes, the embedded default (like `flux start`).
+
+The launcher writes a config and a fresh CURVE certificate into the state dir, then forks the broker and
+N-1 workers from this already-imported, single-threaded process (cheap: no interpreter start per rank).
+Each child runs the same code as `mc broker` / `mc worker` in a pod.  With a command, the broker runs it once
+every rank joined, and its status is ours; without one, the instance runs until `mc shutdown` or a signal.
+Nothing is left behind: ranks that do not exit are killed, and so are tasks recorded in their pidfiles.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from minicluster import config as config_mod
+from minicluster.overlay import curve
+
+EXIT_GRACE = 10.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mc start", description="start a local MiniCluster")
+    p.add_argument("--size", type=int, default=1, help="number of ranks, broker included (default 1)")
+    p.add_argument("--fanout", type=int, default=32, help="tree fanout (default 32)")
+    p.add_argument("--state-dir", help="keep the journal here; an existing one is resumed (default: temporary)")
+    p.add_argument("--test-exec", action="store_true", help="complete tasks without running them (benchmarks)")
+    p.add_argument("--resources", default="", help="override discovered resources, e.g. cores=64,gpus=4")
+    p.add_argument("--properties", default="", help="node properties for every rank, e.g. zone=a,spot")
+    p.add_argument("--policy", default="first-fit", choices=config_mod.POLICIES)
+    p.add_argument("--transport", choices=("ipc", "tcp"), default="ipc", help="overlay transport (default ipc)")
+    p.add_argument("--cert", help="CURVE certificate file to use instead of a fresh one")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other config key, e.g. --set lost_after=5 (repeatable)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...: run this inside the instance")
+    return p
+
+
+def _free_port_range(count: int) -> int:
+    """A base port with `count` consecutive free ports (checked, not reserved: good enough for one host)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        try:
+            probes = []
+            for port in range(base, base + count):
+                probe = socket.socket()
+                probes.append(probe)
+                probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+        return base
+    raise OSError(f"no {count} consecutive free TCP ports on 127.0.0.1")
+
+
+def _overrides(pairs: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep:
+            raise config_mod.ConfigError(f"--set {pair!r}: expected KEY=VALUE")
+        value: object = text
+        for cast in (int, float):
+            try:
+                value = cast(text)
+                break
+            except ValueError:
+                pass
+        if text in ("true", "false"):
+            value = text == "true"
+        out[key] = value
+    return out
+
+
+def build_config(args: argparse.Namespace, state_dir: Path) -> config_mod.InstanceConfig:
+    path = state_dir / "config.toml"
+    if path.exists():
+        base = config_mod.load(path)
+        return base.replace(test_exec=args.test_exec or base.test_exec)
+    cert = Path(args.cert) if args.cert else curve.create(state_dir / "curve")
+    if args.transport == "ipc":
+        endpoint, port_base = f"ipc://{state_dir}/overlay-{{rank}}.sock", 0
+    else:
+        endpoint, port_base = "tcp://127.0.0.1:{port}", _free_port_range(args.size)
+    values = dict(
+        name=f"local-{os.getpid()}", size=args.size, fanout=args.fanout, endpoint=endpoint, port_base=port_base,
+        curve_cert=str(cert.resolve()), state_dir=str(state_dir), test_exec=args.test_exec,
+        resources=args.resources, properties=args.properties, policy=args.policy,
+        lost_after=5.0, reattach_timeout=5.0,
+    )
+    values.update(_overrides(args.set))
+    return config_mod.from_mapping(values, source="mc start")
+
+
+def _fork_rank(config_path: str, rank: int, command: list[str] | None) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        from minicluster.cli import boot
+
+        code = boot.run_broker(config_path, command) if rank == 0 else boot.run_worker(config_path, rank)
+    except BaseException as exc:  # the child must never return into the launcher's code
+        print(f"mc start: rank {rank}: {exc}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _preload() -> None:
+    """Import what every rank needs once, before forking, so no child pays for it."""
+    import broker.service  # noqa: F401
+    import worker.service  # noqa: F401
+
+
+def _wait(pid: int, deadline: float | None) -> int | None:
+    while True:
+        try:
+            done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
+        except ChildProcessError:
+            return None
+        except InterruptedError:
+            continue
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if deadline is not None and time.time() > deadline:
+            return None
+        time.sleep(0.02)
+
+
+def _stop_all(pids: dict[int, int], state_dir: Path) -> None:
+    deadline = time.time() + EXIT_GRACE
+    for rank, pid in pids.items():
+        if _wait(pid, deadline) is None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _wait(pid, None)
+    from worker.executor import TaskExecutor
+
+    for pidfile in state_dir.glob("tasks-rank*.pids"):
+        TaskExecutor.kill_orphans(str(pidfile))
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if args.size < 1:
+        raise config_mod.ConfigError("--size must be at least 1")
+    temporary = args.state_dir is None
+    state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="mc-")).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        config = build_config(args, state_dir)
+        config_path = str(state_dir / "config.toml")
+        config_mod.write(config, config_path)
+        _preload()
+        return _run(config, config_path, command or None, state_dir)
+    finally:
+        if temporary:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _run(config: config_mod.InstanceConfig, config_path: str, command: list[str] | None, state_dir: Path) -> int:
+    uri = f"unix://{config.socket_path}"
+    pids: dict[int, int] = {}
+    stop_requested = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stop_requested
+        # With a command, Ctrl-C belongs to it (mc run cancels its job); a second one stops everything.
+        if command and signum == signal.SIGINT and not stop_requested:
+            stop_requested = True
+            return
+        stop_requested = True
+        if 0 in pids:
+            os.kill(pids[0], signal.SIGTERM)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    os.environ["MC_URI"] = uri
+    pids[0] = _fork_rank(config_path, 0, command)
+    for rank in range(1, config.size):
+        pids[rank] = _fork_rank(config_path, rank, None)
+    if not command:
+        print(f"MiniCluster {config.name}: {config.size} rank(s); state in {state_dir}\n"
+              f"connect with:  export MC_URI={uri}\nstop with:     mc shutdown", file=sys.stderr, flush=True)
+    status = _wait(pids.pop(0), None)
+    _stop_all(pids, state_dir)
+    return 1 if status is None else status

@@ -1,0 +1,224 @@
+"""The per-rank worker agent (protocol.md §2.5–2.8): join, heartbeats, run and kill tasks, report results.
+
+Rank 0 runs one too, inside the broker process, so the broker's node executes tasks like every other.
+Results are kept until rank 0 acknowledges them (`done-ack`) and re-sent after a rejoin, so a broker restart
+loses none.  Output and results produced in one loop iteration leave in one message each.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from minicluster.config import InstanceConfig
+from minicluster.proto.envelope import Message
+from worker.executor import TaskExecutor, TaskResult, TaskSpec, TestExecutor
+from worker.pmi_jobs import PMIJobs
+from worker.resources import NodeResources
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, int]
+Send = Callable[[str, int, dict[str, Any]], None]
+STREAMS = {"stdout": 1, "stderr": 2}
+# Output is flushed at this size even within one loop iteration, to keep messages moderate.
+OUTPUT_FLUSH_BYTES = 256 * 1024
+
+
+class WorkerAgent:
+    def __init__(self, config: InstanceConfig, rank: int, send: Send, resources: NodeResources, uri: str) -> None:
+        self.config = config
+        self.rank = rank
+        self.send = send
+        self.resources = resources
+        self.uri = uri
+        pidfile = None if config.test_exec else os.path.join(config.state_dir, f"tasks-rank{rank}.pids")
+        executor_class = TestExecutor if config.test_exec else TaskExecutor
+        self.executor = executor_class(self._on_output, self._on_exit, pidfile=pidfile)
+        self.pmi = PMIJobs(rank, send)
+        self.jobs: dict[int, dict[str, Any]] = {}
+        self.running: dict[Key, tuple[list[int], list[int]]] = {}
+        self.job_running: dict[int, int] = {}
+        self.unacked: dict[Key, list[Any]] = {}
+        self.epoch = 0
+        self.welcomed = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self._out: list[list[Any]] = []
+        self._out_bytes = 0
+        self._done: list[list[Any]] = []
+        self._flush_scheduled = False
+        self._hb_seq = 0
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Join, then heartbeat until told to shut down."""
+        while not self.stopped.is_set():
+            if not self.welcomed.is_set():
+                self.join()
+            self._hb_seq += 1
+            self.send("hb", 0, {"seq": self._hb_seq, "running": len(self.running)})
+            if self.unacked and self.welcomed.is_set():
+                self._resend_results()
+            try:
+                wait = self.config.heartbeat_interval if self.welcomed.is_set() else 0.2
+                await asyncio.wait_for(self.stopped.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+
+    def join(self) -> None:
+        running = [[job, task, cores, gpus] for (job, task), (cores, gpus) in self.running.items()]
+        self.send("join", 0, {"pid": os.getpid(), "hostname": self.resources.hostname,
+                              "resources": self.resources.to_wire(), "running": running, "epoch": self.epoch})
+
+    async def shutdown(self) -> None:
+        await self.executor.shutdown(self.config.kill_grace)
+        self._flush()
+        self.pmi.close_all()
+        self.stopped.set()
+
+    # --- messages from rank 0 ------------------------------------------------------------------------------
+
+    def handle(self, msg: Message) -> None:
+        handler = _HANDLERS.get(msg.kind)
+        if handler is None:
+            self.send("error", msg.src, {"code": "unknown-kind", "message": f"unknown kind {msg.kind!r}", "ref": msg.kind})
+            return
+        handler(self, msg.body)
+
+    def _on_welcome(self, body: dict[str, Any]) -> None:
+        epoch = int(body.get("epoch", 0))
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._resend_results()
+        self.welcomed.set()
+
+    def _on_rejoin(self, body: dict[str, Any]) -> None:
+        self.welcomed.clear()
+        self.join()
+
+    def _on_run(self, body: dict[str, Any]) -> None:
+        jobs = body.get("jobs", {})
+        for job_id, info in jobs.items():
+            self.jobs[int(job_id)] = info
+        local: dict[int, list[list[Any]]] = {}
+        for entry in body.get("tasks", []):
+            local.setdefault(int(entry[0]), []).append(entry)
+        for job_id, entries in local.items():
+            info = self.jobs.get(job_id)
+            if info is None:
+                log.warning("run for job %d without its job info", job_id)
+                continue
+            fresh = [e for e in entries if (job_id, e[1]) not in self.running and (job_id, e[1]) not in self.unacked]
+            pmi_env = self.pmi.prepare(job_id, info, [e[1] for e in fresh]) if info.get("mpi") else None
+            for job, task, index, cores, gpus in fresh:
+                self._start(job, task, index, cores, gpus, info, pmi_env)
+            if pmi_env is not None:
+                self.pmi.spawned(job_id)
+
+    def _start(self, job: int, task: int, index: int, cores: list[int], gpus: list[int], info: dict[str, Any],
+               pmi_env: dict[int, tuple[dict[str, str], tuple[int, ...]]] | None) -> None:
+        env = dict(info["env"])
+        env.update(MC_JOB_ID=str(job), MC_TASK_RANK=str(task), MC_TASK_COUNT=str(info["ntasks"]),
+                   MC_NODE_RANK=str(self.rank), MC_TASK_INDEX=str(index), MC_URI=self.uri)
+        fds: tuple[int, ...] = ()
+        if pmi_env is not None:
+            extra, fds = pmi_env[task]
+            env.update(extra)
+        argv = tuple(a.replace("{cc}", str(index)) for a in info["argv"])
+        out = info.get("output")
+        path = out.format(id=job, task=task, index=index) if out else None
+        self.running[(job, task)] = (cores, gpus)
+        self.job_running[job] = self.job_running.get(job, 0) + 1
+        self.executor.start(TaskSpec(key=(job, task), argv=argv, env=env, cwd=info.get("cwd"), cores=tuple(cores),
+                                     gpus=tuple(gpus), stdout_path=path, stderr_path=path, pass_fds=fds))
+
+    def _on_kill(self, body: dict[str, Any]) -> None:
+        sig = int(body.get("signal", signal.SIGTERM))
+        grace = float(body.get("grace", 0.0))
+        for job, task in body.get("keys", []):
+            key = (int(job), int(task))
+            if key not in self.running:
+                continue
+            if sig == signal.SIGTERM and grace > 0:
+                self.executor.terminate(key, grace)
+            else:
+                self.executor.signal(key, sig)
+
+    def _on_done_ack(self, body: dict[str, Any]) -> None:
+        for job, task in body.get("keys", []):
+            self.unacked.pop((job, task), None)
+
+    def _on_pmi_kvs(self, body: dict[str, Any]) -> None:
+        self.pmi.exchanged(int(body["job"]), int(body["seq"]), body["kvs"])
+
+    def _on_shutdown(self, body: dict[str, Any]) -> None:
+        asyncio.get_running_loop().create_task(self.shutdown())
+
+    def _on_error(self, body: dict[str, Any]) -> None:
+        log.warning("rank 0 refused a %s message: %s", body.get("ref"), body.get("message"))
+
+    # --- executor callbacks --------------------------------------------------------------------------------
+
+    def _on_output(self, key: Key, stream: str, data: bytes) -> None:
+        self._out.append([key[0], key[1], STREAMS[stream], data])
+        self._out_bytes += len(data)
+        if self._out_bytes >= OUTPUT_FLUSH_BYTES:
+            self._flush_output()
+        self._schedule_flush()
+
+    def _on_exit(self, result: TaskResult) -> None:
+        key = result.key
+        if self.running.pop(key, None) is not None:
+            left = self.job_running[key[0]] - 1
+            if left:
+                self.job_running[key[0]] = left
+            else:
+                # The job's last task here ended: drop its info (every `run` carries it) and PMI server.
+                del self.job_running[key[0]]
+                self.jobs.pop(key[0], None)
+                self.pmi.finished(key[0])
+        row = [key[0], key[1], result.status, result.exit_code, result.signal, result.error,
+               result.started, result.ended]
+        self.unacked[key] = row
+        self._done.append(row)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self._flush_output()
+        if self._done:
+            self.send("done", 0, {"results": self._done})
+            self._done = []
+
+    def _flush_output(self) -> None:
+        if self._out:
+            self.send("out", 0, {"chunks": self._out})
+            self._out, self._out_bytes = [], 0
+
+    def _resend_results(self) -> None:
+        rows = list(self.unacked.values())
+        for start in range(0, len(rows), 10_000):
+            self.send("done", 0, {"results": rows[start:start + 10_000]})
+
+
+_HANDLERS: dict[str, Callable[[WorkerAgent, dict[str, Any]], None]] = {
+    "welcome": WorkerAgent._on_welcome,
+    "rejoin": WorkerAgent._on_rejoin,
+    "run": WorkerAgent._on_run,
+    "kill": WorkerAgent._on_kill,
+    "done-ack": WorkerAgent._on_done_ack,
+    "pmi-kvs": WorkerAgent._on_pmi_kvs,
+    "shutdown": WorkerAgent._on_shutdown,
+    "error": WorkerAgent._on_error,
+}
+
+WORKER_KINDS = frozenset(_HANDLERS)

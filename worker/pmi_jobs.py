@@ -1,0 +1,83 @@
+"""Glue between the worker agent and the PMI-1 servers (docs/mpi.md): one PMIJobServer per MPI job on this
+rank, with the barrier exchange carried over the overlay as `pmi-put` / `pmi-kvs` (protocol.md §2.8).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from worker.pmi.engine import process_mapping
+from worker.pmi.mpienv import mpi_env_defaults
+from worker.pmi.server import PMIJobServer
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str, int, dict[str, Any]], None]
+TaskEnv = dict[int, tuple[dict[str, str], tuple[int, ...]]]
+
+
+class _OverlayExchange:
+    """PMIExchange for one job: send this rank's puts to rank 0, wait for the merged set."""
+
+    def __init__(self, job: int, send: Send) -> None:
+        self.job = job
+        self.send = send
+        self.waiting: dict[int, asyncio.Future[dict[str, str]]] = {}
+
+    async def exchange(self, kvsname: str, seq: int, local_kvs: dict[str, str]) -> dict[str, str]:
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[seq] = fut
+        self.send("pmi-put", 0, {"job": self.job, "seq": seq, "kvs": local_kvs})
+        return await fut
+
+    def deliver(self, seq: int, kvs: dict[str, str]) -> None:
+        fut = self.waiting.pop(seq, None)
+        if fut is not None and not fut.done():
+            fut.set_result(kvs)
+
+
+class PMIJobs:
+    def __init__(self, rank: int, send: Send) -> None:
+        self.rank = rank
+        self.send = send
+        self._servers: dict[int, tuple[PMIJobServer, _OverlayExchange]] = {}
+
+    def prepare(self, job: int, info: dict[str, Any], tasks: list[int]) -> TaskEnv:
+        """Start serving PMI for this rank's `tasks` of `job`; returns each task's env and fds to pass."""
+        exchange = _OverlayExchange(job, self.send)
+        layout = sorted((int(r), int(n)) for r, n in info["layout"])
+        server = PMIJobServer(
+            kvsname=f"mc-{job}", universe_size=int(info["ntasks"]), local_ranks=sorted(tasks),
+            process_mapping=process_mapping([n for _, n in layout]), exchange=exchange,
+            on_abort=lambda task, code, message: self.send(
+                "abort", 0, {"job": job, "task": task, "code": code, "message": message}),
+        )
+        self._servers[job] = (server, exchange)
+        defaults = mpi_env_defaults()
+        out: TaskEnv = {}
+        for task in tasks:
+            fd = server.socket_for(task)
+            env = {**defaults, **info["env"], **server.env_for(task, fd)}
+            out[task] = (env, (fd,))
+        return out
+
+    def spawned(self, job: int) -> None:
+        entry = self._servers.get(job)
+        if entry is not None:
+            entry[0].close_child_fds()
+
+    def exchanged(self, job: int, seq: int, kvs: dict[str, str]) -> None:
+        entry = self._servers.get(job)
+        if entry is not None:
+            entry[1].deliver(seq, kvs)
+
+    def finished(self, job: int) -> None:
+        entry = self._servers.pop(job, None)
+        if entry is not None:
+            entry[0].close()
+
+    def close_all(self) -> None:
+        for job in list(self._servers):
+            self.finished(job)

@@ -1,0 +1,46 @@
+"""A worker process: the overlay plus the WorkerAgent for one rank (`mc worker`)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+from minicluster.config import InstanceConfig
+from minicluster.overlay.curve import Certificate
+from minicluster.overlay.transport import Overlay
+from minicluster.proto.envelope import Message
+from worker.agent import WorkerAgent
+from worker.executor import TaskExecutor
+from worker.resources import discover
+
+log = logging.getLogger(__name__)
+
+
+async def run_worker(config: InstanceConfig, rank: int, cert: Certificate) -> int:
+    if rank == 0:
+        raise ValueError("rank 0 is the broker; start it with `mc broker`")
+    pidfile = os.path.join(config.state_dir, f"tasks-rank{rank}.pids")
+    if not config.test_exec and os.path.exists(pidfile):
+        killed = TaskExecutor.kill_orphans(pidfile)
+        if killed:
+            log.warning("killed %d task(s) left behind by this rank's previous run", killed)
+    resources = discover(config.resources, config.properties)
+    agent: WorkerAgent | None = None
+
+    def deliver(msg: Message) -> None:
+        assert agent is not None
+        agent.handle(msg)
+
+    overlay = Overlay(config, rank, cert, deliver)
+    agent = WorkerAgent(config, rank, overlay.send, resources, f"unix://{config.socket_path}")
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(agent.shutdown()))
+    # Ctrl-C in `mc start` reaches every process of the foreground group; the launcher decides.
+    loop.add_signal_handler(signal.SIGINT, lambda: None)
+    overlay.start()
+    try:
+        await agent.run()
+    finally:
+        await overlay.close()
+    return 0
