@@ -84,7 +84,8 @@ def memory_mb(text: str) -> int:
 
 def idset(text: str) -> str:
     try:
-        return str(IdSet.parse(text))
+        IdSet.parse(text)
+        return text
     except IdSetError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
