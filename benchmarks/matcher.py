@@ -157,9 +157,9 @@ def bench_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
             rejected += 1
             continue
         sched.enqueue(job)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     starts = sched.schedule(0.0)
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
     head = next((j for j in range(queued) if sched.estimated_start(j) is not None), None)
     reserved_at = sched.estimated_start(head) if head is not None else None
     rng = random.Random(3)
@@ -175,7 +175,8 @@ def bench_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
     for start in starts + again:  # leave the graph empty for the next measurement
         if graph.holds((start.job_id, start.element)):
             sched.release(start.job_id, start.element, 40.0)
-    return {"queued": queued - rejected, "rejected": rejected, "first_seconds": first, "first_starts": len(starts),
+    return {"queued": queued - rejected, "rejected": rejected, "first_seconds": first, "first_cpu_seconds": first_cpu,
+            "first_starts": len(starts), "first_tasks": sum(a.allocation.nslots for a in starts),
             "reserved_head": head, "reserved_start": reserved_at, "steady_seconds": second, "steady_starts": len(again),
             "quiet_seconds": quiet, "running": running,
             "pending": sched.pending_count()}
@@ -198,12 +199,13 @@ def bench_busy_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
             continue
         sched.enqueue(SchedJob(busy + job.job_id, job.urgency, job.submit_time, job.request,
                                job.time_limit))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     starts = sched.schedule(1.0)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     head = next((j for j in range(busy, busy + queued) if sched.estimated_start(j) is not None),
                 None)
-    return {"running_before": prefill, "seconds": seconds, "starts": len(starts),
+    return {"running_before": prefill, "seconds": seconds, "cpu_seconds": cpu,
+            "starts": len(starts),
             "reserved_start": sched.estimated_start(head) if head is not None else None}
 
 
@@ -246,12 +248,14 @@ def report(results: dict, rows: list[dict]) -> None:
               f" match+alloc+free {g['match_alloc_free_ms_median']:.3f} ms,"
               f" half nodes busy {g['match_ms_median_half_busy']:.3f} ms")
         print(f"  EASY cycle, {c['queued']} queued: {c['first_seconds'] * 1000:.0f} ms"
-              f" ({c['first_starts']} starts), after 10% releases"
+              f" ({c['first_cpu_seconds'] * 1000:.0f} ms CPU; {c['first_starts']} starts,"
+              f" {c['first_tasks']} tasks), after 10% releases"
               f" {c['steady_seconds'] * 1000:.0f} ms ({c['steady_starts']} starts),"
               f" unchanged {c['quiet_seconds'] * 1e6:.0f} us")
         u = r["busy_cycle"]
         print(f"  EASY cycle with {u['running_before']} whole-node jobs running:"
-              f" {u['seconds'] * 1000:.0f} ms ({u['starts']} starts,"
+              f" {u['seconds'] * 1000:.0f} ms ({u['cpu_seconds'] * 1000:.0f} ms CPU;"
+              f" {u['starts']} starts,"
               f" head reserved at t={u['reserved_start']})")
     for row in rows:
         print(f"target {row['target']} [{row['size']}]: {row['measured']:.3g} vs {row['goal']:g}"

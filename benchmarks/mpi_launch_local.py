@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -32,7 +33,7 @@ from worker.pmi import PMIJobServer, mpi_env_defaults, process_mapping  # noqa: 
 PY_PROG = """
 import time
 from mpi4py import MPI
-print(time.monotonic(), flush=True)
+print(f"T{time.monotonic():.6f}", flush=True)
 MPI.COMM_WORLD.Barrier()
 """
 
@@ -44,13 +45,16 @@ int main(int argc, char **argv) {
     struct timespec ts;
     MPI_Init(&argc, &argv);
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    printf("%.6f\n", ts.tv_sec + ts.tv_nsec / 1e9);
+    printf("T%.6f\n", ts.tv_sec + ts.tv_nsec / 1e9);
     fflush(stdout);
     MPI_Barrier(MPI_COMM_WORLD);
     MPI_Finalize();
     return 0;
 }
 """
+
+
+STAMP = re.compile(rb"T(\d+\.\d{6})")
 
 
 class LocalExchange:
@@ -65,8 +69,12 @@ def base_env() -> dict[str, str]:
     return {**env, **mpi_env_defaults()}
 
 
-def latest_init(stdout: bytes) -> float:
-    return max(float(line) for line in stdout.split())
+def latest_init(stdout: bytes, n: int) -> float:
+    # mpiexec may interleave the ranks' lines, so match stamps, not lines.
+    stamps = [float(m) for m in STAMP.findall(stdout)]
+    if len(stamps) != n:
+        raise RuntimeError(f"expected {n} init stamps, got {len(stamps)}: {stdout[:200]!r}")
+    return max(stamps)
 
 
 async def run_pmi(argv: list[str], n: int) -> float:
@@ -96,7 +104,7 @@ async def run_pmi(argv: list[str], n: int) -> float:
         server.close()
     if any(p.returncode for p in procs):
         raise RuntimeError(f"PMIJobServer run failed: {[p.returncode for p in procs]}")
-    return max(latest_init(out) for out, _ in outs) - start
+    return max(latest_init(out, 1) for out, _ in outs) - start
 
 
 def run_mpiexec(mpiexec: str, argv: list[str], n: int) -> float:
@@ -104,7 +112,7 @@ def run_mpiexec(mpiexec: str, argv: list[str], n: int) -> float:
     done = subprocess.run(
         [mpiexec, "-n", str(n), *argv], env=base_env(), stdout=subprocess.PIPE, check=True, timeout=120
     )
-    return latest_init(done.stdout) - start
+    return latest_init(done.stdout, n) - start
 
 
 def build_c(workdir: Path) -> list[str] | None:

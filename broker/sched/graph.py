@@ -71,12 +71,14 @@ class ResourceGraph:
         """Add a node, or replace a known rank's description and bring it up.
 
         Allocations still held on a replaced rank keep holding whatever of
-        their ids the new description still has.
+        their ids the new description still has.  A drain survives: it is
+        an operator's decision, not a property of the node's last life.
         """
         old = self.nodes.get(rank)
         pos = old.pos if old else len(self.by_pos)
         node = NodeState(rank, pos, hostname, sockets, tuple(gpus), memory_mb, properties or {})
         if old:
+            node.drain_reason = old.drain_reason
             self._detach_node(old)
         else:
             self.by_pos.append(None)

@@ -115,6 +115,8 @@ class Scheduler:
             return 0
         self._order.pop(bisect.bisect_left(self._order, entry.job.order_key))
         self._queue_version += 1
+        if self._reservation is not None and self._reservation.job_id == job_id:
+            self._reservation = None
         return entry.remaining
 
     def pending_count(self) -> int:

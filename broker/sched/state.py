@@ -18,6 +18,12 @@ from .alloc import Slot, make_slot
 Hold = tuple[tuple[int, ...], tuple[int, ...], int]
 
 
+# (socket core masks, socket gpu masks, n, cps, gps, mps) -> carve of an idle
+# node; values are immutable, the cache is emptied when it grows big.
+_IDLE_CARVES: dict[tuple, tuple[tuple[Slot, ...], Hold]] = {}
+_IDLE_CARVES_MAX = 4096
+
+
 class SocketState:
     """Free/total core and GPU id-sets of one socket."""
 
@@ -99,6 +105,27 @@ class NodeState:
             one = self._carve_one(cps, mps)
             if one is not None:
                 return one
+        if self.free_cores == self.total_cores and self.free_gpus == self.total_gpus:
+            return self._carve_idle(n, cps, gps, mps)
+        return self._carve_from_free(n, cps, gps, mps)
+
+    def _carve_idle(self, n: int, cps: int, gps: int, mps: int) -> tuple[tuple[Slot, ...], Hold]:
+        """Carving an idle node depends only on its layout: reuse the answer.
+
+        Wide jobs (thousands of tasks over many identical idle nodes) then
+        cost one carve per distinct node layout instead of one per task.
+        """
+        key = (tuple(s.cores_all for s in self.sockets), tuple(s.gpus_all for s in self.sockets),
+               n, cps, gps, mps)
+        carved = _IDLE_CARVES.get(key)
+        if carved is None:
+            if len(_IDLE_CARVES) >= _IDLE_CARVES_MAX:
+                _IDLE_CARVES.clear()
+            carved = _IDLE_CARVES[key] = self._carve_from_free(n, cps, gps, mps)
+        return carved
+
+    def _carve_from_free(self, n: int, cps: int, gps: int,
+                         mps: int) -> tuple[tuple[Slot, ...], Hold]:
         nsock = len(self.sockets)
         free = [list(idset.iter_ascending(s.cores_free)) for s in self.sockets]
         taken = [0] * nsock

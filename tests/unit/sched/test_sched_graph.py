@@ -138,6 +138,9 @@ def test_readd_lost_rank_replaces_description_and_keeps_live_holds(graph4):
     assert row["cores_free_ids"] == "2-7"
     graph4.free("job")
     assert graph4.summary()[0]["cores_free"] == 8
+    graph4.drain(1, "maint")
+    add_node(graph4, 1)
+    assert graph4.summary()[1]["state"] == "drained"
 
 
 def test_remove_rank(graph4):

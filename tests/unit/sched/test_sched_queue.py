@@ -86,6 +86,11 @@ def test_blocked_head_gets_reservation_from_time_limits(sched):
     sched.release(1, 0, 60.0)
     assert started(sched.schedule(60.0)) == [(3, 0)]
     assert sched.estimated_start(3) is None
+    sched.enqueue(job(4, nslots=16))
+    sched.schedule(61.0)
+    assert sched.estimated_start(4) == 300.0
+    sched.cancel(4)
+    assert sched.estimated_start(4) is None
 
 
 def test_small_job_backfills_only_if_it_ends_before_reservation(sched):
