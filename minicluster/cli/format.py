@@ -1,6 +1,7 @@
 """Human output (rich tables, event lines) and the stable `--json` shapes. Pure functions, no I/O."""
 from __future__ import annotations
 
+import io
 import json
 import pwd
 import sys
@@ -9,6 +10,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from minicluster.model.idset import IdSet
 
 # Keys of one job in `mc jobs --json`, in order. Adding keys is allowed; removing or renaming is not.
 JOB_KEYS = ("id", "name", "uid", "user", "state", "result", "urgency", "t_submit", "t_run",
@@ -22,9 +25,18 @@ _RESULT_STYLE = {"COMPLETED": "green", "FAILED": "red", "CANCELLED": "yellow", "
 
 
 def console(stderr: bool = False) -> Console:
-    """A console that wraps nothing when piped, so `mc jobs | grep` sees whole rows."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(file=stream, soft_wrap=False, width=None if stream.isatty() else 512)
+    return Console(file=stream, soft_wrap=False)
+
+
+def print_table(t: Table) -> None:
+    """On a terminal, rich's table; piped, whole rows without trailing blanks for grep and awk."""
+    if sys.stdout.isatty():
+        console().print(t)
+        return
+    plain = Console(width=1024, color_system=None, record=True, file=io.StringIO())
+    plain.print(t)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in plain.export_text().splitlines()))
 
 
 def table(*headers: str) -> Table:
@@ -112,9 +124,16 @@ def jobs_table(summaries: list[dict[str, Any]], now: float) -> Table:
         status = s.get("status")
         t.add_row(str(s.get("id")), str(s.get("name", "")), user_name(s.get("uid")),
                   f"[{style}]{state}[/]" if style else state, str(s.get("ntasks", "")),
-                  str(s.get("nnodes") or "-"), s.get("ranks") or "-", duration(runtime(s, now)),
+                  _nodes(s), s.get("ranks") or "-", duration(runtime(s, now)),
                   "-" if status is None else str(status), "; ".join(i for i in info if i))
     return t
+
+
+def _nodes(summary: dict[str, Any]) -> str:
+    """Nodes the job holds once allocated, else the number it asked for."""
+    if summary.get("ranks"):
+        return str(len(IdSet.parse(summary["ranks"])))
+    return str(summary.get("nnodes") or "-")
 
 
 def resources_table(ranks: list[dict[str, Any]]) -> Table:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from minicluster.cli.common import Parser, ranks
-from minicluster.cli.format import console, dumps, resources_table, status_lines, status_table
+from minicluster.cli.format import dumps, print_table, resources_table, status_lines, status_table
 from minicluster.client import Client
 
 RESOURCES_HELP = "per node: state, free/total cores, GPUs and memory, properties, drain reason"
@@ -24,7 +24,7 @@ def resources(argv: list[str]) -> int:
     if args.json:
         print(dumps({"ranks": rows}))
     else:
-        console().print(resources_table(rows))
+        print_table(resources_table(rows))
     return 0
 
 
@@ -39,10 +39,9 @@ def status(argv: list[str]) -> int:
     if args.json:
         print(dumps(info))
         return 0
-    out = console()
     for line in status_lines(info):
-        out.print(line, highlight=False)
-    out.print(status_table(info.get("ranks") or [], time.time()))
+        print(line)
+    print_table(status_table(info.get("ranks") or [], time.time()))
     return 0
 
 

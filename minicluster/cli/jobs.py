@@ -5,7 +5,7 @@ import sys
 import time
 
 from minicluster.cli.common import Parser, job_id
-from minicluster.cli.format import console, dumps, job_json, jobs_table
+from minicluster.cli.format import dumps, job_json, jobs_table, print_table
 from minicluster.client import Client
 
 HELP = "list jobs: active ones, all with -a, or the given IDs"
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(dumps({"jobs": [job_json(s, now) for s in summaries]}))
     elif summaries:
-        console().print(jobs_table(summaries, now))
+        print_table(jobs_table(summaries, now))
     missing = sorted(set(args.ids) - {s["id"] for s in summaries})
     for job in missing:
         sys.stderr.write(f"mc jobs: error: job {job} not found\n")
