@@ -259,11 +259,18 @@ class ResourceGraph:
     def hold_free_part(self, key: Hashable, allocation: Allocation) -> None:
         """Hold whatever of allocation's resources is free now (backfill reservations)."""
         holds: dict[int, Hold] = {}
+        hint = allocation.hint or {}  # a reservation is re-held often: reuse the matcher's masks
         for rank, ralloc in allocation.items():
             node = self.nodes.get(rank)
             if node is None:
                 continue
-            want = node.free_hold() if allocation.exclusive else node.hold_for(ralloc.slots)
+            hinted = hint.get(rank)
+            if allocation.exclusive:
+                want = node.free_hold()
+            elif hinted and hinted[0] is node:
+                want = hinted[1]
+            else:
+                want = node.hold_for(ralloc.slots)
             cores = tuple(w & s.cores_free for w, s in zip(want[0], node.sockets))
             gpus = tuple(w & s.gpus_free for w, s in zip(want[1], node.sockets))
             holds[rank] = (cores, gpus, min(want[2], node.free_mem))
