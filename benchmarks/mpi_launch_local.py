@@ -1,10 +1,12 @@
 """Time to get N MPI ranks through MPI_Init on this machine: PMIJobServer vs mpiexec.
 
-Each rank reports CLOCK_MONOTONIC (shared by all processes of one Linux
-host) right after MPI_Init; the figure for a run is the latest of those
-minus the moment before the first rank was spawned.  Both launchers run the
-same program with the same environment (``mpi_env_defaults()``); mpiexec is
-the Hydra launcher shipped in the ``mpich`` wheel.
+Each rank stamps CLOCK_MONOTONIC (shared by all processes of one Linux
+host) when it starts and right after MPI_Init.  Two medians per launcher:
+``launch`` = first rank spawned -> last rank past MPI_Init, and ``init`` =
+last rank started -> last rank past MPI_Init (the PMI wire-up, without
+process start-up).  Both launchers run the same program with the same
+environment (``mpi_env_defaults()``), alternating run by run; mpiexec is the
+Hydra launcher shipped in the ``mpich`` wheel.
 
     python benchmarks/mpi_launch_local.py --json [--ranks 2 4 8] [--runs 5]
 """
@@ -32,8 +34,9 @@ from worker.pmi import PMIJobServer, mpi_env_defaults, process_mapping  # noqa: 
 
 PY_PROG = """
 import time
+print(f"S{time.monotonic():.6f}", flush=True)
 from mpi4py import MPI
-print(f"T{time.monotonic():.6f}", flush=True)
+print(f"I{time.monotonic():.6f}", flush=True)
 MPI.COMM_WORLD.Barrier()
 """
 
@@ -43,9 +46,12 @@ C_PROG = r"""
 #include <time.h>
 int main(int argc, char **argv) {
     struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    printf("S%.6f\n", ts.tv_sec + ts.tv_nsec / 1e9);
+    fflush(stdout);
     MPI_Init(&argc, &argv);
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    printf("T%.6f\n", ts.tv_sec + ts.tv_nsec / 1e9);
+    printf("I%.6f\n", ts.tv_sec + ts.tv_nsec / 1e9);
     fflush(stdout);
     MPI_Barrier(MPI_COMM_WORLD);
     MPI_Finalize();
@@ -54,7 +60,7 @@ int main(int argc, char **argv) {
 """
 
 
-STAMP = re.compile(rb"T(\d+\.\d{6})")
+STAMP = re.compile(rb"([SI])(\d+\.\d{6})")
 
 
 class LocalExchange:
@@ -69,15 +75,18 @@ def base_env() -> dict[str, str]:
     return {**env, **mpi_env_defaults()}
 
 
-def latest_init(stdout: bytes, n: int) -> float:
+def stamps(stdout: bytes, n: int, start: float) -> tuple[float, float]:
+    """(spawn -> last rank past MPI_Init, last rank started -> last past MPI_Init)."""
     # mpiexec may interleave the ranks' lines, so match stamps, not lines.
-    stamps = [float(m) for m in STAMP.findall(stdout)]
-    if len(stamps) != n:
-        raise RuntimeError(f"expected {n} init stamps, got {len(stamps)}: {stdout[:200]!r}")
-    return max(stamps)
+    found: dict[bytes, list[float]] = {b"S": [], b"I": []}
+    for kind, value in STAMP.findall(stdout):
+        found[kind].append(float(value))
+    if len(found[b"S"]) != n or len(found[b"I"]) != n:
+        raise RuntimeError(f"expected {n} stamps of each kind: {stdout[:200]!r}")
+    return max(found[b"I"]) - start, max(found[b"I"]) - max(found[b"S"])
 
 
-async def run_pmi(argv: list[str], n: int) -> float:
+async def run_pmi(argv: list[str], n: int) -> tuple[float, float]:
     server = PMIJobServer(
         kvsname=f"mc-bench-{uuid.uuid4().hex[:12]}",
         universe_size=n,
@@ -104,15 +113,15 @@ async def run_pmi(argv: list[str], n: int) -> float:
         server.close()
     if any(p.returncode for p in procs):
         raise RuntimeError(f"PMIJobServer run failed: {[p.returncode for p in procs]}")
-    return max(latest_init(out, 1) for out, _ in outs) - start
+    return stamps(b"".join(out for out, _ in outs), n, start)
 
 
-def run_mpiexec(mpiexec: str, argv: list[str], n: int) -> float:
+def run_mpiexec(mpiexec: str, argv: list[str], n: int) -> tuple[float, float]:
     start = time.monotonic()
     done = subprocess.run(
         [mpiexec, "-n", str(n), *argv], env=base_env(), stdout=subprocess.PIPE, check=True, timeout=120
     )
-    return latest_init(done.stdout, n) - start
+    return stamps(done.stdout, n, start)
 
 
 def build_c(workdir: Path) -> list[str] | None:
@@ -125,17 +134,28 @@ def build_c(workdir: Path) -> list[str] | None:
     return [str(workdir / "init")]
 
 
+def summarize(samples: list[tuple[float, float]], prefix: str) -> dict[str, float]:
+    return {
+        f"{prefix}_launch_s": round(statistics.median(s[0] for s in samples), 4),
+        f"{prefix}_init_s": round(statistics.median(s[1] for s in samples), 4),
+    }
+
+
 def measure(programs: dict[str, list[str]], ranks: list[int], runs: int) -> dict:
     mpiexec = Path(sysconfig.get_path("scripts")) / "mpiexec"
     results: dict = {}
     for name, argv in programs.items():
         for n in ranks:
-            pmi = [asyncio.run(run_pmi(argv, n)) for _ in range(runs)]
-            row = {"pmi_server_s": round(statistics.median(pmi), 4)}
-            if mpiexec.exists():
-                hydra = [run_mpiexec(str(mpiexec), argv, n) for _ in range(runs)]
-                row["mpiexec_s"] = round(statistics.median(hydra), 4)
-                row["ratio_pmi_over_mpiexec"] = round(row["pmi_server_s"] / row["mpiexec_s"], 3)
+            pmi, hydra = [], []
+            # Alternate the launchers so drifting machine load hits both alike.
+            for _ in range(runs):
+                pmi.append(asyncio.run(run_pmi(argv, n)))
+                if mpiexec.exists():
+                    hydra.append(run_mpiexec(str(mpiexec), argv, n))
+            row = summarize(pmi, "pmi_server")
+            if hydra:
+                row.update(summarize(hydra, "mpiexec"))
+                row["launch_ratio"] = round(row["pmi_server_launch_s"] / row["mpiexec_launch_s"], 3)
             results[f"{name}/n={n}"] = row
     return results
 
@@ -154,7 +174,14 @@ def main() -> None:
         if c_argv:
             programs["c"] = c_argv
         results = measure(programs, args.ranks, args.runs)
-    report = {"cpus": os.cpu_count(), "runs": args.runs, "median_seconds_to_all_past_init": results}
+    report = {
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "runs": args.runs,
+        # launch: spawn of the first rank -> last rank past MPI_Init;
+        # init: last rank started -> last rank past MPI_Init (the PMI wire-up).
+        "medians": results,
+    }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
