@@ -25,8 +25,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker.sched import (Allocation, InfeasibleRequest, RankAlloc, Request, ResourceGraph, SchedJob,  # noqa: E402
-                          Scheduler, Slot)
+from broker.sched import (Allocation, InfeasibleRequest, RankAlloc, Request,  # noqa: E402
+                          ResourceGraph, SchedJob, Scheduler, Slot)
 
 FULL = [  # name, nodes, cores per node, gpus per node, fill ops cap, queued jobs
     ("256x32", 256, 32, 0, None, 10_000),
@@ -175,9 +175,11 @@ def bench_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
     for start in starts + again:  # leave the graph empty for the next measurement
         if graph.holds((start.job_id, start.element)):
             sched.release(start.job_id, start.element, 40.0)
-    return {"queued": queued - rejected, "rejected": rejected, "first_seconds": first, "first_cpu_seconds": first_cpu,
-            "first_starts": len(starts), "first_tasks": sum(a.allocation.nslots for a in starts),
-            "reserved_head": head, "reserved_start": reserved_at, "steady_seconds": second, "steady_starts": len(again),
+    return {"queued": queued - rejected, "rejected": rejected,
+            "first_seconds": first, "first_cpu_seconds": first_cpu, "first_starts": len(starts),
+            "first_tasks": sum(a.allocation.nslots for a in starts),
+            "reserved_head": head, "reserved_start": reserved_at,
+            "steady_seconds": second, "steady_starts": len(again),
             "quiet_seconds": quiet, "running": running,
             "pending": sched.pending_count()}
 
@@ -209,9 +211,8 @@ def bench_busy_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
             "reserved_start": sched.estimated_start(head) if head is not None else None}
 
 
-def run_case(name: str) -> dict:
-    spec = next(c for c in FULL + QUICK if c[0] == name and (c in FULL) == (not QUICK_MODE))
-    _, nodes, cores, gpus, cap, queued = spec
+def run_case(name: str, quick: bool) -> dict:
+    _, nodes, cores, gpus, cap, queued = next(c for c in (QUICK if quick else FULL) if c[0] == name)
     graph, built = bench_build(nodes, cores, gpus)
     result = {"nodes": nodes, "cores_per_node": cores, "gpus_per_node": gpus, "build": built}
     result["fill"] = bench_fill(graph, cap)
@@ -262,19 +263,14 @@ def report(results: dict, rows: list[dict]) -> None:
               f" -> x{row['ratio']:.2f} {'MET' if row['met'] else 'MISSED'}")
 
 
-QUICK_MODE = False
-
-
 def main() -> int:
-    global QUICK_MODE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one size, in a child process
     args = parser.parse_args()
-    QUICK_MODE = args.quick
     if args.case:
-        print(json.dumps(run_case(args.case)))
+        print(json.dumps(run_case(args.case, args.quick)))
         return 0
     results = {}
     for name, *_ in (QUICK if args.quick else FULL):

@@ -27,7 +27,8 @@ DEFAULT_POLICY = "first-fit"
 def check_policy(name: str) -> str:
     """Return name if it is a known policy, else ValueError listing the valid ones."""
     if name not in POLICIES:
-        raise ValueError(f"unknown scheduling policy {name!r}; valid policies: {', '.join(POLICIES)}")
+        raise ValueError(
+            f"unknown scheduling policy {name!r}; valid policies: {', '.join(POLICIES)}")
     return name
 
 

@@ -90,9 +90,11 @@ class Request:
         object.__setattr__(self, "constraints", tuple(sorted(self.constraints)))
 
     @classmethod
-    def from_strings(cls, constraints: list[str] | tuple[str, ...] = (), **fields: int | bool) -> Request:
+    def from_strings(cls, constraints: list[str] | tuple[str, ...] = (),
+                     **fields: int | bool) -> Request:
         """Build a Request with constraints given as strings ("zone=a", "spot")."""
-        return cls(constraints=tuple(parse_constraint(c) for c in constraints), **fields)  # type: ignore[arg-type]
+        parsed = tuple(parse_constraint(c) for c in constraints)
+        return cls(constraints=parsed, **fields)  # type: ignore[arg-type]
 
     @property
     def total_cores(self) -> int:

@@ -168,7 +168,8 @@ def test_remove_rank(graph4):
     (Request(nslots=17), "needs 17 tasks of 1 core, the MiniCluster can hold at most 16 at once"),
     (Request.from_strings(["zone=a"], cores_per_slot=2, gpus_per_slot=1, nslots=5),
      "needs 5 tasks of 2 cores + 1 GPU, the MiniCluster with zone=a can hold at most 4 at once"),
-    (Request.from_strings(["zone=a"], cores_per_slot=8), "needs 8 cores per task, the largest node with zone=a has 4"),
+    (Request.from_strings(["zone=a"], cores_per_slot=8),
+     "needs 8 cores per task, the largest node with zone=a has 4"),
     (Request(nslots=4, nnodes=2, cores_per_slot=3),
      "needs 2 nodes that each hold 2 tasks of 3 cores, the MiniCluster has 0"),
 ])

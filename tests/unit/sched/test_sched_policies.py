@@ -28,7 +28,8 @@ def ranks(alloc):
 
 def test_policy_names_and_errors():
     assert POLICIES == ("first-fit", "pack", "spread", "low-id", "high-id")
-    with pytest.raises(ValueError, match="valid policies: first-fit, pack, spread, low-id, high-id"):
+    with pytest.raises(ValueError,
+                       match="valid policies: first-fit, pack, spread, low-id, high-id"):
         check_policy("best")
     with pytest.raises(ValueError, match="unknown scheduling policy 'best'"):
         make_graph(1).match(Request(), "best")
