@@ -32,10 +32,11 @@ pytestmark = pytest.mark.mpi
 RUN_TIMEOUT = 30.0
 
 HELLO = """
-import json
+import json, os
 from mpi4py import MPI
 c = MPI.COMM_WORLD
-print(json.dumps({"rank": c.rank, "size": c.size, "sum": c.allreduce(c.rank)}), flush=True)
+local = [int(os.environ[k]) for k in ("MPI_LOCALRANKID", "MPI_LOCALNRANKS")]
+print(json.dumps({"rank": c.rank, "size": c.size, "sum": c.allreduce(c.rank), "local": local}), flush=True)
 """
 
 
@@ -193,6 +194,7 @@ async def test_two_nodes_exchange_business_cards(tmp_path: Path) -> None:
 async def test_uneven_layout_three_plus_two(tmp_path: Path) -> None:
     result = await run_job(script(tmp_path, HELLO), [3, 2])
     assert_world(result, 5)
+    assert [r["local"] for r in result.records()] == [[0, 3], [1, 3], [2, 3], [0, 2], [1, 2]]
 
 
 SESSIONS = """
@@ -269,7 +271,32 @@ c.Barrier()
 """
 
 
-async def test_abort_reaches_on_abort(tmp_path: Path) -> None:
+def mpich_segments() -> set[Path]:
+    return set(Path("/dev/shm").glob("mpich_shm_*"))
+
+
+def mapped_segments() -> set[str]:
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split()[-1] for line in maps.read_text().splitlines() if "/mpich_shm_" in line)
+        except OSError:
+            pass  # the process ended meanwhile
+    return mapped
+
+
+@pytest.fixture
+def reap_shm():
+    """Remove the MPICH segments a killed job leaves in /dev/shm."""
+    before = mpich_segments()
+    yield
+    in_use = mapped_segments()
+    for path in mpich_segments() - before:
+        if str(path) not in in_use:
+            path.unlink(missing_ok=True)
+
+
+async def test_abort_reaches_on_abort(tmp_path: Path, reap_shm: None) -> None:
     result = await run_job(script(tmp_path, ABORT), [2, 2])
     assert [(rank, code) for rank, code, _ in result.aborts] == [(1, 3)]
     assert all(rc != 0 for rc in result.returncodes)

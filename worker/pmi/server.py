@@ -126,10 +126,14 @@ class PMIJobServer:
     # -- internals ---------------------------------------------------------
 
     def _common_env(self, rank: int) -> dict[str, str]:
+        local = sorted(self.barrier.local_ranks)
         return {
             "PMI_RANK": str(rank),
             "PMI_SIZE": str(self.job.size),
             "PMI_SPAWNED": "0",
+            # Hints Hydra also sets; libraries use them, e.g. to pick a GPU.
+            "MPI_LOCALNRANKS": str(len(local)),
+            "MPI_LOCALRANKID": str(local.index(rank)),
             # MPICH picks PMI-1 vs PMIx by sniffing the environment and gives
             # up if a pod also carries PMIX_* variables; pin it.
             "MPIR_CVAR_PMI_VERSION": "1",
