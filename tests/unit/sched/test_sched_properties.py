@@ -198,3 +198,40 @@ def test_every_feasible_job_eventually_runs(specs, jobs):
         done += 1
         now += 1.0
     assert done == expected and sched.pending_count() == 0
+
+
+@settings(SETTINGS, max_examples=150)
+@given(st.lists(node_specs(), min_size=1, max_size=3),
+       st.lists(st.tuples(requests(), st.sampled_from([1, 5, 20, 100]), st.integers(0, 1)),
+                min_size=2, max_size=20))
+def test_easy_backfill_never_delays_the_reserved_head(specs, jobs):
+    """Jobs run exactly their time limit; the head starts no later than first promised."""
+    graph = build(specs)
+    sched = Scheduler(graph)
+    limits = {}
+    for job_id, (req, limit, urgency) in enumerate(jobs):
+        try:
+            graph.check_feasible(req)
+        except InfeasibleRequest:
+            continue
+        sched.enqueue(SchedJob(job_id, urgency=8 * urgency, submit_time=0.0, request=req,
+                               time_limit=float(limit)))
+        limits[job_id] = float(limit)
+    now, ends, promised, started_at = 0.0, {}, {}, {}
+    for _ in range(200):
+        for start in sched.schedule(now):
+            started_at[start.job_id] = now
+            ends[(start.job_id, start.element)] = now + limits[start.job_id]
+        for job_id in range(len(jobs)):
+            estimate = sched.estimated_start(job_id)
+            if estimate is not None:
+                promised.setdefault(job_id, estimate)
+        if not ends:
+            break
+        now = min(ends.values())
+        for key in [k for k, end in ends.items() if end == now]:
+            sched.release(*key, now)
+            del ends[key]
+    assert sched.pending_count() == 0
+    for job_id, estimate in promised.items():
+        assert started_at[job_id] <= estimate + 1e-9, (job_id, started_at[job_id], estimate)
