@@ -10,6 +10,7 @@ a rank that silently ran as a singleton would otherwise look like success.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.pmi import PMIJobServer, mpi_env_defaults, process_mapping
+from worker.pmi import PMIExchange, PMIJobServer, mpi_env_defaults, process_mapping
 
 pytest.importorskip("mpi4py", reason="mpi4py (with the mpich wheel) is not installed")
 
@@ -82,7 +83,7 @@ async def run_job(
     *,
     mode: str = "fd",
     env_filter: Callable[[dict[str, str]], dict[str, str]] = lambda e: e,
-    exchange: TreeExchange | None = None,
+    exchange: PMIExchange | None = None,
 ) -> JobResult:
     """Run ``argv`` as len(layout) "nodes" with layout[i] ranks each."""
     size = sum(layout)
@@ -353,3 +354,61 @@ async def test_c_program_built_with_wheel_mpicc(tmp_path: Path) -> None:
     assert build.returncode == 0, err.decode()
     result = await run_job([str(binary)], [2, 1])
     assert_world(result, 3)
+
+
+# -- server behaviour with raw PMI-1 clients (no MPI library involved) -------
+
+RAW_CLIENT_HEAD = """
+import json, os, socket
+sock = socket.socket(fileno=int(os.environ["PMI_FD"]))
+f = sock.makefile("rw", newline="\\n")
+def ask(line):
+    f.write(line + "\\n"); f.flush()
+    return f.readline()
+"""
+
+
+async def test_garbage_request_is_a_protocol_error(tmp_path: Path) -> None:
+    body = RAW_CLIENT_HEAD + "print(json.dumps({'answer': ask('hello there')}))\n"
+    result = await run_job(script(tmp_path, body), [1])
+    assert [(rank, code) for rank, code, _ in result.aborts] == [(0, 1)]
+    assert "PMI protocol error" in result.aborts[0][2]
+
+
+async def test_leaving_without_finalize_is_not_an_abort(tmp_path: Path) -> None:
+    body = RAW_CLIENT_HEAD + "ask('cmd=init pmi_version=1 pmi_subversion=1')\nprint(json.dumps({'rank': 0}))\n"
+    result = await run_job(script(tmp_path, body), [1])
+    assert result.returncodes == [0] and result.aborts == []
+
+
+class FailingExchange:
+    async def exchange(self, kvsname: str, seq: int, local_kvs: dict[str, str]) -> dict[str, str]:
+        raise ConnectionError("overlay lost")
+
+
+async def test_failed_exchange_fails_the_barrier(tmp_path: Path) -> None:
+    body = RAW_CLIENT_HEAD + (
+        "ask('cmd=init pmi_version=1 pmi_subversion=1')\n"
+        "print(json.dumps({'answer': ask('cmd=barrier_in')}))\n"
+    )
+    result = await run_job(script(tmp_path, body), [2], exchange=FailingExchange())
+    answers = [json.loads(out)["answer"] for out in result.stdout]
+    assert answers == ["cmd=barrier_out rc=-1 msg=barrier_exchange_failed\n"] * 2
+
+
+async def test_close_before_any_task_ran_leaks_nothing() -> None:
+    server = PMIJobServer(
+        kvsname="mc-test-unused",
+        universe_size=2,
+        local_ranks=[0, 1],
+        process_mapping=process_mapping([2]),
+        exchange=TreeExchange(1),
+        on_abort=lambda rank, code, message: None,
+    )
+    server.socket_for(0)
+    await server.listen_tcp()
+    server.close()
+    with pytest.raises(RuntimeError):
+        server.socket_for(1)
+    await asyncio.sleep(0)
+    gc.collect()  # an unclosed socket would raise ResourceWarning (an error here)

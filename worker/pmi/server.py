@@ -15,7 +15,8 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from worker.pmi.barrier import JobBarrier, PMIExchange
 from worker.pmi.engine import (
@@ -63,6 +64,7 @@ class PMIJobServer:
         self.barrier = JobBarrier(kvsname, local_ranks, exchange, self.kvs)
         self._on_abort = on_abort
         self._child_fds: dict[int, socket.socket] = {}
+        self._unserved: set[socket.socket] = set()  # parent ends whose handler has not started
         self._connected: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -80,6 +82,7 @@ class PMIJobServer:
         parent, child = socket.socketpair()
         child.set_inheritable(True)
         self._child_fds[rank] = child
+        self._unserved.add(parent)
         self._spawn(self._serve_fd(rank, parent), f"pmi-fd-{self.job.kvsname}-{rank}")
         return child.fileno()
 
@@ -121,6 +124,9 @@ class PMIJobServer:
             writer.close()
         for task in self._tasks:
             task.cancel()
+        for sock in self._unserved:
+            sock.close()
+        self._unserved.clear()
         self.barrier.close()
 
     # -- internals ---------------------------------------------------------
@@ -148,12 +154,13 @@ class PMIJobServer:
             raise ValueError(f"rank {rank} already has a PMI connection")
         self._connected.add(rank)
 
-    def _spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _serve_fd(self, rank: int, sock: socket.socket) -> None:
+        self._unserved.discard(sock)
         try:
             reader, writer = await asyncio.open_connection(sock=sock, limit=MAX_LINE)
         except BaseException:
@@ -165,7 +172,7 @@ class PMIJobServer:
         self._writers.add(writer)
         try:
             rank = await self._tcp_handshake(reader, writer)
-        except (WireError, ValueError, ConnectionError, asyncio.LimitOverrunError) as exc:
+        except (WireError, ValueError, ConnectionError, EOFError, asyncio.LimitOverrunError) as exc:
             log.warning("PMI_PORT connection for %s refused: %s", self.job.kvsname, exc)
             await _close(writer)
             self._writers.discard(writer)
@@ -196,6 +203,11 @@ class PMIJobServer:
             pass
         except asyncio.LimitOverrunError:
             self._protocol_error(engine, f"rank {rank}: request line longer than {MAX_LINE} bytes")
+        except Exception:
+            # A bug here would leave the task waiting for a reply until the
+            # time limit; end the job now instead.
+            log.exception("PMI server failed serving rank %d of %s", rank, self.job.kvsname)
+            self._report_abort(rank, 1, "PMI server internal error")
         finally:
             if engine.phase not in (Phase.FINALIZED, Phase.ABORTED):
                 # Not an error by itself: the task's exit status decides.
@@ -214,7 +226,7 @@ class PMIJobServer:
                     ok = await self.barrier.enter(engine.rank, effect.puts)
                     writer.write(encode(engine.barrier_done(ok).text))
                 elif isinstance(effect, Abort):
-                    self._on_abort(engine.rank, effect.exit_code, effect.message)
+                    self._report_abort(engine.rank, effect.exit_code, effect.message)
                 elif isinstance(effect, ProtocolError):
                     self._protocol_error(engine, effect.message)
                     return
@@ -223,7 +235,13 @@ class PMIJobServer:
     def _protocol_error(self, engine: TaskEngine, message: str) -> None:
         # RFC 13 "Error Handling": close the connection and abort the program.
         log.error("PMI protocol error in job %s: %s", self.job.kvsname, message)
-        self._on_abort(engine.rank, 1, f"PMI protocol error: {message}")
+        self._report_abort(engine.rank, 1, f"PMI protocol error: {message}")
+
+    def _report_abort(self, rank: int, code: int, message: str) -> None:
+        try:
+            self._on_abort(rank, code, message)
+        except Exception:
+            log.exception("on_abort callback failed for rank %d of %s", rank, self.job.kvsname)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
