@@ -23,34 +23,34 @@ if TYPE_CHECKING:
 Picks = list[tuple[NodeState, int]]
 
 
-def match(graph: ResourceGraph, req: Request, policy: str = "first-fit") -> Allocation | None:
-    """Find resources for req in what is free now under policy, or None.
+def match(graph: ResourceGraph, request: Request, policy: str = "first-fit") -> Allocation | None:
+    """Find resources for request in what is free now under policy, or None.
 
     A pure query: nothing is taken until ResourceGraph.alloc().
     """
     check_policy(policy)
-    mask = _candidates(graph, req)
+    mask = _candidates(graph, request)
     if not mask:
         return None
-    if req.nslots == 1:
-        return _match_one(graph, mask, req, policy)
-    picks = _choose(graph, mask, req, policy)
+    if request.nslots == 1:
+        return _match_one(graph, mask, request, policy)
+    picks = _choose(graph, mask, request, policy)
     if picks is None:
         return None
-    cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
+    cps, gps, mps = request.cores_per_slot, request.gpus_per_slot, request.mem_per_slot
     ranks, hint = {}, {}
     for node, n in picks:
         slots, hold = node.carve(n, cps, gps, mps)
         ranks[node.rank] = RankAlloc(slots)
         hint[node.rank] = (node, hold)
-    return Allocation(ranks, req.exclusive, hint)
+    return Allocation(ranks, request.exclusive, hint)
 
 
-def fits(graph: ResourceGraph, req: Request, policy: str = "first-fit") -> bool:
+def fits(graph: ResourceGraph, request: Request, policy: str = "first-fit") -> bool:
     """Whether match() would succeed, without carving ids (cheaper for wide jobs)."""
     check_policy(policy)
-    mask = _candidates(graph, req)
-    return bool(mask) and _choose(graph, mask, req, policy) is not None
+    mask = _candidates(graph, request)
+    return bool(mask) and _choose(graph, mask, request, policy) is not None
 
 
 def _choose(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Picks | None:

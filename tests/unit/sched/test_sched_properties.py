@@ -111,7 +111,7 @@ def check_accounting(graph, live):
     assert graph.cluster.free_mem == sum(n.free_mem for n in usable)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=120)
 @given(st.lists(node_specs(), min_size=1, max_size=6), ops)
 def test_random_sequences_keep_every_invariant(specs, operations):
     graph = build(specs)
