@@ -7,6 +7,7 @@ exist here: get, create, merge-patch, plus a path builder for its kinds.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import ssl
@@ -53,6 +54,9 @@ class Kube:
         self._session: aiohttp.ClientSession | None = None
         self._conn: kopf.ConnectionInfo | None = None
         self._tempfiles: list[str] = []
+        # Handlers run concurrently; they must share one session, not race to make two.
+        self._lock = asyncio.Lock()
+        self._closed = False
 
     async def get(self, path: str) -> dict[str, Any] | None:
         try:
@@ -71,11 +75,11 @@ class Kube:
     async def request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json",
     ) -> dict[str, Any]:
+        session: aiohttp.ClientSession | None = None
         for attempt in range(2):
-            session = await self._ensure_session(refresh=attempt > 0)
-            assert self._conn is not None
-            headers = {"Content-Type": content_type, **_auth_headers(self._conn)}
-            url = self._conn.server.rstrip("/") + path
+            session, conn = await self._ensure_session(stale=session if attempt else None)
+            headers = {"Content-Type": content_type, **_auth_headers(conn)}
+            url = conn.server.rstrip("/") + path
             async with session.request(method, url, json=body, headers=headers) as resp:
                 # A rotated service-account token shows up as 401: log in again once.
                 if resp.status == 401 and attempt == 0:
@@ -87,6 +91,11 @@ class Kube:
         raise AssertionError("unreachable")
 
     async def close(self) -> None:
+        async with self._lock:
+            self._closed = True
+            await self._drop()
+
+    async def _drop(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -94,16 +103,23 @@ class Kube:
             os.unlink(path)
         self._tempfiles.clear()
 
-    async def _ensure_session(self, refresh: bool) -> aiohttp.ClientSession:
-        if self._session is not None and not refresh:
-            return self._session
-        await self.close()
-        self._conn = await self._login()
-        connector = aiohttp.TCPConnector(ssl=self._ssl_context(self._conn))
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=30),
-        )
-        return self._session
+    async def _ensure_session(
+        self, stale: aiohttp.ClientSession | None,
+    ) -> tuple[aiohttp.ClientSession, kopf.ConnectionInfo]:
+        """The shared session; a new one (fresh login) if `stale` is still current."""
+        async with self._lock:
+            if self._closed:
+                # A late handler during shutdown must not open a session nobody closes.
+                raise RuntimeError("the Kubernetes client is closed")
+            if self._session is None or self._session is stale:
+                await self._drop()
+                self._conn = await self._login()
+                connector = aiohttp.TCPConnector(ssl=self._ssl_context(self._conn))
+                self._session = aiohttp.ClientSession(
+                    connector=connector, timeout=aiohttp.ClientTimeout(total=30),
+                )
+            assert self._conn is not None
+            return self._session, self._conn
 
     def _ssl_context(self, conn: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
         if conn.insecure:

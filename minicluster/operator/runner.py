@@ -40,6 +40,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
         prefix=GROUP, key="last-handled-configuration",
     )
     settings.posting.level = logging.WARNING
+    # On shutdown, let an in-flight status poll finish instead of orphaning it.
+    settings.background.instant_exit_timeout = 5.0
 
 
 async def operate(

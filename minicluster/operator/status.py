@@ -34,8 +34,11 @@ class HttpStatusFetcher:
         self._url_for = url_for
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     async def __call__(self, mc: MiniCluster) -> BrokerStatus | None:
+        if self._closed:
+            return None
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         try:
@@ -48,6 +51,7 @@ class HttpStatusFetcher:
         return data if isinstance(data, dict) else None
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None

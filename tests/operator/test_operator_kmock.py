@@ -1,0 +1,243 @@
+"""Tier (b): the whole kopf operator in-process against kmock, kopf's mock
+Kubernetes API server.  The broker's status comes from a real local HTTP
+server, fetched by the production HttpStatusFetcher."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp.web
+import kmock as kmocklib
+import kopf
+import pytest
+
+from minicluster.operator import operate
+from minicluster.operator.status import HttpStatusFetcher
+
+MC = "minicluster.dev/v1alpha1/miniclusters"
+MC_URL = "/apis/minicluster.dev/v1alpha1/namespaces/default/miniclusters"
+JOB = "batch/v1/jobs"
+
+pytestmark = [
+    # kmock 0.8 reads its bundled resources with a deprecated importlib API.
+    pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning"),
+    # kopf 1.45 can spawn a timer for an event that arrives while it is
+    # stopping; that orphan's own HTTP session (inside kopf) is never closed.
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in.*(ClientSession|BaseConnector|_SelectorTransport)"
+        ":pytest.PytestUnraisableExceptionWarning"),
+]
+
+
+@pytest.fixture
+async def broker() -> AsyncIterator[dict[str, Any]]:
+    """A fake broker status endpoint: tests mutate the dict it serves."""
+    report: dict[str, Any] = {
+        "name": "demo", "size": 4, "max_size": 8,
+        "ranks": {"up": 2, "unresponsive": 0, "lost": 0, "expected": 4},
+        "ready": False,
+        "jobs": {"queued": 3, "running": 1, "finished": 0, "failed": 0},
+        "command": None,
+    }
+
+    async def serve(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.json_response(report)
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/status", serve)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    report["_port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield report
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def operator(kmock: kmocklib.KubernetesEmulator, broker: dict[str, Any]) -> AsyncIterator[None]:
+    kmock.resources.load_bundled()
+    kmock.resources[MC] = kmocklib.ResourceInfo(
+        kind="MiniCluster", namespaced=True, shortnames={"mc", "minic"},
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+        subresources={"status", "scale"},
+    )
+    server = str(kmock.url).rstrip("/")
+    port = broker["_port"]
+
+    async def login() -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=server)
+
+    async def main() -> None:
+        fetcher = HttpStatusFetcher(lambda mc: f"http://127.0.0.1:{port}/status")
+        try:
+            await operate(login=login, fetch_status=fetcher, registry=kopf.OperatorRegistry(),
+                          poll_interval=0.3, metrics_port=None, stop_flag=stop, ready_flag=ready)
+        finally:
+            await fetcher.close()
+
+    # kopf gets its own thread and loop, as in production: on exit it waits
+    # for every task its loop spawned, which would include kmock's handlers.
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=asyncio.run, args=(main(),), name="kopf")
+    thread.start()
+    assert await asyncio.to_thread(ready.wait, 10)
+    yield
+    stop.set()
+    await asyncio.to_thread(thread.join, 15)
+    assert not thread.is_alive()
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 8.0) -> Any:
+    """Poll `check` until it returns something truthy without raising."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except (KeyError, AssertionError, TypeError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met in {timeout}s: {result!r}")
+        await asyncio.sleep(0.1)
+
+
+def obj(kmock: kmocklib.KubernetesEmulator, resource: str, name: str) -> dict[str, Any]:
+    return kmock.objects[resource, "default", name].raw
+
+
+async def create(kmock: kmocklib.KubernetesEmulator, body: dict[str, Any]) -> None:
+    async with kmock.post(MC_URL, json=body) as resp:
+        assert resp.status < 300, await resp.text()
+
+
+async def patch(kmock: kmocklib.KubernetesEmulator, name: str, data: dict[str, Any]) -> None:
+    headers = {"Content-Type": "application/merge-patch+json"}
+    async with kmock.patch(f"{MC_URL}/{name}", data=json.dumps(data), headers=headers) as resp:
+        assert resp.status < 300, await resp.text()
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in status.get("conditions", []) if c["type"] == type_)
+
+
+Kmock = kmocklib.KubernetesEmulator
+Make = Callable[..., dict[str, Any]]
+
+
+async def test_create_makes_owned_children(operator: None, kmock: Kmock, make_body: Make) -> None:
+    await create(kmock, make_body())
+    job = await eventually(lambda: obj(kmock, JOB, "demo"))
+    for resource, name in [("v1/secrets", "demo-curve"), ("v1/configmaps", "demo-config"),
+                           ("v1/services", "demo"), (JOB, "demo")]:
+        child = obj(kmock, resource, name)
+        assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-demo"
+    assert job["spec"]["completions"] == 4
+    status = await eventually(lambda: obj(kmock, MC, "demo").get("status", {}).get("selector"))
+    assert status == "minicluster.dev/name=demo"
+
+
+async def test_status_comes_from_the_broker(
+    operator: None, kmock: Kmock, make_body: Make, broker: dict[str, Any],
+) -> None:
+    await create(kmock, make_body())
+    status = await eventually(lambda: obj(kmock, MC, "demo")["status"]["ranks"])
+    assert status == {"joined": 2, "expected": 4, "unresponsive": 0, "lost": 0}
+    mc = obj(kmock, MC, "demo")
+    assert mc["status"]["phase"] == "Pending"
+    assert condition(mc["status"], "Ready")["status"] == "False"
+    assert mc["status"]["jobs"]["queued"] == 3
+
+    broker["ranks"]["up"], broker["ready"] = 4, True
+    await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Running")
+    assert condition(obj(kmock, MC, "demo")["status"], "Ready")["reason"] == "AllRanksJoined"
+
+    broker["command"] = {"state": "exited", "status": 3}
+    await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Failed")
+    failed = condition(obj(kmock, MC, "demo")["status"], "Failed")
+    assert failed["status"] == "True" and "status 3" in failed["message"]
+
+
+async def test_job_verdict_wins(operator: None, kmock: Kmock, make_body: Make) -> None:
+    await create(kmock, make_body())
+    await eventually(lambda: obj(kmock, JOB, "demo"))
+    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    async with kmock.patch("/apis/batch/v1/namespaces/default/jobs/demo/status", json=done) as resp:
+        assert resp.status < 300
+    await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Succeeded")
+
+
+async def test_scale_patches_job_and_config(operator: None, kmock: Kmock, make_body: Make) -> None:
+    await create(kmock, make_body())
+    await eventually(lambda: obj(kmock, JOB, "demo"))
+    await patch(kmock, "demo", {"spec": {"size": 7}, "metadata": {"generation": 2}})
+    await eventually(lambda: obj(kmock, JOB, "demo")["spec"]["parallelism"] == 7)
+    assert obj(kmock, JOB, "demo")["spec"]["completions"] == 7
+    await eventually(lambda: "size = 7" in obj(kmock, "v1/configmaps", "demo-config")["data"]["config.toml"])
+    await eventually(lambda: obj(kmock, MC, "demo")["status"]["size"] == 7)
+
+
+async def test_scale_beyond_max_size_is_reported(operator: None, kmock: Kmock, make_body: Make) -> None:
+    await create(kmock, make_body())
+    await eventually(lambda: obj(kmock, MC, "demo").get("status", {}).get("maxSize"))
+    await patch(kmock, "demo", {"spec": {"size": 9}})
+    reconciled = await eventually(
+        lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled")["status"] == "False"
+        and condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
+    assert "exceeds maxSize 8" in reconciled["message"]
+    assert obj(kmock, JOB, "demo")["spec"]["parallelism"] == 4
+    events = [e.data for e in kmock[kmocklib.resource("v1/events")] if e.method == "POST"]
+    assert any(e["reason"] == "InvalidSpec" for e in events)
+
+
+async def test_suspend_and_resume(operator: None, kmock: Kmock, make_body: Make) -> None:
+    await create(kmock, make_body())
+    await eventually(lambda: obj(kmock, JOB, "demo"))
+    await patch(kmock, "demo", {"spec": {"suspend": True}})
+    await eventually(lambda: obj(kmock, JOB, "demo")["spec"]["suspend"] is True)
+    await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Suspended")
+    await patch(kmock, "demo", {"spec": {"suspend": False}})
+    await eventually(lambda: obj(kmock, JOB, "demo")["spec"]["suspend"] is False)
+
+
+async def test_queue_name_creates_a_suspended_labelled_job(
+    operator: None, kmock: Kmock, make_body: Make,
+) -> None:
+    await create(kmock, make_body(queueName="team-a"))
+    job = await eventually(lambda: obj(kmock, JOB, "demo"))
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["spec"]["suspend"] is True
+    await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Suspended")
+    assert condition(obj(kmock, MC, "demo")["status"], "Suspended")["reason"] == "QueuedInKueue"
+    # Kueue admits by un-suspending; the operator must not suspend it again.
+    async with kmock.patch("/apis/batch/v1/namespaces/default/jobs/demo",
+                           json={"spec": {"suspend": False}}) as resp:
+        assert resp.status < 300
+    await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Pending")
+    assert obj(kmock, JOB, "demo")["spec"]["suspend"] is False
+
+
+async def test_foreign_object_is_left_alone(operator: None, kmock: Kmock, make_body: Make) -> None:
+    foreign = {"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "demo-config", "namespace": "default"}, "data": {"x": "y"}}
+    async with kmock.post("/api/v1/namespaces/default/configmaps", json=foreign) as resp:
+        assert resp.status < 300
+    await create(kmock, make_body())
+    reconciled = await eventually(
+        lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
+    assert reconciled["reason"] == "NotOwned"
+    assert obj(kmock, "v1/configmaps", "demo-config")["data"] == {"x": "y"}
+    assert ("batch/v1/jobs", "default", "demo") not in kmock.objects
+
+
+async def test_delete_releases_the_finalizer(operator: None, kmock: Kmock, make_body: Make) -> None:
+    await create(kmock, make_body())
+    await eventually(lambda: "minicluster.dev/operator" in obj(kmock, MC, "demo")["metadata"]["finalizers"])
+    async with kmock.delete(f"{MC_URL}/demo") as resp:
+        assert resp.status < 300
+    await eventually(lambda: kmock.objects[MC, "default", "demo"].deleted)

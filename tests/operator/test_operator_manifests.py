@@ -1,0 +1,166 @@
+"""Tier (a): pure manifest builders, checked against a current Kubernetes
+release's own schemas (kubernetes-validate, strict) and the broker's config."""
+from __future__ import annotations
+
+import base64
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import zmq
+import zmq.auth
+
+from minicluster.config import from_mapping
+from minicluster.operator import manifests, reconcile
+from minicluster.operator.spec import MiniCluster, problems
+
+# Indexed Job successPolicy and podFailurePolicy are GA only in recent releases.
+K8S_VERSION = kubernetes_validate.latest_version()
+
+
+def test_bundled_schemas_are_recent_enough() -> None:
+    major, minor = (int(x) for x in K8S_VERSION.split(".")[:2])
+    assert (major, minor) >= (1, 33)
+
+
+def render(body: dict[str, Any]) -> list[dict[str, Any]]:
+    mc = MiniCluster.from_body(body)
+    public, secret = zmq.curve_keypair()
+    return manifests.children(mc, manifests.curve_certificate(public, secret))
+
+
+@pytest.mark.parametrize("spec", [
+    {},
+    {"command": ["mc-submit", "--cc", "1-100000", "--wait", "echo", "{cc}"], "deadlineSeconds": 3600},
+    {"queueName": "team-a", "suspend": True, "policy": "spread", "logging": {"level": "debug"}},
+    {
+        "resources": {"limits": {"cpu": "2", "memory": "4Gi"}, "requests": {"cpu": 1}},
+        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "nodeSelector": {"kubernetes.io/arch": "amd64"},
+        "tolerations": [{"key": "hpc", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+        "serviceAccountName": "runner",
+    },
+])
+def test_every_child_validates_strictly(make_body: Any, spec: dict[str, Any]) -> None:
+    for obj in render(make_body(**spec)):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_children_are_owned_and_labelled(body: dict[str, Any]) -> None:
+    for obj in render(body):
+        meta = obj["metadata"]
+        assert meta["namespace"] == "default"
+        assert meta["labels"]["minicluster.dev/name"] == "demo"
+        [ref] = meta["ownerReferences"]
+        assert ref == {"apiVersion": "minicluster.dev/v1alpha1", "kind": "MiniCluster", "name": "demo",
+                       "uid": "uid-demo", "controller": True, "blockOwnerDeletion": True}
+
+
+def test_job_is_an_indexed_job_that_completes_with_rank_0(make_body: Any) -> None:
+    job = manifests.job(MiniCluster.from_body(make_body(size=3, command=["hostname"])))
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 3
+    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    assert spec["suspend"] is False
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "demo" and pod["restartPolicy"] == "Never"
+    assert pod["automountServiceAccountToken"] is False
+    [container] = pod["containers"]
+    assert container["command"] == ["mc", "boot", "--config", "/etc/minicluster/config.toml", "--", "hostname"]
+
+
+def test_pod_failure_policy_ignores_disruptions_and_fails_on_program_errors(body: dict[str, Any]) -> None:
+    ignore, fail = manifests.job(MiniCluster.from_body(body))["spec"]["podFailurePolicy"]["rules"]
+    assert ignore["action"] == "Ignore"
+    assert ignore["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    assert fail["action"] == "FailJob"
+    assert fail["onExitCodes"]["values"] == list(range(1, 128))
+
+
+def test_queued_job_is_created_suspended_with_the_kueue_label(make_body: Any) -> None:
+    job = manifests.job(MiniCluster.from_body(make_body(queueName="team-a")))
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["spec"]["suspend"] is True
+
+
+def test_interactive_mode_has_no_command_separator(body: dict[str, Any]) -> None:
+    [container] = manifests.job(MiniCluster.from_body(body))["spec"]["template"]["spec"]["containers"]
+    assert "--" not in container["command"]
+
+
+def test_service_is_headless_and_publishes_unready_pods(body: dict[str, Any]) -> None:
+    svc = manifests.service(MiniCluster.from_body(body))["spec"]
+    assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is True
+    assert svc["selector"] == {"minicluster.dev/name": "demo"}
+
+
+def test_config_map_is_a_config_the_broker_accepts(body: dict[str, Any]) -> None:
+    cm = manifests.config_map(MiniCluster.from_body(body), cluster_domain="example.org")
+    config = from_mapping(tomllib.loads(cm["data"]["config.toml"]))
+    assert (config.name, config.size, config.max_size, config.status_port) == ("demo", 4, 8, 8051)
+    assert config.endpoint_of(3) == "tcp://demo-3.demo.default.svc.example.org:8050"
+    assert config.curve_cert == "/etc/minicluster/curve/curve.key_secret"
+
+
+def test_secret_holds_a_certificate_zmq_can_load(body: dict[str, Any], tmp_path: Path) -> None:
+    public, secret = zmq.curve_keypair()
+    obj = manifests.secret(MiniCluster.from_body(body), manifests.curve_certificate(public, secret))
+    path = tmp_path / "curve.key_secret"
+    path.write_bytes(base64.b64decode(obj["data"]["curve.key_secret"]))
+    assert zmq.auth.load_certificate(path) == (public, secret)
+
+
+def test_config_and_key_share_one_projected_directory(body: dict[str, Any]) -> None:
+    pod = manifests.pod_template(MiniCluster.from_body(body))["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "minicluster-config"]
+    paths = [item["path"] for src in volume["projected"]["sources"] for item in next(iter(src.values()))["items"]]
+    assert paths == ["config.toml", "curve/curve.key_secret"]
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert not any("subPath" in m for m in mounts)  # subPath mounts never see ConfigMap updates
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"size": 9}, "exceeds maxSize 8"),
+    ({"maxSize": None, "size": 2}, ""),
+    ({"image": ""}, "spec.image is required"),
+    ({"policy": "random"}, "unknown policy"),
+    ({"logging": {"level": "loud"}}, "spec.logging.level"),
+])
+def test_problems(make_body: Any, spec: dict[str, Any], message: str) -> None:
+    found = problems(make_body(**spec))
+    assert (message in "; ".join(found)) and bool(found) == bool(message)
+
+
+def test_problems_reject_bad_names_and_max_size_changes(make_body: Any) -> None:
+    assert "DNS label" in problems(make_body(name="Has.Dots"))[0]
+    body = make_body(maxSize=16)
+    body["status"] = {"maxSize": 8}
+    assert "immutable" in problems(body)[0]
+
+
+def test_fixed_size_cluster_explains_how_to_become_elastic(make_body: Any) -> None:
+    body = make_body(size=5, maxSize=None)
+    body["status"] = {"maxSize": 4}
+    assert "set spec.maxSize at creation" in problems(body)[0]
+
+
+@pytest.mark.parametrize("spec, current, wanted", [
+    ({"size": 4}, {"completions": 4, "parallelism": 4, "suspend": False}, {}),
+    ({"size": 6}, {"completions": 4, "parallelism": 4}, {"completions": 6, "parallelism": 6}),
+    ({"suspend": True}, {"completions": 4, "parallelism": 4}, {"suspend": True}),
+    ({}, {"completions": 4, "parallelism": 4, "suspend": True}, {"suspend": False}),
+    ({"queueName": "q"}, {"completions": 4, "parallelism": 4, "suspend": True}, {}),
+    ({"queueName": "q"}, {"completions": 4, "parallelism": 4, "suspend": False}, {}),
+    ({"queueName": "q", "suspend": True}, {"completions": 4, "parallelism": 4}, {"suspend": True}),
+])
+def test_job_patch(make_body: Any, spec: dict[str, Any], current: dict[str, Any], wanted: dict[str, Any]) -> None:
+    mc = MiniCluster.from_body(make_body(**spec))
+    assert reconcile.job_patch(mc, {"spec": current}) == wanted
