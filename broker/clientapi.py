@@ -155,13 +155,10 @@ def _answer_future(conn: Connection, req_id: int, fut: asyncio.Future[dict[str, 
 
 async def _stream(conn: Connection, req_id: int, responses: AsyncIterator[dict[str, Any]]) -> None:
     try:
-        previous = None
         async for body in responses:
-            if previous is not None:
-                conn.respond(req_id, previous, more=True)
-                await conn.writer.drain()
-            previous = body
-        conn.respond(req_id, previous or {})
+            conn.respond(req_id, body, more=True)
+            await conn.writer.drain()
+        conn.respond(req_id, {})
     except JobError as exc:
         conn.fail(req_id, exc.code, str(exc))
     except (ConnectionError, asyncio.CancelledError):

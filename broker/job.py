@@ -43,7 +43,7 @@ class Job:
         "id", "uid", "name", "state", "urgency", "ntasks", "nnodes", "t_submit", "t_run", "t_inactive",
         "status", "exception", "seq", "spec", "array", "pending_map", "next_element",
         "running", "succeeded", "failed", "cancelled", "ranks", "deadline", "output_bytes", "oseq",
-        "truncated", "ending", "tasks_left", "done_bits", "abort_note",
+        "truncated", "ending", "tasks_left", "done_bits", "abort_note", "closed",
     )
 
     def __init__(self, job_id: int, uid: int, spec: Jobspec, t_submit: float) -> None:
@@ -80,6 +80,8 @@ class Job:
         # One bit per task: results re-sent after a restart are recognised and counted once.
         self.done_bits = bytearray((self.tasks_left + 7) // 8)
         self.abort_note: str | None = None
+        # True once the `clean` event is durable; `state` runs ahead of the disk, followers must not.
+        self.closed = False
 
     @property
     def is_array(self) -> bool:

@@ -179,8 +179,12 @@ class JobManager:
         fut = self.post(job, "clean", extra=[row])
         job.retire()
         result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
-        fut.add_done_callback(lambda f: f.exception() or self.watchers.inactive(job.id, result))
+        fut.add_done_callback(lambda f: f.exception() or self._closed(job, result))
         self.wake_scheduler()
+
+    def _closed(self, job: Job, result: dict[str, Any]) -> None:
+        job.closed = True
+        self.watchers.inactive(job.id, result)
 
     # --- client operations ---------------------------------------------------------------------------------
 

@@ -202,7 +202,7 @@ async def _follow(broker: Any, record: Any, follow: bool, history: Callable[[Any
                   subscribe: Callable[[int], Any], key: str, seq_of: Callable[[list[Any]], int], start: int,
                   visible: Callable[[list[Any]], bool] = lambda item: True) -> AsyncIterator[dict[str, Any]]:
     """History from sqlite, then live items, skipping sequence numbers already sent (no gaps, no repeats)."""
-    follower = subscribe(record.id) if follow and record.state != State.INACTIVE else None
+    follower = subscribe(record.id) if follow and not record.closed else None
     try:
         past = await broker.journal.read(history)
         yield {key: [i for i in past if visible(i)]}
@@ -227,7 +227,7 @@ def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str
     records = [broker.manager.get(i) for i in _field(req, "jobs", list)]
 
     async def results() -> AsyncIterator[dict[str, Any]]:
-        followers = {r.id: broker.watchers.follow_inactive(r.id) for r in records if r.state != State.INACTIVE}
+        followers = {r.id: broker.watchers.follow_inactive(r.id) for r in records if not r.closed}
         try:
             for r in records:
                 if r.id not in followers:

@@ -60,6 +60,7 @@ def _restore(row: tuple[Any, ...]) -> Job:
         if counts is not None:
             job.succeeded, job.failed, job.cancelled = unpack(counts)
         job.tasks_left = 0
+        job.closed = True
         job.retire()
     return job
 

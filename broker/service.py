@@ -96,10 +96,9 @@ class Broker:
         for job in list(self.manager.jobs.values()):
             if job.running:
                 self.manager.raise_exception(job, "shutdown", "the MiniCluster shut down")
-        for rank in range(1, self.config.tree_size):
-            if self.ranks.is_member(rank):
-                self.overlay.send("shutdown", rank, {})
-        await self.agent.shutdown()
+        # Rank 0's own agent passes `shutdown` on to rank 0's children, and they to theirs.
+        self.agent.handle(Message("shutdown", 0, 0, {}))
+        await self.agent.stopped.wait()
         await asyncio.sleep(0.1)  # let the last results and kills go out
         for task in tasks:
             task.cancel()

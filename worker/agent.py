@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minicluster.config import InstanceConfig
+from minicluster.proto import topology
 from minicluster.proto.envelope import Message
 from worker.executor import TaskExecutor, TaskResult, TaskSpec, TestExecutor
 from worker.pmi_jobs import PMIJobs
@@ -156,6 +157,9 @@ class WorkerAgent:
         self.pmi.exchanged(int(body["job"]), int(body["seq"]), body["kvs"])
 
     def _on_shutdown(self, body: dict[str, Any]) -> None:
+        # Shutdown travels down the tree: a rank passes it on before it stops routing for its subtree.
+        for child in topology.children(self.rank, self.config.fanout, self.config.tree_size):
+            self.send("shutdown", child, {})
         asyncio.get_running_loop().create_task(self.shutdown())
 
     def _on_error(self, body: dict[str, Any]) -> None:

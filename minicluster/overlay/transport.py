@@ -136,7 +136,8 @@ class Overlay:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._auth.stop()
-        self._ctx.destroy(linger=0)
+        # A short linger lets the last messages (results, a forwarded shutdown) leave.
+        self._ctx.destroy(linger=200)
 
     def send(self, kind: str, dst: int, body: dict[str, Any]) -> None:
         self.route(Message(kind, self.rank, dst, body))

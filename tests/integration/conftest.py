@@ -1,0 +1,50 @@
+"""Fixtures that start real local MiniClusters (minicluster.testing.LocalCluster)."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from minicluster.client import Client
+from minicluster.testing import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A shared 4-rank cluster, fanout 2 (so rank 3 is two hops from rank 0), 2 cores per rank."""
+    with LocalCluster(tmp_path_factory.mktemp("c4"), size=4, fanout=2, resources="cores=2") as c:
+        yield c
+
+
+@pytest.fixture
+def client4(cluster4: LocalCluster) -> Iterator[Client]:
+    with cluster4.client() as c:
+        yield c
+
+
+def job(argv: list[str], **fields: Any) -> dict[str, Any]:
+    """A jobspec map as the tools build it."""
+    return {"argv": argv, "env": {"PATH": os.environ["PATH"]}, "cwd": "/tmp", **fields}
+
+
+def wait_for(client: Client, job_id: int, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.time() + timeout
+    for result in client.wait([job_id]):
+        return result
+    raise AssertionError(f"no result for job {job_id} within {timeout - (deadline - time.time()):.1f}s")
+
+
+def output_of(client: Client, job_id: int) -> dict[int, bytes]:
+    """stdout per task."""
+    out: dict[int, bytes] = {}
+    for task, stream, data in client.output(job_id):
+        if stream == 1:
+            out[task] = out.get(task, b"") + data
+    return out
+
+
+def event_names(client: Client, job_id: int) -> list[str]:
+    return [e[2] for e in client.eventlog(job_id)]

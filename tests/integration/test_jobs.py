@@ -1,0 +1,164 @@
+"""Job lifecycle on a real 4-rank cluster: states, event order, output, exit codes, cancel, time limits,
+affinity and environment."""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+import pytest
+
+from minicluster.client import Client, ClientError
+from tests.integration.conftest import event_names, job, output_of, wait_for
+
+
+def test_event_log_is_ordered_and_complete(client4: Client) -> None:
+    job_id = client4.submit(job(["true"]))
+    result = wait_for(client4, job_id)
+    assert result["status"] == 0 and result["state"] == "INACTIVE"
+    events = list(client4.eventlog(job_id))
+    assert [e[0] for e in events] == list(range(len(events)))
+    assert [e[2] for e in events] == ["submit", "depend", "priority", "alloc", "start", "finish", "release", "clean"]
+    assert all(a[1] <= b[1] for a, b in zip(events, events[1:]))
+
+
+def test_eventlog_follow_from_middle_sees_no_gap(client4: Client) -> None:
+    job_id = client4.submit(job(["sleep", "0.5"]))
+    seen = [e[0] for e in client4.eventlog(job_id, from_=2, follow=True)]
+    assert seen == list(range(2, len(seen) + 2))
+    assert event_names(client4, job_id)[-1] == "clean"
+
+
+def test_tasks_span_nodes_and_get_their_environment(client4: Client) -> None:
+    code = "import os,json;print(json.dumps({k:os.environ[k] for k in ('MC_JOB_ID','MC_TASK_RANK','MC_TASK_COUNT','MC_NODE_RANK')}))"
+    job_id = client4.submit(job([sys.executable, "-c", code], nnodes=4, ntasks=8, mpi="none"))
+    assert wait_for(client4, job_id)["status"] == 0
+    envs = [json.loads(v) for _, v in sorted(output_of(client4, job_id).items())]
+    assert [e["MC_TASK_RANK"] for e in envs] == [str(i) for i in range(8)]
+    assert {e["MC_TASK_COUNT"] for e in envs} == {"8"} and {e["MC_JOB_ID"] for e in envs} == {str(job_id)}
+    assert sorted(int(e["MC_NODE_RANK"]) for e in envs) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert client4.job(job_id)["ranks"] == "0-3"
+
+
+def test_stdout_and_stderr_are_kept_apart(client4: Client) -> None:
+    job_id = client4.submit(job(["sh", "-c", "echo out; echo err >&2"]))
+    wait_for(client4, job_id)
+    chunks = list(client4.output(job_id))
+    assert b"".join(d for _, s, d in chunks if s == 1) == b"out\n"
+    assert b"".join(d for _, s, d in chunks if s == 2) == b"err\n"
+
+
+def test_job_status_is_the_largest_task_status(client4: Client) -> None:
+    job_id = client4.submit(job(["sh", "-c", 'exit $((MC_TASK_RANK + 3))'], ntasks=3, mpi="none"))
+    assert wait_for(client4, job_id)["status"] == 5
+    statuses = sorted(row[3] for row in client4.task_results(job_id))
+    assert statuses == [3, 4, 5]
+
+
+def test_killed_by_signal_is_128_plus_signal(client4: Client) -> None:
+    job_id = client4.submit(job(["sh", "-c", "kill -USR1 $$"]))
+    assert wait_for(client4, job_id)["status"] == 128 + 10
+    (row,) = client4.task_results(job_id)
+    assert row[5] == 10 and row[4] is None
+
+
+def test_command_not_found_is_reported(client4: Client) -> None:
+    job_id = client4.submit(job(["no-such-command-xyz"]))
+    assert wait_for(client4, job_id)["status"] == 127
+    (row,) = client4.task_results(job_id)
+    assert "no-such-command-xyz" in row[6]
+
+
+def test_cancel_running_job(client4: Client) -> None:
+    job_id = client4.submit(job(["sleep", "60"]))
+    names = client4.eventlog(job_id, follow=True)
+    for e in names:
+        if e[2] == "start":
+            break
+    assert client4.cancel([job_id]) == ([job_id], {})
+    result = wait_for(client4, job_id)
+    assert result["exception"] == "cancel" and result["status"] == 143
+    assert client4.cancel([job_id])[1][job_id].endswith("already ended")
+
+
+def test_cancel_pending_job_and_unknown_job(client4: Client) -> None:
+    blocker = client4.submit(job(["sleep", "30"], nnodes=4, ntasks=8, mpi="none"))
+    queued = client4.submit(job(["true"], nnodes=4, ntasks=8, mpi="none"))
+    cancelled, errors = client4.cancel([queued, 999_999])
+    assert cancelled == [queued] and "does not exist" in errors[999_999]
+    assert wait_for(client4, queued)["exception"] == "cancel"
+    assert "start" not in event_names(client4, queued)
+    client4.cancel([blocker])
+    wait_for(client4, blocker)
+
+
+def test_time_limit_ends_the_job(client4: Client) -> None:
+    job_id = client4.submit(job(["sleep", "60"], time_limit=0.5, ntasks=2, mpi="none"))
+    result = wait_for(client4, job_id)
+    assert result["exception"] == "timeout" and result["status"] == 143
+    context = [e[3] for e in client4.eventlog(job_id) if e[2] == "exception"][0]
+    assert context["type"] == "timeout" and "0.5" in context["note"]
+
+
+def test_tasks_are_bound_to_distinct_allocated_cores(client4: Client) -> None:
+    code = "import os,time;print(sorted(os.sched_getaffinity(0)));time.sleep(0.5)"
+    job_id = client4.submit(job([sys.executable, "-c", code], nnodes=1, ntasks=2, mpi="none"))
+    assert wait_for(client4, job_id)["status"] == 0
+    cores = [json.loads(v) for v in output_of(client4, job_id).values()]
+    assert sorted(c for group in cores for c in group) == [0, 1]
+
+
+def test_mpi_default_ends_job_when_one_task_fails(client4: Client) -> None:
+    job_id = client4.submit(job(["sh", "-c", '[ "$MC_TASK_RANK" = 1 ] && exit 7; sleep 30'], ntasks=2))
+    result = wait_for(client4, job_id)
+    assert result["exception"] == "abort"
+    note = [e[3]["note"] for e in client4.eventlog(job_id) if e[2] == "exception"][0]
+    assert "task 1" in note and "status 7" in note
+
+
+def test_invalid_and_infeasible_jobspecs_are_refused(client4: Client) -> None:
+    with pytest.raises(ClientError) as info:
+        client4.call("submit", jobspec=job(["true"], nnodes=9, ntasks=9))
+    assert info.value.code == "infeasible" and "needs 9 nodes, the MiniCluster has 4" in str(info.value)
+    with pytest.raises(ClientError) as info:
+        client4.call("submit", jobspec=job(["true"], cores_per_task=3))
+    assert info.value.code == "infeasible"
+    with pytest.raises(ClientError) as info:
+        client4.call("submit", jobspec={"argv": "true"})
+    assert info.value.code == "invalid-jobspec" and "argv" in str(info.value)
+
+
+def test_output_file_option(client4: Client, tmp_path) -> None:
+    target = tmp_path / "out-{id}-{task}.txt"
+    job_id = client4.submit(job(["echo", "hello"], output=str(target)))
+    wait_for(client4, job_id)
+    assert (tmp_path / f"out-{job_id}-0.txt").read_text() == "hello\n"
+    assert list(client4.output(job_id)) == []
+
+
+def test_output_cap_truncates_and_records_it(tmp_path) -> None:
+    from minicluster.testing import LocalCluster
+
+    with LocalCluster(tmp_path, size=1, output_cap=1000) as cluster, cluster.client() as c:
+        job_id = c.submit(job(["sh", "-c", "head -c 5000 /dev/zero"]))
+        wait_for(c, job_id)
+        assert sum(len(d) for _, _, d in c.output(job_id)) == 1000
+        assert "output-truncated" in event_names(c, job_id)
+
+
+def test_wait_from_many_threads(cluster4) -> None:
+    results: list[object] = []
+
+    def one() -> None:
+        try:
+            with cluster4.client() as c:
+                results.append(wait_for(c, c.submit(job(["true"])))["status"])
+        except Exception as exc:  # collected so the assert shows it
+            results.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [0] * 8
