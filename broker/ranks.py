@@ -52,8 +52,23 @@ class RankTable:
             info.state, info.since = RankState.UP, now
         return True
 
-    def sweep(self, now: float) -> list[int]:
-        """Advance states by silence; returns the ranks that became lost now."""
+    def seen(self, rank: int, now: float) -> None:
+        """Any message from a member proves it alive, not only heartbeats (they queue behind work)."""
+        info = self.ranks[rank]
+        if info.state in (RankState.UP, RankState.UNRESPONSIVE):
+            info.last_seen = now
+            info.state = RankState.UP
+
+    def sweep(self, now: float, stalled: float = 0.0) -> list[int]:
+        """Advance states by silence; returns the ranks that became lost now.
+
+        `stalled` is how late this sweep runs: time rank 0 itself was too busy to read is not the ranks'
+        silence, so it is forgiven.
+        """
+        if stalled > 0:
+            for info in self.ranks.values():
+                if info.state in (RankState.UP, RankState.UNRESPONSIVE):
+                    info.last_seen += stalled
         lost = []
         for info in self.ranks.values():
             if info.state in (RankState.NEVER, RankState.LOST) or info.rank == 0:

@@ -139,6 +139,7 @@ class Broker:
             return
         if not 0 <= msg.src < self.config.tree_size:
             return
+        self.ranks.seen(msg.src, time.time())
         if msg.kind not in ("join", "hb") and not self.ranks.is_member(msg.src):
             self.overlay.send("rejoin", msg.src, {"epoch": self.epoch})
             return
@@ -220,10 +221,14 @@ class Broker:
         self._wake_scheduler()
 
     async def _sweep_loop(self) -> None:
+        period = self.config.heartbeat_interval / 2
+        last = time.time()
         while True:
-            await asyncio.sleep(self.config.heartbeat_interval / 2)
-            self.ranks.heartbeat(0, time.time())
-            for rank in self.ranks.sweep(time.time()):
+            await asyncio.sleep(period)
+            now = time.time()
+            stalled = max(0.0, now - last - 2 * period)
+            last = now
+            for rank in self.ranks.sweep(now, stalled):
                 log.warning("rank %d lost", rank)
                 self.graph.set_down(rank)
                 self.execution.rank_lost(rank)

@@ -25,47 +25,42 @@ Handler = Callable[[Message], None]
 
 
 class _Sender:
-    """Non-blocking send with an ordered backlog: try NOBLOCK first, queue behind a writer task on EAGAIN."""
+    """Sends through zmq.asyncio, which tries at once and queues behind EAGAIN in order.
+
+    All sends must go through the asyncio socket: a send on a shadow socket can consume the edge-triggered
+    ZMQ_FD wake-up that the asyncio receiver waits for, stalling reception (seen here under load).
+    """
 
     def __init__(self, sock: zmq.asyncio.Socket, name: str) -> None:
         self.sock = sock
-        # zmq.asyncio turns NOBLOCK failures into futures; the shadow raises zmq.Again synchronously.
-        self.sync = zmq.Socket.shadow(sock.underlying)
         self.name = name
-        self.backlog: deque[list[bytes]] = deque()
-        self.writer: asyncio.Task[None] | None = None
+        self.pending = 0
         self.dropped = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def send(self, frames: list[bytes]) -> None:
-        if not self.backlog:
-            try:
-                self.sync.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                return
-            except zmq.Again:
-                pass
-            except zmq.ZMQError as exc:
-                self._drop(exc)
-                return
-        self.backlog.append(frames)
-        if self.writer is None or self.writer.done():
-            self.writer = asyncio.get_running_loop().create_task(self._write())
+        fut = self.sock.send_multipart(frames, copy=False)
+        if fut.done():
+            self._sent(fut, counted=False)
+            return
+        self.pending += 1
+        self._idle.clear()
+        fut.add_done_callback(self._sent)
 
-    async def _write(self) -> None:
-        while self.backlog:
-            try:
-                await self.sock.send_multipart(self.backlog[0], copy=False)
-            except zmq.ZMQError as exc:
-                self._drop(exc)
-            self.backlog.popleft()
-
-    def _drop(self, exc: zmq.ZMQError) -> None:
-        # EHOSTUNREACH: the child is not connected; §2.4 makes delivery best effort.
-        self.dropped += 1
-        log.debug("%s: dropped a message: %s", self.name, exc)
+    def _sent(self, fut: asyncio.Future[Any], counted: bool = True) -> None:
+        if counted:
+            self.pending -= 1
+            if not self.pending:
+                self._idle.set()
+        exc = None if fut.cancelled() else fut.exception()
+        if exc is not None:
+            # EHOSTUNREACH: the child is not connected; §2.4 makes delivery best effort.
+            self.dropped += 1
+            log.debug("%s: dropped a message: %s", self.name, exc)
 
     async def drained(self) -> None:
-        if self.writer is not None and not self.writer.done():
-            await asyncio.shield(self.writer)
+        await self._idle.wait()
 
 
 class Overlay:
@@ -161,17 +156,9 @@ class Overlay:
             log.debug("rank 0 dropped %s for unknown rank %d", msg.kind, msg.dst)
 
     async def _receive(self, sock: zmq.asyncio.Socket, from_child: bool) -> None:
-        sync = zmq.Socket.shadow(sock.underlying)
         while True:
             frames = await sock.recv_multipart()
             self._on_frames(frames, from_child)
-            # Drain what is already queued without going back through the loop for each message.
-            for _ in range(256):
-                try:
-                    frames = sync.recv_multipart(flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._on_frames(frames, from_child)
 
     def _on_frames(self, frames: list[bytes], from_child: bool) -> None:
         if from_child:
