@@ -53,6 +53,7 @@ async def operate(
     poll_interval: float = 5.0,
     cluster_domain: str = "cluster.local",
     metrics_port: int | None = 8080,
+    health_port: int | None = None,
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
 ) -> None:
@@ -84,6 +85,7 @@ async def operate(
             clusterwide=namespace is None,
             namespaces=[namespace] if namespace else (),
             standalone=True,
+            liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )
@@ -99,9 +101,12 @@ def run(namespace: str | None = None) -> None:
 
     `namespace=None` watches MiniClusters in all namespaces (needs the
     ClusterRole in deploy/); a name restricts it to that namespace.  The
-    metrics port comes from MC_OPERATOR_METRICS_PORT (default 8080, 0 = off).
+    metrics port comes from MC_OPERATOR_METRICS_PORT (default 8080, 0 = off),
+    the liveness port (/healthz) from MC_OPERATOR_HEALTH_PORT (default off).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     port = int(os.environ.get("MC_OPERATOR_METRICS_PORT", "8080"))
+    health = int(os.environ.get("MC_OPERATOR_HEALTH_PORT", "0"))
     domain = os.environ.get("MC_CLUSTER_DOMAIN", "cluster.local")
-    asyncio.run(operate(namespace, metrics_port=port or None, cluster_domain=domain))
+    asyncio.run(operate(namespace, metrics_port=port or None, health_port=health or None,
+                        cluster_domain=domain))

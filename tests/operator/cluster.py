@@ -1,0 +1,187 @@
+"""A throwaway control plane on loopback: etcd, kube-apiserver and
+kube-controller-manager (no scheduler, no kubelet: pods never run).
+
+Binaries come from MC_K8S_BIN or the cache that .ci/apiserver.sh fills.
+Certificates and tokens are made here with `cryptography`; authentication
+is by static tokens (admin) and service-account tokens (the operator), and
+authorization is RBAC only, as in a real cluster.
+"""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+
+DEFAULT_BIN = "/var/cache/minicluster/k8s-v1.20.2/bin"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+ADMIN_TOKEN = "admin-token-for-tests"
+
+
+def find_binaries() -> Path | None:
+    path = Path(os.environ.get("MC_K8S_BIN", DEFAULT_BIN))
+    return path if all(os.access(path / b, os.X_OK) for b in BINARIES) else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                             serialization.NoEncryption())
+
+
+def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
+          issuer_key: rsa.RSAPrivateKey, ca: bool) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer.subject if issuer else name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        builder = builder.add_extension(x509.SubjectAlternativeName([
+            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        ]), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+@dataclass
+class Cluster:
+    workdir: Path
+    bin_dir: Path
+    port: int = 0
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca_path(self) -> Path:
+        return self.workdir / "ca.crt"
+
+    def start(self) -> None:
+        self._write_credentials()
+        etcd_port = free_port()
+        self.port = free_port()
+        self._spawn("etcd", [
+            f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{free_port()}",
+        ])
+        w = self.workdir
+        self._spawn("kube-apiserver", [
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.port}", "--insecure-port=0",
+            f"--tls-cert-file={w / 'server.crt'}", f"--tls-private-key-file={w / 'server.key'}",
+            f"--client-ca-file={self.ca_path}",
+            f"--token-auth-file={w / 'tokens.csv'}",
+            f"--service-account-key-file={w / 'sa.key'}",
+            f"--service-account-signing-key-file={w / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            "--api-audiences=https://kubernetes.default.svc",
+            "--authorization-mode=RBAC",
+            "--service-cluster-ip-range=10.96.0.0/16",
+        ])
+        self._wait_healthy()
+        self._spawn("kube-controller-manager", [
+            f"--kubeconfig={self._admin_kubeconfig()}",
+            "--leader-elect=false", "--port=0", f"--secure-port={free_port()}",
+            f"--service-account-private-key-file={w / 'sa.key'}",
+            f"--root-ca-file={self.ca_path}",
+            "--controllers=*",
+            "--use-service-account-credentials=false",
+        ])
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.terminate()
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.processes.clear()
+
+    def logs(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")[-4000:]
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "wb")
+        self.processes.append(subprocess.Popen([str(self.bin_dir / name), *args],
+                                               stdout=log, stderr=subprocess.STDOUT))
+
+    def _wait_healthy(self, timeout: float = 60) -> None:
+        context = ssl.create_default_context(cafile=str(self.ca_path))
+        request = urllib.request.Request(f"{self.server}/readyz",
+                                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.processes):
+                break
+            try:
+                with urllib.request.urlopen(request, context=context, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"kube-apiserver did not become ready:\n{self.logs('kube-apiserver')}")
+
+    def _write_credentials(self) -> None:
+        ca_key = _key()
+        ca = _cert("minicluster-test-ca", ca_key, None, ca_key, ca=True)
+        server_key = _key()
+        server = _cert("kube-apiserver", server_key, ca, ca_key, ca=False)
+        w = self.workdir
+        (w / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+        (w / "server.crt").write_bytes(server.public_bytes(serialization.Encoding.PEM))
+        (w / "server.key").write_bytes(_pem_key(server_key))
+        (w / "sa.key").write_bytes(_pem_key(_key()))
+        (w / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+
+    def _admin_kubeconfig(self) -> Path:
+        path = self.workdir / "admin.kubeconfig"
+        path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {{server: "{self.server}", certificate-authority: "{self.ca_path}"}}
+users:
+- name: admin
+  user: {{token: "{ADMIN_TOKEN}"}}
+contexts:
+- name: test
+  context: {{cluster: test, user: admin}}
+current-context: test
+""")
+        return path
