@@ -273,8 +273,10 @@ def drain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     _owner_only(broker, peer, "drain ranks")
     ranks = _ranks(broker, _field(req, "ranks", list))
     reason = _field(req, "reason", str, "")
+    reason = reason or "drained by the owner"
     for r in ranks:
-        broker.graph.drain(r, reason or "drained by the owner")
+        broker.graph.drain(r, reason)
+    broker.journal.write([("INSERT OR REPLACE INTO drains VALUES (?, ?)", (r, reason)) for r in ranks])
     return {"drained": ranks}
 
 
@@ -284,6 +286,7 @@ def undrain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     ranks = _ranks(broker, _field(req, "ranks", list))
     for r in ranks:
         broker.graph.undrain(r)
+    broker.journal.write([("DELETE FROM drains WHERE rank=?", (r,)) for r in ranks])
     broker.manager.wake_scheduler()
     return {"undrained": ranks}
 

@@ -82,19 +82,26 @@ class Reattach:
     def __init__(self, manager: JobManager, active: list[Job]) -> None:
         self.manager = manager
         self.active = active
-        self.reports: dict[int, list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]] = defaultdict(list)
+        # rank -> what it runs; a rank may join several times in the window, its last report counts.
+        self.by_rank: dict[int, list[list[Any]]] = {}
 
     @property
     def needed(self) -> bool:
         return bool(self.active)
 
     def report(self, rank: int, running: list[list[Any]]) -> None:
-        for entry in running:
-            job_id, task, cores, gpus = int(entry[0]), int(entry[1]), tuple(entry[2]), tuple(entry[3])
-            self.reports[job_id].append((rank, task, cores, gpus))
+        self.by_rank[rank] = running
+
+    def _reports(self) -> dict[int, list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]]:
+        out: dict[int, list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]] = defaultdict(list)
+        for rank, running in self.by_rank.items():
+            for entry in running:
+                out[int(entry[0])].append((rank, int(entry[1]), tuple(entry[2]), tuple(entry[3])))
+        return out
 
     def settle(self, execution: Any, now: float) -> None:
         """Close the window: reattach what is whole, end or requeue the rest, kill strays."""
+        self.reports = self._reports()
         known = {j.id for j in self.active}
         for job in self.active:
             if job.state in (State.RUN, State.SCHED):

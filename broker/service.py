@@ -52,6 +52,8 @@ class Broker:
         self.epoch = recovered.epoch
         self.manager.next_id = recovered.next_id
         self.reattach = Reattach(self.manager, recovered.active)
+        # Drains outlive restarts: applied as each rank's resources are added.
+        self.drains = dict(self.journal.query("SELECT rank, reason FROM drains"))
         self.ranks = RankTable(config.size, config.tree_size, config.endpoint_of,
                                config.unresponsive_after, config.lost_after)
         self.overlay = Overlay(config, 0, cert, self._on_message)
@@ -174,6 +176,8 @@ class Broker:
                             gpus=tuple(int(g) for g in wire.get("gpus", ())),
                             memory_mb=int(wire.get("memory_mb", 0)),
                             properties={str(k): str(v) for k, v in (wire.get("properties") or {}).items()})
+        if rank in self.drains:
+            self.graph.drain(rank, self.drains.pop(rank))
 
     def _on_hb(self, rank: int, body: dict[str, Any]) -> None:
         if not self.ranks.heartbeat(rank, time.time()):

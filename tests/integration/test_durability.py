@@ -1,0 +1,111 @@
+"""kill -9 of the broker, of everything, and in the middle of submissions and a large array: no acknowledged job
+and no recorded result is lost, running work is reattached or ended by the documented rule."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from minicluster.client import ClientError
+from minicluster.testing import LocalCluster
+from tests.integration.conftest import event_names, job, wait_for
+
+
+def _started(c, job_id: int) -> None:
+    for event in c.eventlog(job_id, follow=True):
+        if event[2] == "start":
+            return
+
+
+def test_broker_kill9_reattaches_running_and_keeps_everything(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=3, fanout=2, resources="cores=1") as cluster:
+        with cluster.client() as c:
+            done = c.submit(job(["sh", "-c", "echo finished"]))
+            assert wait_for(c, done)["status"] == 0
+            # Rank 0's own tasks die with the broker process; keep this job on the workers.
+            c.drain([0], "broker only")
+            running = c.submit(job(["sh", "-c", "sleep 2; echo survived"], nnodes=2, ntasks=2, mpi="none"))
+            _started(c, running)
+            queued = c.submit(job(["true"], nnodes=2, ntasks=2, mpi="none"))
+        cluster.kill(0)
+        cluster.restart(0)
+        with cluster.client() as c:
+            assert c.job(done)["state"] == "INACTIVE" and c.job(done)["status"] == 0
+            assert b"finished" in b"".join(d for _, _, d in c.output(done))
+            result = wait_for(c, running)
+            assert result["status"] == 0 and result["exception"] is None
+            assert b"survived" in b"".join(d for _, _, d in c.output(running))
+            assert "alloc" not in event_names(c, running)[6:]
+            assert wait_for(c, queued)["status"] == 0
+            assert c.job(queued)["ranks"] == "1-2"
+            assert {r["rank"]: r["state"] for r in c.resources()}[0].startswith("drain")
+            fresh = c.submit(job(["true"]))
+            assert fresh > queued
+            assert c.status()["epoch"] == 2
+
+
+def test_everything_kill9_ends_running_jobs_and_runs_queued_ones(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=2, fanout=2, resources="cores=1", reattach_timeout=2.0) as cluster:
+        with cluster.client() as c:
+            running = c.submit(job(["sleep", "60"], nnodes=2, ntasks=2, mpi="none"))
+            _started(c, running)
+            queued = c.submit(job(["true"], nnodes=2, ntasks=2, mpi="none"))
+        for rank in (0, 1):
+            cluster.kill(rank)
+        for rank in (0, 1):
+            cluster.start_rank(rank)
+        cluster.wait_up()
+        with cluster.client() as c:
+            result = wait_for(c, running)
+            assert result["exception"] == "broker-restart"
+            note = [e[3]["note"] for e in c.eventlog(running) if e[2] == "exception"][0]
+            assert "reclaimed" in note
+            assert wait_for(c, queued)["status"] == 0
+
+
+def test_acknowledged_submissions_survive_kill9_mid_stream(tmp_path) -> None:
+    acked: list[int] = []
+    with LocalCluster(tmp_path, size=1, test_exec=True) as cluster:
+        stop = threading.Event()
+
+        def submit_forever() -> None:
+            try:
+                with cluster.client() as c:
+                    while not stop.is_set():
+                        for item in c.submit_many([job(["true"])] * 50):
+                            if isinstance(item, int):
+                                acked.append(item)
+            except (ClientError, OSError):
+                pass  # the broker died under us: what was acknowledged is what counts
+
+        thread = threading.Thread(target=submit_forever)
+        thread.start()
+        time.sleep(1.0)
+        cluster.kill(0)
+        stop.set()
+        thread.join(10)
+        assert len(acked) > 100
+        cluster.restart(0)
+        with cluster.client() as c:
+            known = {j["id"] for j in c.jobs(all=True, limit=len(acked) + 1000)}
+            assert set(acked) <= known
+
+
+@pytest.mark.slow
+def test_kill9_during_a_50k_array_loses_no_index(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=3, fanout=2, test_exec=True, resources="cores=16") as cluster:
+        with cluster.client() as c:
+            array = c.submit(job(["true", "{cc}"], array="1-50000", env={"MC_TEST_RUN_DURATION": "0.001"}))
+        time.sleep(1.0)
+        cluster.kill(0, signal.SIGKILL)
+        cluster.restart(0)
+        with cluster.client() as c:
+            result = wait_for(c, array, timeout=300)
+            assert result["status"] == 0
+            summary = c.job(array)
+            assert summary["counts"]["succeeded"] == 50000 and summary["failed"] == ""
+            tasks = c.task_results(array, limit=60000)
+            assert sorted(t[1] for t in tasks) == list(range(1, 50001))
+            assert "clean" in event_names(c, array)

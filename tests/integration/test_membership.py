@@ -1,0 +1,87 @@
+"""The overlay on real processes: joining at several sizes, multi-hop routing, heartbeats, worker loss and
+rejoin, parent loss, and CURVE refusing a peer without the instance key."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from minicluster import config as config_mod
+from minicluster.overlay import curve
+from minicluster.testing import LocalCluster
+from tests.integration.conftest import job, output_of, wait_for
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 8])
+def test_cluster_joins_and_runs_on_every_rank(tmp_path, size: int) -> None:
+    with LocalCluster(tmp_path, size=size, fanout=2, resources="cores=1") as cluster, cluster.client() as c:
+        assert cluster.rank_states() == {r: "up" for r in range(size)}
+        job_id = c.submit(job(["sh", "-c", "echo $MC_NODE_RANK"], nnodes=size, ntasks=size, mpi="none"))
+        assert wait_for(c, job_id)["status"] == 0
+        ranks = sorted(int(v) for v in output_of(c, job_id).values())
+        assert ranks == list(range(size))
+        status = c.status()
+        assert status["size"] == size and status["fanout"] == 2
+        assert all(row["pid"] for row in status["ranks"])
+
+
+def test_tcp_transport_with_curve(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=3, fanout=1, transport="tcp") as cluster, cluster.client() as c:
+        job_id = c.submit(job(["true"], nnodes=3, ntasks=3, mpi="none"))
+        assert wait_for(c, job_id)["status"] == 0
+        assert cluster.config.endpoint_of(2).startswith("tcp://127.0.0.1:")
+
+
+def test_worker_kill_ends_its_tasks_with_node_lost_and_rank_rejoins(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=3, fanout=2, resources="cores=1") as cluster, cluster.client() as c:
+        job_id = c.submit(job(["sleep", "60"], nnodes=3, ntasks=3, mpi="none"))
+        for event in c.eventlog(job_id, follow=True):
+            if event[2] == "start":
+                break
+        time.sleep(0.3)
+        cluster.kill(2)
+        result = wait_for(c, job_id, timeout=20)
+        assert result["exception"] == "node-lost"
+        assert cluster.rank_states()[2] == "lost"
+        down = {row["rank"]: row["state"] for row in c.resources()}
+        assert down[2] != "up"
+        # The rest of the cluster carries on.
+        other = c.submit(job(["true"], nnodes=2, ntasks=2, mpi="none"))
+        assert wait_for(c, other)["status"] == 0
+        cluster.restart(2)
+        back = c.submit(job(["true"], nnodes=3, ntasks=3, mpi="none"))
+        assert wait_for(c, back)["status"] == 0
+
+
+def test_interior_rank_loss_and_return(tmp_path) -> None:
+    """Rank 1 is the parent of 3 and 4 (fanout 2): when it dies they are cut off, and come back with it."""
+    with LocalCluster(tmp_path, size=5, fanout=2, resources="cores=1", lost_after=1.5) as cluster:
+        cluster.kill(1)
+        cluster.wait_states({1: "lost", 3: "lost", 4: "lost", 2: "up"}, timeout=10)
+        cluster.restart(1)
+        cluster.wait_states({1: "up", 3: "up", 4: "up"}, timeout=10)
+        with cluster.client() as c:
+            job_id = c.submit(job(["true"], nnodes=5, ntasks=5, mpi="none"))
+            assert wait_for(c, job_id)["status"] == 0
+
+
+def test_peer_with_another_key_cannot_join(tmp_path) -> None:
+    with LocalCluster(tmp_path / "good", size=2, fanout=2, max_size=3) as cluster:
+        intruder_cert = curve.create(tmp_path / "bad")
+        intruder = cluster.config.replace(curve_cert=str(intruder_cert))
+        path = tmp_path / "intruder.toml"
+        config_mod.write(intruder, path)
+        proc = subprocess.Popen([sys.executable, "-m", "minicluster", "worker", "--config", str(path), "--rank", "2"])
+        try:
+            time.sleep(2.0)
+            assert cluster.rank_states().get(2) in (None, "never-joined")
+            assert proc.poll() is None  # it keeps knocking, and keeps being refused
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+        # The rightful rank 2 joins at once.
+        cluster.start_rank(2)
+        cluster.wait_states({2: "up"}, timeout=10)
