@@ -124,6 +124,7 @@ class Execution:
         return {
             "argv": list(spec.argv), "env": env, "cwd": spec.cwd, "ntasks": job.total_tasks,
             "output": spec.output, "mpi": spec.uses_pmi and not job.is_array, "layout": layout,
+            "uid": job.uid, "gid": job.gid,
         }
 
     # --- results and output --------------------------------------------------------------------------------

@@ -40,15 +40,16 @@ class TransitionError(RuntimeError):
 
 class Job:
     __slots__ = (
-        "id", "uid", "name", "state", "urgency", "ntasks", "nnodes", "t_submit", "t_run", "t_inactive",
+        "id", "uid", "gid", "name", "state", "urgency", "ntasks", "nnodes", "t_submit", "t_run", "t_inactive",
         "status", "exception", "seq", "spec", "array", "pending_map", "next_element",
         "running", "succeeded", "failed", "cancelled", "ranks", "deadline", "output_bytes", "oseq",
         "truncated", "ending", "tasks_left", "done_bits", "abort_note", "closed",
     )
 
-    def __init__(self, job_id: int, uid: int, spec: Jobspec, t_submit: float) -> None:
+    def __init__(self, job_id: int, uid: int, spec: Jobspec, t_submit: float, gid: int = -1) -> None:
         self.id = job_id
         self.uid = uid
+        self.gid = gid
         self.name = spec.name
         self.state = State.NEW
         self.urgency = spec.urgency

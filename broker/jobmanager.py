@@ -89,16 +89,20 @@ class JobManager:
                 raise JobError("infeasible", str(exc)) from None
         return request
 
-    def submit(self, uid: int, spec: Jobspec) -> asyncio.Future[None]:
+    def submit(self, uid: int, gid: int, spec: Jobspec) -> asyncio.Future[None]:
         """Create the job and queue it; the returned future resolves once it is durable."""
+        if uid != self.owner_uid and self.owner_uid != 0:
+            # Tasks of other users can only run under their own uid, which needs a root instance.
+            raise JobError("permission", f"this instance runs tasks as uid {self.owner_uid} only; "
+                                         f"uid {uid} may watch but not submit")
         request = self.validate(spec)
         now = self.clock()
-        job = Job(self.next_id, uid, spec, now)
+        job = Job(self.next_id, uid, spec, now, gid)
         self.next_id += 1
         self.jobs[job.id] = job
         statements: list[Statement] = [
-            ("INSERT INTO jobs (id, uid, state, spec, t_submit) VALUES (?,?,?,?,?)",
-             (job.id, uid, job.state.value, pack(spec.to_wire()), now)),
+            ("INSERT INTO jobs (id, uid, gid, state, spec, t_submit) VALUES (?,?,?,?,?,?)",
+             (job.id, uid, gid, job.state.value, pack(spec.to_wire()), now)),
             ("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self.next_id,)),
         ]
         self.post(job, "submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array}, statements)

@@ -26,7 +26,7 @@ T = TypeVar("T")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
-    id INTEGER PRIMARY KEY, uid INTEGER NOT NULL, state TEXT NOT NULL, spec BLOB NOT NULL,
+    id INTEGER PRIMARY KEY, uid INTEGER NOT NULL, gid INTEGER NOT NULL, state TEXT NOT NULL, spec BLOB NOT NULL,
     t_submit REAL NOT NULL, t_run REAL, t_inactive REAL, status INTEGER, exception TEXT,
     seq INTEGER NOT NULL DEFAULT 0, counts BLOB
 );
@@ -66,6 +66,8 @@ class Journal:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         self.path = os.path.join(state_dir, "journal.sqlite")
         setup = _connect(self.path)
+        # The journal holds every job's environment and output: owner only (WAL and SHM files inherit it).
+        os.chmod(self.path, 0o600)
         setup.executescript(_SCHEMA)
         found = setup.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if found is None:

@@ -76,7 +76,7 @@ def _spec(req_spec: Any) -> jobspec_model.Jobspec:
 def submit(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _refuse_when_stopping(broker)
     spec = _spec(_field(req, "jobspec", dict))
-    durable = broker.manager.submit(peer.uid, spec)
+    durable = broker.manager.submit(peer.uid, peer.gid, spec)
     job_id = broker.manager.next_id - 1
     return _then(durable, {"job": job_id})
 
@@ -88,7 +88,7 @@ def submit_many(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[
     last: asyncio.Future[None] | None = None
     for raw in _field(req, "jobspecs", list):
         try:
-            last = broker.manager.submit(peer.uid, _spec(raw))
+            last = broker.manager.submit(peer.uid, peer.gid, _spec(raw))
             answers.append(broker.manager.next_id - 1)
         except JobError as exc:
             answers.append({"code": exc.code, "message": str(exc)})

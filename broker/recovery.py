@@ -39,7 +39,7 @@ def load(journal: Journal, manager: JobManager) -> Recovered:
     journal.execute_now([("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (epoch,))])
     max_id = journal.query("SELECT COALESCE(MAX(id), 0) FROM jobs")[0][0]
     out = Recovered(next_id=max(int(meta.get("next_id", 1)), max_id + 1), epoch=epoch)
-    rows = journal.query("SELECT id, uid, state, spec, t_submit, t_run, t_inactive, status, exception, seq, counts "
+    rows = journal.query("SELECT id, uid, gid, state, spec, t_submit, t_run, t_inactive, status, exception, seq, counts "
                          "FROM jobs ORDER BY id")
     for row in rows:
         job = _restore(row)
@@ -51,9 +51,9 @@ def load(journal: Journal, manager: JobManager) -> Recovered:
 
 
 def _restore(row: tuple[Any, ...]) -> Job:
-    job_id, uid, state, spec_blob, t_submit, t_run, t_inactive, status, exception, seq, counts = row
+    job_id, uid, gid, state, spec_blob, t_submit, t_run, t_inactive, status, exception, seq, counts = row
     spec = jobspec_model.from_wire(unpack(spec_blob))
-    job = Job(job_id, uid, spec, t_submit)
+    job = Job(job_id, uid, spec, t_submit, gid)
     job.state = State(state)
     job.t_run, job.t_inactive, job.status, job.exception, job.seq = t_run, t_inactive, status, exception, seq
     if job.state == State.INACTIVE:

@@ -73,7 +73,7 @@ class InstanceConfig:
 
     @property
     def socket_path(self) -> str:
-        return self.socket or os.path.join(self.state_dir, "broker.sock")
+        return self.socket or os.path.join(self.state_dir, "run", "broker.sock")
 
     def endpoint_of(self, rank: int) -> str:
         return self.endpoint.replace("{rank}", str(rank)).replace("{port}", str(self.port_base + rank))

@@ -130,6 +130,10 @@ class WorkerAgent:
             extra, fds = pmi_env[task]
             env.update(extra)
         argv = tuple(a.replace("{cc}", str(index)) for a in info["argv"])
+        uid = info.get("uid", os.getuid())
+        if uid != os.getuid():
+            # A root worker runs a guest's tasks under the guest's own ids (setpriv from util-linux).
+            argv = ("setpriv", f"--reuid={uid}", f"--regid={info.get('gid', uid)}", "--clear-groups", "--", *argv)
         out = info.get("output")
         path = out.format(id=job, task=task, index=index) if out else None
         self.running[(job, task)] = (cores, gpus)

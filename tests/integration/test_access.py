@@ -1,0 +1,95 @@
+"""Who may do what: the client socket's mode, uids from the kernel, cancel rights, guests' tasks running under
+their own uid, and owner-only operations.  Guests are forked children of the test that drop to another uid,
+so no second Python installation readable by them is needed."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from minicluster.client import Client, ClientError
+from minicluster.testing import LocalCluster
+from tests.integration.conftest import job, output_of, wait_for
+
+GUEST, OTHER_GUEST, OUTSIDER = 65533, 65532, 65531
+NOGROUP = 65534
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="switching uids needs root (CI runs as root)")
+
+
+def as_user(uid: int, gid: int, fn: Callable[[], Any]) -> Any:
+    """Run fn in a child process with the given ids; returns its JSON-able result or the error it raised."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            result: Any = {"ok": fn()}
+        except ClientError as exc:
+            result = {"error": exc.code, "message": str(exc)}
+        except OSError as exc:
+            result = {"oserror": exc.errno}
+        os.write(write_end, json.dumps(result).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+@pytest.fixture(scope="module")
+def shared() -> LocalCluster:
+    state = tempfile.mkdtemp(prefix="mc-access-")
+    os.chmod(state, 0o711)  # group members must traverse to the socket's directory
+    cluster = LocalCluster(state, size=1, access_group="nogroup").start()
+    yield cluster
+    cluster.stop()
+
+
+def test_socket_is_owner_and_group_only(shared: LocalCluster) -> None:
+    mode = os.stat(shared.config.socket_path).st_mode
+    assert stat.S_IMODE(mode) & 0o007 == 0
+    assert os.stat(shared.config.socket_path).st_gid == NOGROUP
+    assert stat.S_IMODE(os.stat(shared.state_dir / "journal.sqlite").st_mode) == 0o600
+    refused = as_user(OUTSIDER, OUTSIDER, lambda: Client(shared.uri).hello())
+    assert refused["error"] == "connect"
+
+
+def test_uid_comes_from_the_kernel(shared: LocalCluster) -> None:
+    seen = as_user(GUEST, NOGROUP, lambda: Client(shared.uri).hello())
+    assert seen["ok"]["uid"] == GUEST and seen["ok"]["owner_uid"] == 0
+
+
+def test_guest_job_runs_as_guest_and_only_owners_may_cancel(shared: LocalCluster) -> None:
+    with shared.client() as owner:
+        owners_job = owner.submit(job(["sleep", "30"]))
+        guest_job = as_user(GUEST, NOGROUP, lambda: Client(shared.uri).submit(job(["sleep", "30"])))["ok"]
+        denied = as_user(GUEST, NOGROUP, lambda: Client(shared.uri).cancel([owners_job]))["ok"]
+        assert denied[0] == [] and "permission denied" in denied[1][str(owners_job)]
+        denied = as_user(OTHER_GUEST, NOGROUP, lambda: Client(shared.uri).cancel([guest_job]))["ok"]
+        assert denied[0] == []
+        allowed = as_user(GUEST, NOGROUP, lambda: Client(shared.uri).cancel([guest_job]))["ok"]
+        assert allowed[0] == [guest_job]
+        assert owner.cancel([owners_job])[0] == [owners_job]
+        assert owner.job(guest_job)["uid"] == GUEST
+        ident = as_user(GUEST, NOGROUP, lambda: Client(shared.uri).submit(job(["id", "-u"])))["ok"]
+        wait_for(owner, ident)
+        assert output_of(owner, ident)[0].strip() == str(GUEST).encode()
+
+
+def test_owner_only_operations(shared: LocalCluster) -> None:
+    for op in ("shutdown", "drain"):
+        def call(op: str = op) -> Any:
+            return Client(shared.uri).call(op, ranks=[0], reason="x")
+        assert as_user(GUEST, NOGROUP, call)["error"] == "permission"
+    with shared.client() as owner:
+        assert owner.hello()["uid"] == 0
