@@ -1,0 +1,141 @@
+"""Bad input on both protocols gets a clear error where there is someone to tell, and the broker keeps
+running with nothing lost (protocol.md §2.3, §3.1–3.2)."""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from minicluster.client import Client, ClientError
+from minicluster.overlay import curve
+from minicluster.proto import envelope, frames
+from minicluster.testing import LocalCluster
+from tests.integration.conftest import job, wait_for
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
+    c = LocalCluster(tmp_path_factory.mktemp("bad"), size=2, fanout=2, max_size=4).start()
+    yield c
+    c.stop()
+
+
+def raw(cluster: LocalCluster) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(cluster.config.socket_path)
+    s.settimeout(10)
+    return s
+
+
+def reply(s: socket.socket) -> dict:
+    message = frames.read_blocking(s)
+    assert message is not None
+    return message
+
+
+def still_serving(cluster: LocalCluster) -> None:
+    with cluster.client() as c:
+        assert wait_for(c, c.submit(job(["true"])))["status"] == 0
+
+
+def test_undecodable_frame(cluster: LocalCluster) -> None:
+    with raw(cluster) as s:
+        s.sendall(struct.pack(">I", 3) + b"\xc1\xc1\xc1")
+        answer = reply(s)
+        assert answer["ok"] is False and answer["error"]["code"] == "bad-frame"
+        assert s.recv(1) == b""  # and the connection is closed
+    still_serving(cluster)
+
+
+def test_oversized_frame_is_refused_without_reading_it(cluster: LocalCluster) -> None:
+    with raw(cluster) as s:
+        s.sendall(struct.pack(">I", frames.MAX_FRAME + 1))
+        answer = reply(s)
+        assert answer["error"]["code"] == "bad-frame" and "exceeds" in answer["error"]["message"]
+    still_serving(cluster)
+
+
+@pytest.mark.parametrize("message, code", [
+    ({"v": 1, "id": 7, "op": "no-such-op"}, "unknown-op"),
+    ({"v": 2, "id": 7, "op": "hello"}, "version"),
+    ({"v": 1, "op": "hello"}, "bad-request"),
+    ({"v": 1, "id": 7, "op": "cancel", "jobs": "1"}, "bad-request"),
+    ({"v": 1, "id": 7, "op": "job", "job": 10**9}, "not-found"),
+    ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "ntasks": -1}}, "invalid-jobspec"),
+    ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "requires": ["=bad"]}}, "invalid-jobspec"),
+    ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "policy": "random"}}, "invalid-jobspec"),
+])
+def test_bad_requests_get_clear_errors(cluster: LocalCluster, message: dict, code: str) -> None:
+    with raw(cluster) as s:
+        s.sendall(frames.pack(message))
+        answer = reply(s)
+        assert answer["ok"] is False and answer["error"]["code"] == code and answer["error"]["message"]
+        # The connection stays usable after a refused request.
+        s.sendall(frames.pack({"v": 1, "id": 8, "op": "hello"}))
+        assert reply(s)["ok"] is True
+
+
+def test_frame_not_a_map(cluster: LocalCluster) -> None:
+    with raw(cluster) as s:
+        body = msgpack.packb([1, 2, 3])
+        s.sendall(struct.pack(">I", len(body)) + body)
+        assert reply(s)["error"]["code"] == "bad-frame"
+
+
+def test_client_disconnecting_mid_stream(cluster: LocalCluster) -> None:
+    with cluster.client() as c:
+        long_job = c.submit(job(["sh", "-c", "for i in 1 2 3 4 5; do echo $i; sleep 0.1; done"]))
+    for _ in range(5):
+        with raw(cluster) as s:
+            s.sendall(frames.pack({"v": 1, "id": 1, "op": "output", "job": long_job, "follow": True}))
+            s.sendall(frames.pack({"v": 1, "id": 2, "op": "eventlog", "job": long_job, "follow": True}))
+            s.sendall(b"\x00\x00")  # half a header, then gone
+    with cluster.client() as c:
+        assert wait_for(c, long_job)["status"] == 0
+        assert b"".join(d for _, _, d in c.output(long_job)) == b"1\n2\n3\n4\n5\n"
+    still_serving(cluster)
+
+
+def test_malformed_overlay_frames_from_an_authenticated_peer(cluster: LocalCluster) -> None:
+    """A peer holding the key (rank 2's free slot) sends garbage, a wrong version and an unknown kind."""
+    cert = curve.load(cluster.config.curve_cert)
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, b"2")
+    dealer.setsockopt(zmq.LINGER, 0)
+    curve.make_client(dealer, cert)
+    dealer.connect(cluster.config.endpoint_of(0))
+    try:
+        dealer.send(b"\xc1not msgpack")
+        dealer.send(msgpack.packb([1, "hb", "two", 0, {}]))
+        dealer.send(msgpack.packb([9, "hb", 2, 0, {}]))
+        dealer.send(envelope.encode(envelope.Message("no-such-kind", 2, 0, {})))
+        answers = []
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        deadline = time.time() + 5
+        while len(answers) < 2 and time.time() < deadline:
+            if poller.poll(200):
+                msg = msgpack.unpackb(dealer.recv(), raw=False)
+                if msg[1] == "error":
+                    answers.append(msg[4]["code"])
+        assert sorted(answers) == ["unknown-kind", "version"]
+    finally:
+        dealer.close()
+        ctx.term()
+    still_serving(cluster)
+    assert cluster.rank_states()[1] == "up"
+
+
+def test_client_library_reports_errors(cluster: LocalCluster) -> None:
+    with cluster.client() as c:
+        with pytest.raises(ClientError) as info:
+            c.job(123456)
+        assert info.value.code == "not-found"
+    with pytest.raises(ClientError) as info:
+        Client("unix:///nonexistent/socket")
+    assert "cannot reach" in str(info.value)
