@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any
 
 from worker.pmi.engine import process_mapping
 from worker.pmi.mpienv import mpi_env_defaults
 from worker.pmi.server import PMIJobServer
+from worker.pmi.shm import remove_unmapped_segments
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +44,22 @@ class PMIJobs:
     def __init__(self, rank: int, send: Send) -> None:
         self.rank = rank
         self.send = send
+        # MPICH names its /dev/shm segments after the kvsname, and a job killed in MPI_Init leaves them behind:
+        # a later job with the same name (a new instance counts job ids from the start again) would attach to
+        # them.  A nonce drawn per worker process keeps names unique across instances, restarts and workers
+        # sharing one /dev/shm.
+        self.nonce = secrets.token_hex(6)
         self._servers: dict[int, tuple[PMIJobServer, _OverlayExchange]] = {}
+
+    def kvsname(self, job: int) -> str:
+        return f"mc-{job}-{self.nonce}"
 
     def prepare(self, job: int, info: dict[str, Any], tasks: list[int]) -> TaskEnv:
         """Start serving PMI for this rank's `tasks` of `job`; returns each task's env and fds to pass."""
         exchange = _OverlayExchange(job, self.send)
         layout = sorted((int(r), int(n)) for r, n in info["layout"])
         server = PMIJobServer(
-            kvsname=f"mc-{job}", universe_size=int(info["ntasks"]), local_ranks=sorted(tasks),
+            kvsname=self.kvsname(job), universe_size=int(info["ntasks"]), local_ranks=sorted(tasks),
             process_mapping=process_mapping([n for _, n in layout]), exchange=exchange,
             on_abort=lambda task, code, message: self.send(
                 "abort", 0, {"job": job, "task": task, "code": code, "message": message}),
@@ -74,9 +84,15 @@ class PMIJobs:
             entry[1].deliver(seq, kvs)
 
     def finished(self, job: int) -> None:
+        """The job's last task on this rank ended: stop serving and reap segments its killed ranks left."""
         entry = self._servers.pop(job, None)
-        if entry is not None:
-            entry[0].close()
+        if entry is None:
+            return
+        entry[0].close()
+        removed = remove_unmapped_segments(self.kvsname(job))
+        if removed:
+            log.info("job %d: removed %d leftover MPICH segment(s): %s", job, len(removed),
+                     " ".join(p.name for p in removed))
 
     def close_all(self) -> None:
         for job in list(self._servers):

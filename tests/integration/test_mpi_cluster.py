@@ -1,0 +1,234 @@
+"""MPI jobs on a real 4-rank MiniCluster (fanout 2, so rank 3 is two hops from rank 0), 2 cores per rank.
+
+Every task is a real MPICH (PyPI wheel) process bootstrapped by the workers' PMI-1 servers; the barrier
+exchange travels the overlay tree.  Each test checks the world size, because a rank that silently ran as
+a singleton would otherwise look like success.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minicluster.client import Client
+from minicluster.testing import LocalCluster
+from tests.integration.conftest import job, output_of, wait_for
+from worker.pmi.shm import SHM_DIR, fnv1a32, remove_unmapped_segments, segments_of
+from worker.pmi_jobs import PMIJobs
+
+pytest.importorskip("mpi4py", reason="mpi4py (with the mpich wheel) is not installed")
+
+pytestmark = pytest.mark.mpi
+
+PMI_VARS = ("PMI_", "MPIR_CVAR_PMI", "MPI_LOCAL")
+# The segment MPICH maps for intra-node traffic; its name is derived from the kvsname (worker/pmi/shm.py).
+SEGMENT_OF_SELF = "[l.split()[-1] for l in open('/proc/self/maps') if '/mpich_shm_' in l][:1]"
+
+HELLO = f"""
+import json, os, socket
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+node = c.Split_type(MPI.COMM_TYPE_SHARED)
+print(json.dumps({{"rank": c.rank, "size": c.size, "sum": c.allreduce(c.rank + 1), "node_size": node.size,
+                  "host": MPI.Get_processor_name(), "node_rank": int(os.environ["MC_NODE_RANK"]),
+                  "peers": node.allgather(c.rank), "segment": {SEGMENT_OF_SELF}}}), flush=True)
+"""
+
+COLLECTIVES = """
+import json
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+r, n = c.rank, c.size
+for _ in range(5):
+    c.Barrier()
+root = c.bcast({"from": 0, "n": n} if r == 0 else None, root=0)
+gathered = c.allgather(r * r)
+swapped = c.alltoall([r * 100 + d for d in range(n)])
+ring = c.sendrecv(r, dest=(r + 1) % n, source=(r - 1) % n)
+total = c.reduce(r, op=MPI.SUM, root=n - 1)
+c.Barrier()
+print(json.dumps({"rank": r, "size": n, "root": root, "gathered": gathered, "swapped": swapped,
+                  "ring": ring, "total": total}), flush=True)
+"""
+
+# Rank FAIL_RANK fails once every rank is inside MPI; the rest wait in a barrier that never completes.
+FAILING = f"""
+import json, os, sys
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+print(json.dumps({{"rank": c.rank, "size": c.size, "segment": {SEGMENT_OF_SELF}}}), flush=True)
+c.Barrier()
+if c.rank == int(sys.argv[1]):
+    if sys.argv[2] == "abort":
+        c.Abort(3)
+    os._exit(4)  # a crash: no MPI_Finalize
+c.Barrier()
+"""
+
+C_PROG = r"""
+#include <mpi.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    int rank, size, sum, len;
+    char host[MPI_MAX_PROCESSOR_NAME];
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Get_processor_name(host, &len);
+    MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    printf("{\"rank\": %d, \"size\": %d, \"sum\": %d, \"host\": \"%s\"}\n", rank, size, sum, host);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with LocalCluster(tmp_path_factory.mktemp("mpi4"), size=4, fanout=2, resources="cores=2") as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster4: LocalCluster) -> Any:
+    with cluster4.client() as c:
+        yield c
+
+
+def python_job(code: str, *args: str, **fields: Any) -> dict[str, Any]:
+    return job([sys.executable, "-c", code, *args], **fields)
+
+
+def records(client: Client, job_id: int) -> list[dict[str, Any]]:
+    """One JSON line per task, in MPI rank order."""
+    lines = [json.loads(line) for out in output_of(client, job_id).values() for line in out.splitlines()]
+    return sorted(lines, key=lambda r: r["rank"])
+
+
+def exception_of(client: Client, job_id: int) -> tuple[dict[str, Any], float]:
+    """The job's exception context and the seconds from the exception to the job's end."""
+    events = list(client.eventlog(job_id))
+    raised = next(e for e in events if e[2] == "exception")
+    finished = next(e for e in events if e[2] == "finish")
+    return raised[3], finished[1] - raised[1]
+
+
+def test_world_of_eight_ranks_on_four_nodes(client: Client) -> None:
+    job_id = client.submit(python_job(HELLO, nnodes=4, ntasks=8))
+    assert wait_for(client, job_id)["status"] == 0
+    recs = records(client, job_id)
+    assert [r["rank"] for r in recs] == list(range(8))
+    assert {r["size"] for r in recs} == {8} and {r["sum"] for r in recs} == {36}
+    # Ranks fill the nodes in order, and MPICH sees the same nodes (from PMI_process_mapping) as the workers.
+    assert [r["node_rank"] for r in recs] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(r["node_size"] == 2 and r["peers"] == [r["rank"] & ~1, r["rank"] | 1] for r in recs)
+    assert {r["host"] for r in recs} == {socket.gethostname()}  # the "nodes" all run on this machine
+    # Each node has its own shared-memory segment, shared by its two ranks only.
+    segments = [tuple(r["segment"]) for r in recs]
+    assert len(set(segments)) == 4 and all(segments[i] == segments[i + 1] for i in range(0, 8, 2))
+
+
+def test_barriers_and_collectives_across_the_tree(client: Client) -> None:
+    job_id = client.submit(python_job(COLLECTIVES, nnodes=4, ntasks=8))
+    assert wait_for(client, job_id)["status"] == 0
+    recs = records(client, job_id)
+    assert len(recs) == 8
+    for r in recs:
+        me = r["rank"]
+        assert r["size"] == 8 and r["root"] == {"from": 0, "n": 8}
+        assert r["gathered"] == [i * i for i in range(8)]
+        assert r["swapped"] == [src * 100 + me for src in range(8)]
+        assert r["ring"] == (me - 1) % 8
+        assert r["total"] == (28 if me == 7 else None)
+
+
+@pytest.mark.parametrize(("how", "note"), [("exit", "task 7 on rank 3 exited with status 4"),
+                                           ("abort", "task 7 on rank 3 called abort(3)")])
+def test_failing_rank_ends_the_job(client: Client, cluster4: LocalCluster, how: str, note: str) -> None:
+    # Task 7 runs on rank 3, two hops from rank 0; the other ranks are left spinning in a barrier.
+    job_id = client.submit(python_job(FAILING, "7", how, nnodes=4, ntasks=8))
+    result = wait_for(client, job_id)
+    assert result["exception"] == "abort"
+    context, ending = exception_of(client, job_id)
+    assert context["type"] == "abort" and context["note"].startswith(note)
+    assert ending < cluster4.config.kill_grace + 1.0
+    recs = records(client, job_id)
+    assert [r["size"] for r in recs] == [8] * 8 and all(r["segment"] for r in recs)
+    survivors = [row for row in client.task_results(job_id) if row[1] != 7]
+    assert len(survivors) == 7 and all(row[5] in (9, 15) for row in survivors), survivors
+    # The killed ranks never finalized; their workers removed the segments they left.
+    leftovers = {seg for r in recs for seg in r["segment"] if os.path.exists(seg)}
+    assert not leftovers
+
+
+def test_non_mpi_jobs_get_no_pmi(client: Client) -> None:
+    code = f"import os; print(sorted(k for k in os.environ if k.startswith({PMI_VARS!r})))"
+    opted_out = client.submit(python_job(code, nnodes=2, ntasks=4, mpi="none"))
+    single = client.submit(python_job(code))
+    for job_id, ntasks in ((opted_out, 4), (single, 1)):
+        assert wait_for(client, job_id)["status"] == 0
+        assert list(output_of(client, job_id).values()) == [b"[]\n"] * ntasks
+
+
+@pytest.fixture(scope="module")
+def c_program(tmp_path_factory: pytest.TempPathFactory) -> str:
+    mpicc = Path(sysconfig.get_path("scripts")) / "mpicc"
+    if not mpicc.exists() or shutil.which("cc") is None:
+        pytest.skip("the mpich wheel's mpicc or a C compiler is missing")
+    workdir = tmp_path_factory.mktemp("mpicc")
+    (workdir / "hello.c").write_text(C_PROG)
+    subprocess.run([str(mpicc), "-O2", "-o", str(workdir / "hello"), str(workdir / "hello.c")], check=True)
+    return str(workdir / "hello")
+
+
+def test_c_program_built_with_wheel_mpicc(client: Client, c_program: str) -> None:
+    job_id = client.submit(job([c_program], nnodes=4, ntasks=4))
+    assert wait_for(client, job_id)["status"] == 0
+    recs = records(client, job_id)
+    assert [(r["rank"], r["size"], r["sum"]) for r in recs] == [(i, 4, 6) for i in range(4)]
+    assert sorted(int(row[3]) for row in client.task_results(job_id)) == [0, 0, 0, 0]
+
+
+def test_barrier_never_completes_until_time_limit(client: Client) -> None:
+    # Rank 0 never calls MPI_Init; the others wait for it in the barrier at the end of theirs.
+    code = "import os, time\nif os.environ['PMI_RANK'] == '0': time.sleep(60)\nfrom mpi4py import MPI"
+    job_id = client.submit(python_job(code, nnodes=4, ntasks=4, time_limit=1.5))
+    result = wait_for(client, job_id)
+    assert result["exception"] == "timeout"
+    context, _ = exception_of(client, job_id)
+    assert "1.5" in context["note"]
+    assert all(row[5] in (9, 15) for row in client.task_results(job_id))
+
+
+def test_kvsnames_differ_between_worker_processes() -> None:
+    # Two worker processes (e.g. one before and one after a restart) serving the same job id.
+    names = []
+    for _ in range(2):
+        jobs = PMIJobs(rank=1, send=lambda kind, dest, body: None)
+        names.append(jobs.kvsname(1))
+    assert names[0] != names[1] and all(n.startswith("mc-1-") for n in names)
+
+
+def test_only_unmapped_segments_are_removed() -> None:
+    kvsname = f"mc-test-{os.getpid()}"
+    prefix = SHM_DIR / f"mpich_shm_{fnv1a32(kvsname):x}"
+    stale, live = Path(f"{prefix}_0"), Path(f"{prefix}_1")
+    for path in (stale, live):
+        path.write_bytes(b"\0" * mmap.PAGESIZE)
+    try:
+        with live.open("r+b") as f, mmap.mmap(f.fileno(), mmap.PAGESIZE):
+            assert segments_of(kvsname) == [stale, live]
+            assert remove_unmapped_segments(kvsname) == [stale]
+            assert segments_of(kvsname) == [live]
+    finally:
+        for path in (stale, live):
+            path.unlink(missing_ok=True)
