@@ -229,6 +229,11 @@ class Execution:
             self.on_done(rank, results, ack=False)
 
     def check_deadlines(self, now: float) -> None:
+        if len(self._deadlines) > 2 * len(self.tasks) + 1024:
+            # Entries of tasks that already ended are dropped lazily; rebuild so the heap stays O(running).
+            live = [entry for entry in self._deadlines if (entry[1], entry[2]) in self.tasks]
+            heapq.heapify(live)
+            self._deadlines = live
         while self._deadlines and self._deadlines[0][0] <= now:
             _, job_id, task = heapq.heappop(self._deadlines)
             job = self.manager.jobs.get(job_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
 import os
 import queue
@@ -162,8 +163,9 @@ class Journal:
 def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> None:
     conn.execute("BEGIN")
     try:
-        for sql, params in statements:
-            conn.execute(sql, params)
+        # Runs of the same statement (a batch of task results, output chunks) go through executemany.
+        for sql, group in itertools.groupby(statements, key=lambda s: s[0]):
+            conn.executemany(sql, [params for _, params in group])
     except BaseException:
         conn.execute("ROLLBACK")
         raise

@@ -40,7 +40,8 @@ class _Sender:
         self._idle.set()
 
     def send(self, frames: list[bytes]) -> None:
-        fut = self.sock.send_multipart(frames, copy=False)
+        # copy=True: zero-copy sends route every frame through pyzmq's gc thread, ~100x slower for our sizes.
+        fut = self.sock.send_multipart(frames)
         if fut.done():
             self._sent(fut, counted=False)
             return
