@@ -9,6 +9,8 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from minicluster import config as config_mod
 from minicluster.overlay import curve
@@ -58,7 +60,23 @@ def run_broker(config_path: str, command: list[str] | None) -> int:
         install_signal_handlers(broker)
         return await broker.run()
 
-    return asyncio.run(main())
+    return _run_profiled(main)
+
+
+def _run_profiled(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """MC_PROFILE=FILE writes a cProfile of the whole process there (docs/performance.md#profiling)."""
+    path = os.environ.get("MC_PROFILE")
+    if not path:
+        return asyncio.run(main())
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        return asyncio.run(main())
+    finally:
+        profile.disable()
+        profile.dump_stats(path)
 
 
 def run_worker(config_path: str, rank: int) -> int:
