@@ -292,9 +292,8 @@ def undrain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ranks(broker: Any, ranks: list[Any]) -> list[int]:
-    known = {row["rank"] for row in broker.graph.summary()}
     for r in ranks:
-        if isinstance(r, bool) or not isinstance(r, int) or r not in known:
+        if isinstance(r, bool) or not isinstance(r, int) or r not in broker.known_ranks:
             raise JobError("not-found", f"rank {r!r} is not part of the MiniCluster's resources")
     return ranks
 

@@ -54,6 +54,7 @@ class Broker:
         self.reattach = Reattach(self.manager, recovered.active)
         # Drains outlive restarts: applied as each rank's resources are added.
         self.drains = dict(self.journal.query("SELECT rank, reason FROM drains"))
+        self.known_ranks: set[int] = set()
         self.ranks = RankTable(config.size, config.tree_size, config.endpoint_of,
                                config.unresponsive_after, config.lost_after)
         self.overlay = Overlay(config, 0, cert, self._on_message)
@@ -167,8 +168,7 @@ class Broker:
         self._wake_scheduler()
 
     def _add_resources(self, rank: int, wire: dict[str, Any]) -> None:
-        known = {row["rank"] for row in self.graph.summary()}
-        if rank in known:
+        if rank in self.known_ranks:
             self.graph.set_up(rank)
             return
         sockets = {int(sid): tuple(int(c) for c in cores) for sid, cores in wire["sockets"]}
@@ -176,6 +176,7 @@ class Broker:
                             gpus=tuple(int(g) for g in wire.get("gpus", ())),
                             memory_mb=int(wire.get("memory_mb", 0)),
                             properties={str(k): str(v) for k, v in (wire.get("properties") or {}).items()})
+        self.known_ranks.add(rank)
         if rank in self.drains:
             self.graph.drain(rank, self.drains.pop(rank))
 

@@ -138,23 +138,24 @@ class Overlay:
     def send(self, kind: str, dst: int, body: dict[str, Any]) -> None:
         self.route(Message(kind, self.rank, dst, body))
 
-    def route(self, msg: Message, frame: bytes | None = None) -> None:
-        """Deliver `msg` locally or pass it one hop on (§2.4); `frame` is its encoding when already known."""
-        if msg.dst == self.rank:
-            if msg.src == self.rank:
-                # A rank talking to itself (rank 0's own worker agent): no re-entry into the sender.
-                asyncio.get_running_loop().call_soon(self.handler, msg)
-            else:
-                self.handler(msg)
-            return
-        hop = topology.next_hop(self.rank, msg.dst, self.fanout)
-        data = frame if frame is not None else envelope.encode(msg)
-        if hop is not None and hop < self.config.tree_size:
-            self._down.send([str(hop).encode(), data])
-        elif self._up is not None:
-            self._up.send([data])
+    def route(self, msg: Message) -> None:
+        """Deliver `msg` locally or pass it one hop on (§2.4)."""
+        if msg.dst != self.rank:
+            self._forward(msg.dst, envelope.encode(msg))
+        elif msg.src == self.rank:
+            # A rank talking to itself (rank 0's own worker agent): no re-entry into the sender.
+            asyncio.get_running_loop().call_soon(self.handler, msg)
         else:
-            log.debug("rank 0 dropped %s for unknown rank %d", msg.kind, msg.dst)
+            self.handler(msg)
+
+    def _forward(self, dst: int, frame: bytes) -> None:
+        hop = topology.next_hop(self.rank, dst, self.fanout)
+        if hop is not None and hop < self.config.tree_size:
+            self._down.send([str(hop).encode(), frame])
+        elif self._up is not None:
+            self._up.send([frame])
+        else:
+            log.debug("rank 0 dropped a message for unknown rank %d", dst)
 
     async def _receive(self, sock: zmq.asyncio.Socket, from_child: bool) -> None:
         while True:
@@ -171,6 +172,10 @@ class Overlay:
             return
         frame = frames[-1]
         try:
+            _, _, dst = envelope.peek(frame)
+            if dst != self.rank:
+                self._forward(dst, frame)
+                return
             msg = envelope.decode(frame)
         except BadMessage as exc:
             self.bad_frames += 1
@@ -179,7 +184,7 @@ class Overlay:
                 self.send("error", exc.src, {"code": "version", "message": str(exc), "ref": ""})
             return
         try:
-            self.route(msg, frame)
+            self.handler(msg)
         except Exception:
             # One bad message must never take the rank down.
             log.exception("rank %d: handler failed on %s from %d", self.rank, msg.kind, msg.src)

@@ -45,3 +45,25 @@ def decode(frame: bytes) -> Message:
     if not (isinstance(kind, str) and src_ok and isinstance(dst, int) and isinstance(body, dict)):
         raise BadMessage("envelope fields have the wrong types", src=src if src_ok else None)
     return Message(kind, src, dst, body)
+
+
+def peek(frame: bytes) -> tuple[str, int, int]:
+    """(kind, src, dst) without decoding the body: interior ranks forward most frames unread."""
+    if len(frame) > MAX_FRAME:
+        raise BadMessage(f"frame of {len(frame)} bytes exceeds {MAX_FRAME}")
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_FRAME)
+    unpacker.feed(frame)
+    try:
+        if unpacker.read_array_header() != 5:
+            raise BadMessage("frame is not a 5-element array")
+        version, kind, src, dst = (unpacker.unpack() for _ in range(4))
+    except BadMessage:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise BadMessage(f"undecodable frame: {exc}") from None
+    src_ok = isinstance(src, int) and not isinstance(src, bool)
+    if version != VERSION:
+        raise BadMessage(f"protocol version {version!r}, expected {VERSION}", "version", src if src_ok else None)
+    if not (isinstance(kind, str) and src_ok and isinstance(dst, int) and not isinstance(dst, bool)):
+        raise BadMessage("envelope fields have the wrong types", src=src if src_ok else None)
+    return kind, src, dst
