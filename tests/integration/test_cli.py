@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minicluster import Client, ClientError
+from minicluster import Client, ClientError, config
 from minicluster.cli.format import JOB_KEYS
 
 SIZE = 3
@@ -27,21 +27,20 @@ def mc(*argv: str, input: str | None = None, timeout: float = 30) -> subprocess.
 @pytest.fixture(scope="module", autouse=True)
 def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     state = tmp_path_factory.mktemp("mc")
-    uri = f"unix://{state}/broker.sock"
     proc = subprocess.Popen([sys.executable, "-m", "minicluster", "start", "--size", str(SIZE), "--state-dir",
                              str(state)], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     saved = os.environ.get("MC_URI")
-    os.environ["MC_URI"] = uri
     try:
-        _wait_ready(uri, proc)
+        uri = _wait_ready(state, proc)
+        os.environ["MC_URI"] = uri
         yield uri
     finally:
         subprocess.run(["mc", "shutdown"], capture_output=True, timeout=15)
         try:
-            proc.wait(20)
+            proc.wait(15)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         if saved is None:
             os.environ.pop("MC_URI", None)
@@ -49,15 +48,17 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             os.environ["MC_URI"] = saved
 
 
-def _wait_ready(uri: str, proc: subprocess.Popen[bytes]) -> None:
+def _wait_ready(state: Path, proc: subprocess.Popen[bytes]) -> str:
+    """The instance's URI once every rank is up (the socket's place comes from the config mc start wrote)."""
     deadline = time.time() + 30
     while time.time() < deadline:
         assert proc.poll() is None, "mc start exited early"
         try:
+            uri = f"unix://{config.load(state / 'config.toml').socket_path}"
             with Client(uri) as c:
                 if all(r["state"] == "up" for r in c.status()["ranks"]) and len(c.resources()) == SIZE:
-                    return
-        except (ClientError, OSError):
+                    return uri
+        except (ClientError, OSError, config.ConfigError):
             pass
         time.sleep(0.05)
     raise TimeoutError("the instance did not come up")
