@@ -7,6 +7,7 @@ its own dependencies.
 from __future__ import annotations
 
 import datetime
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from minicluster.operator.metrics import Metrics
 from minicluster.operator.spec import GROUP, PLURAL, VERSION, MiniCluster, problems
 
 RESOURCE = (GROUP, VERSION, PLURAL)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -117,7 +119,16 @@ async def _poll(deps: Deps, body: kopf.Body, patch: kopf.Patch) -> None:
     old = body.get("status") or {}
     fields = status.derive(mc, old, job, broker, _now())
     deps.metrics.set_phase(mc.namespace, mc.name, fields["phase"])
-    patch.status.update(status.changed(old, fields))
+    changes = status.changed(old, fields)
+    if changes:
+        # Written here rather than via kopf's patch: a refused status write
+        # must not end this object's timer (kopf does not restart it).
+        try:
+            await deps.kube.merge_patch(f"{path_of('MiniCluster', mc.namespace, mc.name)}/status",
+                                        {"status": changes})
+        except ApiError as exc:
+            deps.metrics.failed("status")
+            logger.warning("writing the status of %s/%s failed: %s", mc.namespace, mc.name, exc)
 
 
 def _now() -> str:

@@ -18,6 +18,8 @@ from typing import Any
 import aiohttp
 import kopf
 
+from minicluster.operator.spec import API_VERSION, PLURAL
+
 Login = Callable[[], Awaitable[kopf.ConnectionInfo]]
 
 # kind -> (API prefix, plural); the operator only ever touches these.
@@ -26,6 +28,7 @@ _KINDS: dict[str, tuple[str, str]] = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Service": ("/api/v1", "services"),
     "Job": ("/apis/batch/v1", "jobs"),
+    "MiniCluster": (f"/apis/{API_VERSION}", PLURAL),
 }
 
 

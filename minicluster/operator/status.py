@@ -156,8 +156,10 @@ def set_condition(
 
 
 def _condition(type_: str, status: str, reason: str, message: str, since: str) -> dict[str, Any]:
-    return {"type": type_, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": since}
+    cond = {"type": type_, "status": status, "reason": reason, "lastTransitionTime": since}
+    if message:
+        cond["message"] = message
+    return cond
 
 
 def changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -136,9 +136,9 @@ class Cluster:
         return (self.workdir / f"{name}.log").read_text(errors="replace")[-4000:]
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")
-        self.processes.append(subprocess.Popen([str(self.bin_dir / name), *args],
-                                               stdout=log, stderr=subprocess.STDOUT))
+        with open(self.workdir / f"{name}.log", "wb") as log:  # the child keeps its own copy
+            self.processes.append(subprocess.Popen([str(self.bin_dir / name), *args],
+                                                   stdout=log, stderr=subprocess.STDOUT))
 
     def _wait_healthy(self, timeout: float = 60) -> None:
         context = ssl.create_default_context(cafile=str(self.ca_path))

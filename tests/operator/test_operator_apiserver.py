@@ -1,0 +1,324 @@
+"""Tier (c): the operator against a real kube-apiserver 1.20 + etcd +
+kube-controller-manager on loopback, under its own ServiceAccount and RBAC.
+
+Run `.ci/apiserver.sh` once to build and cache the binaries.  Kubernetes 1.20
+predates Indexed Jobs, suspend, podFailurePolicy, successPolicy and CEL; the
+API server drops those Job fields silently and ignores CEL rules, so these
+tests check what 1.20 keeps (tier (a) checks the modern fields).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+from cluster import ADMIN_TOKEN, Cluster, find_binaries
+from minicluster.operator import operate
+from minicluster.operator.kube import ApiError, Kube
+from minicluster.operator.status import HttpStatusFetcher
+
+pytestmark = pytest.mark.apiserver
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_NS = "minicluster-system"
+MC_PATH = "/apis/minicluster.dev/v1alpha1/namespaces/{ns}/miniclusters"
+
+# Broker reports served over real HTTP, keyed by "namespace/name".
+REPORTS: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    bin_dir = find_binaries()
+    if bin_dir is None:
+        reason = "no kube-apiserver/etcd/kube-controller-manager: run .ci/apiserver.sh or set MC_K8S_BIN"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    control_plane = Cluster(tmp_path_factory.mktemp("k8s"), bin_dir)
+    control_plane.start()
+    yield control_plane
+    control_plane.stop()
+
+
+def login_as(cluster: Cluster, token: str) -> Callable[[], Any]:
+    async def login() -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=cluster.server, ca_path=str(cluster.ca_path), token=token)
+    return login
+
+
+def run_async(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def admin_apply(cluster: Cluster, *objs: dict[str, Any]) -> None:
+    kube = Kube(login_as(cluster, ADMIN_TOKEN))
+    try:
+        for obj in objs:
+            await kube.create(collection_path(obj), obj)
+    finally:
+        await kube.close()
+
+
+def collection_path(obj: dict[str, Any]) -> str:
+    group_version = obj["apiVersion"]
+    prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    plural = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
+              "ClusterRoleBinding": "clusterrolebindings",
+              "CustomResourceDefinition": "customresourcedefinitions"}[obj["kind"]]
+    ns = obj["metadata"].get("namespace")
+    return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
+
+
+async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not true within {timeout}s: last {result!r}")
+        await asyncio.sleep(0.3)
+
+
+async def service_account_token(kube: Kube) -> str:
+    """The token kube-controller-manager minted for the operator's ServiceAccount."""
+    async def token() -> str | None:
+        sa = await kube.get(f"/api/v1/namespaces/{OPERATOR_NS}/serviceaccounts/minicluster-operator")
+        for ref in (sa or {}).get("secrets") or []:
+            secret = await kube.get(f"/api/v1/namespaces/{OPERATOR_NS}/secrets/{ref['name']}")
+            if secret and "token" in secret.get("data", {}):
+                import base64
+                return base64.b64decode(secret["data"]["token"]).decode()
+        return None
+    return await until(token)
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> str:
+    """CRD plus the deploy/ namespace, ServiceAccount and RBAC; returns the SA token."""
+    docs = [yaml.safe_load((REPO / "crds" / "minicluster.yaml").read_text())]
+    for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml"):
+        docs += list(yaml.safe_load_all((REPO / "deploy" / name).read_text()))
+
+    async def install() -> str:
+        await admin_apply(cluster, *docs)
+        kube = Kube(login_as(cluster, ADMIN_TOKEN))
+        try:
+            crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/miniclusters.minicluster.dev"
+
+            async def established() -> bool:
+                crd = await kube.get(crd_path) or {}
+                return any(c["type"] == "Established" and c["status"] == "True"
+                           for c in crd.get("status", {}).get("conditions", []))
+            await until(established)
+            return await service_account_token(kube)
+        finally:
+            await kube.close()
+    return run_async(install())
+
+
+class _Broker(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        report = REPORTS.get(self.path.strip("/").removesuffix("/status"))
+        body = json.dumps(report).encode()
+        self.send_response(200 if report else 503)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, installed: str) -> Iterator[None]:
+    """The operator, logged in with its ServiceAccount token, in its own thread."""
+    broker = ThreadingHTTPServer(("127.0.0.1", 0), _Broker)
+    threading.Thread(target=broker.serve_forever, daemon=True).start()
+    port = broker.server_address[1]
+    stop, ready = threading.Event(), threading.Event()
+
+    async def main() -> None:
+        fetcher = HttpStatusFetcher(lambda mc: f"http://127.0.0.1:{port}/{mc.namespace}/{mc.name}/status")
+        try:
+            await operate(login=login_as(cluster, installed), fetch_status=fetcher, poll_interval=0.5,
+                          registry=kopf.OperatorRegistry(), metrics_port=None,
+                          stop_flag=stop, ready_flag=ready)
+        finally:
+            await fetcher.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), name="kopf")
+    thread.start()
+    assert ready.wait(30)
+    yield
+    stop.set()
+    thread.join(30)
+    broker.shutdown()
+    broker.server_close()
+
+
+@pytest.fixture
+async def admin(cluster: Cluster, installed: str) -> AsyncIterator[Kube]:
+    kube = Kube(login_as(cluster, ADMIN_TOKEN))
+    yield kube
+    await kube.close()
+
+
+def body(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "minicluster.dev/v1alpha1", "kind": "MiniCluster",
+            "metadata": {"name": name},
+            "spec": {"size": 2, "maxSize": 4, "image": "example.org/minicluster:0.1.0", **spec}}
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
+
+
+async def test_crd_defaults_and_printer_columns(admin: Kube) -> None:
+    created = await admin.create(MC_PATH.format(ns="default"), body("defaults"))
+    assert created["spec"]["fanout"] == 32 and created["spec"]["policy"] == "first-fit"
+    crd = await admin.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/miniclusters.minicluster.dev")
+    columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns[:4] == ["Size", "Joined", "Phase", "Ready"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"size": 0}, "spec.size"),
+    ({"policy": "random"}, "spec.policy"),
+    ({"image": ""}, "spec.image"),
+    ({"logging": {"level": "loud"}}, "spec.logging.level"),
+])
+async def test_schema_refuses_bad_specs(admin: Kube, spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ApiError) as refused:
+        await admin.create(MC_PATH.format(ns="default"), body("bad", **spec))
+    assert refused.value.status == 422
+    assert message in refused.value.message
+
+
+async def test_operator_creates_owned_children_and_reports_status(operator: None, admin: Kube) -> None:
+    REPORTS["default/alpha"] = {"name": "alpha", "size": 2, "max_size": 4, "ready": True,
+                                "ranks": {"up": 2, "unresponsive": 0, "lost": 0, "expected": 2},
+                                "jobs": {"queued": 0, "running": 1, "finished": 5, "failed": 0},
+                                "command": None}
+    mc = await admin.create(MC_PATH.format(ns="default"), body("alpha"))
+    job = await until(lambda: admin.get("/apis/batch/v1/namespaces/default/jobs/alpha"))
+    for path in ("/api/v1/namespaces/default/secrets/alpha-curve",
+                 "/api/v1/namespaces/default/configmaps/alpha-config",
+                 "/api/v1/namespaces/default/services/alpha"):
+        child = await admin.get(path)
+        assert child["metadata"]["ownerReferences"][0]["uid"] == mc["metadata"]["uid"]
+    assert job["metadata"]["ownerReferences"][0]["uid"] == mc["metadata"]["uid"]
+    # Fields Kubernetes 1.20 knows survive; completionMode & co. do not exist there.
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 2
+    assert job["spec"]["template"]["spec"]["subdomain"] == "alpha"
+    assert "completionMode" not in job["spec"]
+
+    async def running() -> dict[str, Any] | None:
+        obj = await admin.get(f"{MC_PATH.format(ns='default')}/alpha")
+        return obj if obj.get("status", {}).get("phase") == "Running" else None
+    obj = await until(running)
+    assert condition(obj, "Ready")["status"] == "True"
+    assert obj["status"]["ranks"]["joined"] == 2 and obj["status"]["jobs"]["finished"] == 5
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+
+
+async def test_scale_subresource(operator: None, admin: Kube) -> None:
+    await admin.create(MC_PATH.format(ns="default"), body("scaly"))
+    path = f"{MC_PATH.format(ns='default')}/scaly"
+    await until(lambda: admin.get("/apis/batch/v1/namespaces/default/jobs/scaly"))
+
+    async def selector() -> str | None:
+        return (await admin.get(f"{path}/scale") or {}).get("status", {}).get("selector")
+    assert await until(selector) == "minicluster.dev/name=scaly"
+    scale = await admin.get(f"{path}/scale")
+    assert scale["spec"]["replicas"] == 2
+    scale["spec"]["replicas"] = 3
+    await admin.request("PUT", f"{path}/scale", scale)
+    assert (await admin.get(path))["spec"]["size"] == 3
+
+    # 1.20 Jobs have immutable completions (elastic Indexed Jobs came in 1.27):
+    # the refusal must surface on the MiniCluster, not vanish in a log.
+    async def refused() -> dict[str, Any]:
+        return condition(await admin.get(path), "Reconciled")
+    cond = await until(lambda: _when(refused, lambda c: c.get("reason") == "Rejected"))
+    assert "immutable" in cond["message"]
+    config = await admin.get("/api/v1/namespaces/default/configmaps/scaly-config")
+    assert "size = 2" in config["data"]["config.toml"]  # the broker is not told about ranks that never come
+
+
+async def _when(get: Callable[[], Any], ok: Callable[[Any], bool]) -> Any:
+    value = await get()
+    return value if ok(value) else None
+
+
+async def test_spec_beyond_schema_is_reported_not_dropped(operator: None, admin: Kube) -> None:
+    # size > maxSize is a CEL rule, which 1.20 ignores: the operator must say so.
+    await admin.create(MC_PATH.format(ns="default"), body("toobig", size=5, maxSize=4))
+    path = f"{MC_PATH.format(ns='default')}/toobig"
+    cond = await until(lambda: _when(lambda: _cond(admin, path, "Reconciled"),
+                                     lambda c: c.get("reason") == "InvalidSpec"))
+    assert "exceeds maxSize 4" in cond["message"]
+    assert (await admin.get(path))["status"]["phase"] == "Invalid"
+    events = await admin.get("/api/v1/namespaces/default/events?fieldSelector=involvedObject.name=toobig")
+    assert any(e["reason"] == "InvalidSpec" for e in events["items"])
+    assert await admin.get("/apis/batch/v1/namespaces/default/jobs/toobig") is None
+
+
+async def _cond(admin: Kube, path: str, type_: str) -> dict[str, Any]:
+    return condition(await admin.get(path) or {}, type_)
+
+
+async def test_job_completion_from_pod_phases(operator: None, admin: Kube) -> None:
+    await admin.create(MC_PATH.format(ns="default"), body("batchy", size=1, command=["true"]))
+    selector = "minicluster.dev/name=batchy"
+
+    async def pods() -> list[dict[str, Any]]:
+        return (await admin.get(f"/api/v1/namespaces/default/pods?labelSelector={selector}"))["items"]
+    [pod] = await until(pods)
+    # No kubelet: play its part and report the broker's container as done.
+    pod["status"] = {"phase": "Succeeded", "containerStatuses": [{
+        "name": "minicluster", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}
+    await admin.request("PUT", f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}/status", pod)
+    path = f"{MC_PATH.format(ns='default')}/batchy"
+    cond = await until(lambda: _when(lambda: _cond(admin, path, "Succeeded"),
+                                     lambda c: c.get("status") == "True"))
+    assert cond["reason"] == "BrokerSucceeded"
+
+
+async def test_delete_garbage_collects_children(operator: None, admin: Kube) -> None:
+    await admin.create(MC_PATH.format(ns="default"), body("gone"))
+    await until(lambda: admin.get("/apis/batch/v1/namespaces/default/jobs/gone"))
+    await admin.request("DELETE", f"{MC_PATH.format(ns='default')}/gone")
+
+    async def collected() -> bool:
+        paths = ["/apis/batch/v1/namespaces/default/jobs/gone", "/api/v1/namespaces/default/services/gone",
+                 "/api/v1/namespaces/default/configmaps/gone-config",
+                 "/api/v1/namespaces/default/secrets/gone-curve", f"{MC_PATH.format(ns='default')}/gone"]
+        return all([await admin.get(p) is None for p in paths])
+    await until(collected, timeout=60)
+
+
+async def test_operator_rbac_is_least_privilege(cluster: Cluster, installed: str) -> None:
+    kube = Kube(login_as(cluster, installed))
+    try:
+        assert await kube.get("/apis/batch/v1/namespaces/default/jobs/nothing-here") is None
+        for method, path in [("GET", "/api/v1/namespaces/default/pods"),
+                             ("GET", "/api/v1/nodes"),
+                             ("DELETE", "/apis/batch/v1/namespaces/default/jobs/anything"),
+                             ("GET", "/api/v1/namespaces/default/secrets")]:
+            with pytest.raises(ApiError) as refused:
+                await kube.request(method, path)
+            assert refused.value.status == 403, (method, path)
+    finally:
+        await kube.close()
