@@ -5,7 +5,6 @@ import sys
 
 from minicluster.cli.common import Parser, guarded
 from minicluster.cli.options import add_command_argument, add_job_options, command_of, jobspec_from_args
-from minicluster.cli.watch import follow, wait
 from minicluster.client import Client
 
 SUBMIT_HELP = "submit a job and print its id (--wait / --watch to stay with it)"
@@ -33,16 +32,21 @@ def submit(argv: list[str], prog: str = "mc submit") -> int:
     with Client() as client:
         job = client.submit(spec)
         print(job, flush=True)
+        if not (args.watch or args.wait):
+            return 0
+        # Only now: scripts that submit thousands of jobs don't pay for importing rich.
+        from minicluster.cli.watch import follow, wait
+
         if args.watch:
             return follow(client, job, events=True, ctrl_c_cancels=False)
-        if args.wait:
-            return wait(client, [job], progress=bool(args.cc) and sys.stderr.isatty())
-    return 0
+        return wait(client, [job], progress=bool(args.cc) and sys.stderr.isatty())
 
 
 def run(argv: list[str]) -> int:
     args = _parser("mc run", RUN_HELP, run=True).parse_args(argv)
     spec = jobspec_from_args(args, command_of(args))
+    from minicluster.cli.watch import follow
+
     with Client() as client:
         job = client.submit(spec)
         return follow(client, job, events=args.events, ctrl_c_cancels=True)
