@@ -1,0 +1,153 @@
+"""Tier (a), static artefacts: the CRD's schema, deploy/, images/, examples/."""
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from minicluster.operator.spec import problems
+
+REPO = Path(__file__).resolve().parents[2]
+K8S_VERSION = kubernetes_validate.latest_version()
+EXAMPLES = sorted(p for p in (REPO / "examples").iterdir() if p.is_dir())
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_crd_is_a_valid_crd(crd: dict[str, Any]) -> None:
+    kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
+
+
+def _walk(schema: dict[str, Any], path: str = "") -> list[str]:
+    """Schema nodes without a type: structural schemas forbid them."""
+    bad = []
+    if not ({"type", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields"} & set(schema)):
+        bad.append(path or "/")
+    for name, sub in (schema.get("properties") or {}).items():
+        bad += _walk(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        bad += _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        bad += _walk(schema["additionalProperties"], f"{path}{{}}")
+    return bad
+
+
+def test_crd_schema_is_structural(cr_schema: dict[str, Any]) -> None:
+    assert _walk(cr_schema) == []
+
+
+def test_scale_and_printer_paths_exist_in_the_schema(crd: dict[str, Any], cr_schema: dict[str, Any]) -> None:
+    version = crd["spec"]["versions"][0]
+    scale = version["subresources"]["scale"]
+    assert (scale["specReplicasPath"], scale["statusReplicasPath"], scale["labelSelectorPath"]) == (
+        ".spec.size", ".status.size", ".status.selector")
+    for column in version["additionalPrinterColumns"]:
+        top, field = re.match(r"\.(\w+)\.(\w+)", column["jsonPath"]).groups()  # type: ignore[union-attr]
+        assert top == "metadata" or field in cr_schema["properties"][top]["properties"], column
+    assert set(crd["spec"]["names"]["shortNames"]) == {"mc", "minic"}
+
+
+def test_good_minicluster_is_accepted(cr_schema: dict[str, Any], body: dict[str, Any]) -> None:
+    jsonschema.validate(body, cr_schema)
+
+
+@pytest.mark.parametrize("spec, where", [
+    ({"size": 0}, "size"),
+    ({"size": 10001}, "size"),
+    ({"maxSize": 0}, "maxSize"),
+    ({"policy": "random"}, "policy"),
+    ({"image": ""}, "image"),
+    ({"logging": {"level": "loud"}}, "level"),
+    ({"fanout": 0}, "fanout"),
+    ({"command": "echo hi"}, "command"),
+    ({"env": [{"value": "no name"}]}, "env"),
+])
+def test_bad_minicluster_is_refused(cr_schema: dict[str, Any], make_body: Any,
+                                    spec: dict[str, Any], where: str) -> None:
+    with pytest.raises(jsonschema.ValidationError) as refused:
+        jsonschema.validate(make_body(**spec), cr_schema)
+    assert where in "/".join(str(p) for p in refused.value.absolute_path) or where in refused.value.message
+
+
+def test_cel_rules_match_the_operators_own_checks(cr_schema: dict[str, Any], make_body: Any) -> None:
+    # The same rule is enforced twice: by CEL on >= 1.25 and by the operator
+    # everywhere, so they must agree.
+    rules = [r["rule"] for r in cr_schema["properties"]["spec"]["x-kubernetes-validations"]]
+    assert rules == ["!has(self.maxSize) || self.size <= self.maxSize"]
+    assert problems(make_body(size=9, maxSize=8)) and not problems(make_body(size=8, maxSize=8))
+    name_rule = cr_schema["x-kubernetes-validations"][0]["rule"]
+    assert "<= 50" in name_rule and problems(make_body(name="x" * 51))
+
+
+def test_deploy_objects_validate_strictly() -> None:
+    kustomization = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
+    for resource in kustomization["resources"]:
+        path = REPO / "deploy" / resource
+        files = [path / "minicluster.yaml"] if path.is_dir() else [path]
+        for file in files:
+            for doc in load_all(file):
+                kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_rbac_lists_exactly_what_the_operator_does() -> None:
+    [role, binding] = load_all(REPO / "deploy" / "rbac.yaml")
+    granted = {(g, r): set(rule["verbs"]) for rule in role["rules"]
+               for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+        ("minicluster.dev", "miniclusters"): {"get", "list", "watch", "patch"},
+        ("minicluster.dev", "miniclusters/status"): {"patch"},
+        ("minicluster.dev", "miniclusters/finalizers"): {"update"},
+        ("", "secrets"): {"get", "create"},
+        ("", "services"): {"get", "create"},
+        ("", "configmaps"): {"get", "create", "patch"},
+        ("batch", "jobs"): {"get", "create", "patch"},
+        ("", "events"): {"create"},
+    }
+    assert binding["subjects"][0]["name"] == "minicluster-operator"
+
+
+@pytest.mark.parametrize("image", ["runtime", "operator"])
+def test_dockerfiles_are_pinned_non_root_and_runnable(image: str) -> None:
+    text = (REPO / "images" / image / "Dockerfile").read_text()
+    [base] = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base)
+    [user] = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert not user.startswith(("root", "0:", "0"))
+    for pin in re.findall(r"pip install ([^\n&]*)", text):
+        for requirement in pin.split():
+            assert requirement.startswith("-") or requirement == "." or "==" in requirement
+    entrypoint = yaml.safe_load(re.search(r"^ENTRYPOINT\s+(.+)$", text, re.M).group(1))  # type: ignore[union-attr]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    if entrypoint[0] == "python":
+        assert entrypoint[1] == "-m" and (REPO / Path(*entrypoint[2].split(".")) / "__main__.py").exists()
+    else:
+        assert entrypoint[0] in scripts
+
+
+def test_runtime_image_carries_mpi() -> None:
+    text = (REPO / "images" / "runtime" / "Dockerfile").read_text()
+    assert "mpich==" in text and "mpi4py==" in text
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_examples_have_a_readme_and_valid_miniclusters(example: Path, cr_schema: dict[str, Any]) -> None:
+    assert (example / "README.md").read_text().startswith("# ")
+    found = [doc for file in example.glob("*.yaml") for doc in load_all(file) if doc["kind"] == "MiniCluster"]
+    assert found
+    for doc in found:
+        jsonschema.validate(doc, cr_schema)
+        doc["metadata"].setdefault("namespace", "default")
+        assert problems(doc) == []
+
+
+def test_example_names_follow_the_numbering() -> None:
+    assert [e.name for e in EXAMPLES] == ["01-hello-world", "02-array-100k", "03-mpi", "04-kueue"]
