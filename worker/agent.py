@@ -40,9 +40,13 @@ class WorkerAgent:
         executor_class = TestExecutor if config.test_exec else TaskExecutor
         self.executor = executor_class(self._on_output, self._on_exit, pidfile=pidfile)
         self.pmi = PMIJobs(rank, send)
+        # With a resource override (tests, benchmarks) there may be more logical cores than real ones:
+        # logical core i is bound to real core i mod n, so oversubscription still binds somewhere valid.
+        self._real_cores = sorted(os.sched_getaffinity(0)) if config.resources else None
         self.jobs: dict[int, dict[str, Any]] = {}
         self.running: dict[Key, tuple[list[int], list[int]]] = {}
         self.job_running: dict[int, int] = {}
+        self.output_sent: dict[int, int] = {}
         self.unacked: dict[Key, list[Any]] = {}
         self.epoch = 0
         self.welcomed = asyncio.Event()
@@ -137,8 +141,11 @@ class WorkerAgent:
         out = info.get("output")
         path = out.format(id=job, task=task, index=index) if out else None
         self.running[(job, task)] = (cores, gpus)
+        bind = tuple(cores)
+        if self._real_cores is not None:
+            bind = tuple(sorted({self._real_cores[c % len(self._real_cores)] for c in cores}))
         self.job_running[job] = self.job_running.get(job, 0) + 1
-        self.executor.start(TaskSpec(key=(job, task), argv=argv, env=env, cwd=info.get("cwd"), cores=tuple(cores),
+        self.executor.start(TaskSpec(key=(job, task), argv=argv, env=env, cwd=info.get("cwd"), cores=bind,
                                      gpus=tuple(gpus), stdout_path=path, stderr_path=path, pass_fds=fds))
 
     def _on_kill(self, body: dict[str, Any]) -> None:
@@ -172,6 +179,14 @@ class WorkerAgent:
     # --- executor callbacks --------------------------------------------------------------------------------
 
     def _on_output(self, key: Key, stream: str, data: bytes) -> None:
+        # Rank 0 keeps at most output_cap bytes per job; forwarding more (one byte more, so it can tell)
+        # would only grow this rank's send queue.
+        sent = self.output_sent.get(key[0], 0)
+        room = self.config.output_cap + 1 - sent
+        if room <= 0:
+            return
+        data = data[:room]
+        self.output_sent[key[0]] = sent + len(data)
         self._out.append([key[0], key[1], STREAMS[stream], data])
         self._out_bytes += len(data)
         if self._out_bytes >= OUTPUT_FLUSH_BYTES:
@@ -188,6 +203,7 @@ class WorkerAgent:
                 # The job's last task here ended: drop its info (every `run` carries it) and PMI server.
                 del self.job_running[key[0]]
                 self.jobs.pop(key[0], None)
+                self.output_sent.pop(key[0], None)
                 self.pmi.finished(key[0])
         row = [key[0], key[1], result.status, result.exit_code, result.signal, result.error,
                result.started, result.ended]
