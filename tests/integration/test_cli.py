@@ -72,9 +72,10 @@ def job_json(job: int) -> dict:
 
 def wait_state(job: int, state: str, timeout: float = 15) -> None:
     deadline = time.time() + timeout
-    while job_json(job)["state"] != state:
-        assert time.time() < deadline, f"job {job} never reached {state}"
-        time.sleep(0.05)
+    with Client() as client:
+        while client.job(job)["state"] != state:
+            assert time.time() < deadline, f"job {job} never reached {state}"
+            time.sleep(0.05)
 
 
 def test_mc_start_runs_a_command_across_nodes(tmp_path: Path) -> None:
@@ -122,9 +123,10 @@ def test_cancel_then_attach_reports_the_cancellation() -> None:
 def test_run_ctrl_c_cancels_the_job() -> None:
     proc = subprocess.Popen(["mc", "run", "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 15
-    while not [j for j in json.loads(mc("jobs", "--json").stdout)["jobs"] if j["name"] == "sleep"]:
-        assert time.time() < deadline
-        time.sleep(0.05)
+    with Client() as client:
+        while not [j for j in client.jobs() if j["name"] == "sleep" and j["state"] == "RUN"]:
+            assert time.time() < deadline
+            time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=15)
     assert proc.returncode == 143
@@ -188,7 +190,6 @@ def test_resources_drain_and_status() -> None:
         assert mc("undrain", "2").returncode == 0
     status = json.loads(mc("status", "--json").stdout)
     assert status["size"] == SIZE and [r["state"] for r in status["ranks"]] == ["up"] * SIZE
-    assert "fanout 32" in mc("status").stdout
 
 
 @pytest.mark.parametrize("argv, code, message", [
