@@ -103,7 +103,7 @@ class ClientServer:
     async def _read_requests(self, reader: asyncio.StreamReader, conn: Connection) -> None:
         while True:
             try:
-                message = await frames.read(reader)
+                message = await read_frame(reader)
             except frames.FrameError as exc:
                 conn.fail(0, "bad-frame", str(exc))
                 await conn.writer.drain()
@@ -141,6 +141,24 @@ class ClientServer:
             result.add_done_callback(lambda f: _answer_future(conn, req_id, f))
         else:
             conn.streams[req_id] = asyncio.get_running_loop().create_task(_stream(conn, req_id, result))
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message, or None at a clean end of stream."""
+    try:
+        header = await reader.readexactly(frames.HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise frames.FrameError("connection closed inside a frame header") from None
+        return None
+    (length,) = frames.HEADER.unpack(header)
+    if length > frames.MAX_FRAME:
+        raise frames.FrameError(f"frame of {length} bytes exceeds {frames.MAX_FRAME}")
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise frames.FrameError("connection closed inside a frame") from None
+    return frames.unpack_body(body)
 
 
 def _answer_future(conn: Connection, req_id: int, fut: asyncio.Future[dict[str, Any]]) -> None:

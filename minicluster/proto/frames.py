@@ -1,7 +1,10 @@
-"""Client protocol framing (protocol.md §3.1): 4-byte big-endian length + msgpack map."""
+"""Client protocol framing (protocol.md §3.1): 4-byte big-endian length + msgpack map.
+
+No asyncio here: every `mc` command imports this, and start-up time is what a shell loop of them pays.
+The broker's asynchronous reader lives in broker/clientapi.py.
+"""
 from __future__ import annotations
 
-import asyncio
 import struct
 from typing import Any
 
@@ -9,7 +12,7 @@ import msgpack
 
 VERSION = 1
 MAX_FRAME = 16 * 1024 * 1024
-_HEADER = struct.Struct(">I")
+HEADER = struct.Struct(">I")
 
 
 class FrameError(ValueError):
@@ -20,7 +23,7 @@ def pack(message: dict[str, Any]) -> bytes:
     body = msgpack.packb(message, use_bin_type=True)
     if len(body) > MAX_FRAME:
         raise FrameError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte frame limit")
-    return _HEADER.pack(len(body)) + body
+    return HEADER.pack(len(body)) + body
 
 
 def unpack_body(body: bytes) -> dict[str, Any]:
@@ -33,30 +36,12 @@ def unpack_body(body: bytes) -> dict[str, Any]:
     return value
 
 
-async def read(reader: asyncio.StreamReader) -> dict[str, Any] | None:
-    """The next message, or None at a clean end of stream."""
-    try:
-        header = await reader.readexactly(_HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise FrameError("connection closed inside a frame header") from None
-        return None
-    (length,) = _HEADER.unpack(header)
-    if length > MAX_FRAME:
-        raise FrameError(f"frame of {length} bytes exceeds {MAX_FRAME}")
-    try:
-        body = await reader.readexactly(length)
-    except asyncio.IncompleteReadError:
-        raise FrameError("connection closed inside a frame") from None
-    return unpack_body(body)
-
-
 def read_blocking(sock: Any) -> dict[str, Any] | None:
     """Blocking variant for the synchronous Client."""
-    header = _recv_exactly(sock, _HEADER.size)
+    header = _recv_exactly(sock, HEADER.size)
     if header is None:
         return None
-    (length,) = _HEADER.unpack(header)
+    (length,) = HEADER.unpack(header)
     if length > MAX_FRAME:
         raise FrameError(f"frame of {length} bytes exceeds {MAX_FRAME}")
     body = _recv_exactly(sock, length)

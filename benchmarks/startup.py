@@ -1,0 +1,82 @@
+"""Join time and submit-loop rate (issue "Runtime core").
+
+  python benchmarks/startup.py [--json] [--runs N] [--sizes 8,128]
+
+join: from launching `mc start --size N` until every rank has joined (the broker runs the command only then),
+measured with the launcher's fork path (`mc start`) and with one interpreter per rank (LocalCluster, as
+pods do). submit loop: `mc-submit true` run back to back from a shell loop, the way a user script would,
+against a 2-rank instance: each call pays a Python start, so this is the per-command latency users feel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from minicluster.testing import LocalCluster
+
+
+def join_mc_start(size: int, fanout: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        stamp = os.path.join(tmp, "up")
+        t0 = time.time()
+        subprocess.run(["mc", "start", "--size", str(size), "--fanout", str(fanout), "--test-exec", "--",
+                        sys.executable, "-c", f"import time; open({stamp!r}, 'w').write(repr(time.time()))"],
+                       check=True, timeout=300)
+        with open(stamp) as f:
+            return float(f.read()) - t0
+
+
+def join_processes(size: int, fanout: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster(tmp, size=size, fanout=fanout, test_exec=True)
+        t0 = time.time()
+        for rank in range(size):
+            cluster.start_rank(rank)
+        try:
+            cluster.wait_up(timeout=300)
+            return time.time() - t0
+        finally:
+            cluster.stop()
+
+
+def submit_loop(count: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp, LocalCluster(tmp, size=2, test_exec=True) as cluster:
+        env = dict(os.environ, MC_URI=cluster.uri)
+        t0 = time.time()
+        subprocess.run(["sh", "-c", f"for i in $(seq {count}); do mc-submit true >/dev/null || exit 1; done"],
+                       env=env, check=True, timeout=600)
+        return count / (time.time() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sizes", default="8,128")
+    parser.add_argument("--submits", type=int, default=50)
+    args = parser.parse_args()
+    results: dict[str, object] = {"load_average": os.getloadavg()[0]}
+    for size in (int(s) for s in args.sizes.split(",")):
+        fanout = 2 if size <= 8 else 8
+        fork = [join_mc_start(size, fanout) for _ in range(args.runs)]
+        results[f"join_mc_start_{size}"] = {"median_s": statistics.median(fork), "runs": fork, "fanout": fanout}
+        if size <= 8:
+            procs = [join_processes(size, fanout) for _ in range(args.runs)]
+            results[f"join_processes_{size}"] = {"median_s": statistics.median(procs), "runs": procs}
+    rates = [submit_loop(args.submits) for _ in range(args.runs)]
+    results["mc_submit_loop_jobs_per_s"] = {"median": statistics.median(rates), "runs": rates}
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for key, value in results.items():
+            print(f"{key:32} {value}")
+
+
+if __name__ == "__main__":
+    main()
