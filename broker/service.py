@@ -6,6 +6,7 @@ It also hosts rank 0's own WorkerAgent, so the broker's node runs tasks like any
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -163,8 +164,10 @@ class Broker:
         else:
             self.execution.reconcile(rank, running)
         self.overlay.send("welcome", rank, {"epoch": self.epoch, "size": self.config.size})
-        if self.ranks.all_up():
+        if self.ranks.all_up() and not self.manager.all_ranks_seen:
             self.manager.all_ranks_seen = True
+            # The resource graph and the job table are long-lived: keep the collector from rescanning them.
+            gc.freeze()
         self._wake_scheduler()
 
     def _add_resources(self, rank: int, wire: dict[str, Any]) -> None:
