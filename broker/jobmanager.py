@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -70,6 +71,8 @@ class JobManager:
         # Set by the broker: ends a job's running tasks (execution.kill_job).
         self.kill_tasks: Callable[[Job, int], None] = lambda job, sig: None
         self.all_ranks_seen = False
+        # Inactive job ids in the order they became inactive: purge takes from the front.
+        self.inactive_order: deque[int] = deque()
 
     # --- submit --------------------------------------------------------------------------------------------
 
@@ -188,6 +191,7 @@ class JobManager:
 
     def _closed(self, job: Job, result: dict[str, Any]) -> None:
         job.closed = True
+        self.inactive_order.append(job.id)
         self.watchers.inactive(job.id, result)
 
     # --- client operations ---------------------------------------------------------------------------------
@@ -229,18 +233,21 @@ class JobManager:
     # --- purge ---------------------------------------------------------------------------------------------
 
     def purge(self) -> int:
-        """Forget inactive jobs beyond the configured age and count limits (oldest first)."""
+        """Forget inactive jobs beyond the configured count and age limits, oldest first."""
         now = self.clock()
-        inactive = [j for j in self.jobs.values() if j.state == State.INACTIVE]
-        excess = len(inactive) - self.config.purge_max_count
-        doomed = [j.id for n, j in enumerate(inactive)
-                  if n < excess or now - (j.t_inactive or now) > self.config.purge_max_age]
-        if not doomed:
-            return 0
-        for job_id in doomed:
-            del self.jobs[job_id]
-        statements: list[Statement] = []
-        for table, column in (("jobs", "id"), ("events", "job"), ("tasks", "job"), ("output", "job")):
-            statements.extend((f"DELETE FROM {table} WHERE {column}=?", (j,)) for j in doomed)
-        self.journal.write(statements)
+        doomed = []
+        while self.inactive_order:
+            job = self.jobs.get(self.inactive_order[0])
+            too_many = len(self.inactive_order) > self.config.purge_max_count
+            if job is not None and not too_many and now - (job.t_inactive or now) <= self.config.purge_max_age:
+                break
+            self.inactive_order.popleft()
+            if job is not None:
+                del self.jobs[job.id]
+                doomed.append(job.id)
+        if doomed:
+            statements: list[Statement] = []
+            for table, column in (("jobs", "id"), ("events", "job"), ("tasks", "job"), ("output", "job")):
+                statements.extend((f"DELETE FROM {table} WHERE {column}=?", (j,)) for j in doomed)
+            self.journal.write(statements)
         return len(doomed)

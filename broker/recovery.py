@@ -46,6 +46,8 @@ def load(journal: Journal, manager: JobManager) -> Recovered:
         manager.jobs[job.id] = job
         if job.state != State.INACTIVE:
             out.active.append(job)
+    inactive = sorted((j for j in manager.jobs.values() if j.closed), key=lambda j: j.t_inactive or 0.0)
+    manager.inactive_order.extend(j.id for j in inactive)
     _restore_results(journal, {j.id: j for j in out.active})
     return out
 

@@ -248,7 +248,7 @@ class Broker:
 
     async def _purge_loop(self) -> None:
         while True:
-            await asyncio.sleep(30)
+            await asyncio.sleep(1.0)
             self.manager.purge()
 
     async def _reload_loop(self) -> None:

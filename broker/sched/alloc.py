@@ -65,7 +65,7 @@ class Allocation(Mapping[int, RankAlloc]):
     the slots' cores: the worker may still bind tasks to the slot cores.
     """
 
-    __slots__ = ("_ranks", "exclusive", "hint")
+    __slots__ = ("_ranks", "exclusive", "hint", "_tasks")
 
     def __init__(self, ranks: Mapping[int, RankAlloc], exclusive: bool = False,
                  hint: dict | None = None) -> None:
@@ -74,6 +74,7 @@ class Allocation(Mapping[int, RankAlloc]):
         # Set by the matcher: rank -> (node state, hold) so alloc() need not
         # recompute masks core by core.  Not part of equality or the wire form.
         self.hint = hint
+        self._tasks: tuple[tuple[int, Slot], ...] | None = None
 
     def __getitem__(self, rank: int) -> RankAlloc:
         return self._ranks[rank]
@@ -109,8 +110,21 @@ class Allocation(Mapping[int, RankAlloc]):
         return f"Allocation({self._ranks!r}, exclusive={self.exclusive})"
 
     def task_slots(self) -> list[tuple[int, Slot]]:
-        """(rank, slot) for every task, in task-rank order."""
-        return [(r, s) for r, ra in self._ranks.items() for s in ra.slots]
+        """(rank, slot) for every task, in task-rank order (a new list)."""
+        return list(self.tasks)
+
+    @property
+    def tasks(self) -> tuple[tuple[int, Slot], ...]:
+        """task_slots() as a tuple, computed once per Allocation (no copy per call).
+
+        Array elements' Allocations are interned (see ResourceGraph.alloc_array),
+        so for them this is a lookup.
+        """
+        tasks = self._tasks
+        if tasks is None:
+            tasks = self._tasks = tuple([(r, s) for r, ra in self._ranks.items()
+                                         for s in ra.slots])
+        return tasks
 
     @property
     def nslots(self) -> int:

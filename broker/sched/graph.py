@@ -16,7 +16,7 @@ is also the graph's traversal order used by the first-fit policy.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 
 import networkx as nx
 
@@ -24,7 +24,7 @@ from . import idset, match as matcher
 from .alloc import Allocation
 from .feasible import check_feasible
 from .request import Constraint, Request
-from .state import Hold, NodeState, Shape, hold_ids
+from .state import Hold, NodeState, Shape, SingleHold, hold_ids
 
 CLUSTER = "cluster"
 
@@ -198,30 +198,50 @@ class ResourceGraph:
         self._account(node, hold, False)
 
     def _account(self, node: NodeState, hold: Hold, taking: bool) -> None:
-        """Apply a take/give to a node and move it between the index masks."""
+        """Apply a take/give to a node and move it between the index masks.
+
+        NodeState.take/give are inlined: this runs once per allocation
+        start and once per release, the scheduler's hottest bookkeeping.
+        """
         cl, bit = self.cluster, node.bit
         fc, fg, fm = node.free_cores, node.free_gpus, node.free_mem
-        idle = fc == node.total_cores and fg == node.total_gpus and fm == node.total_mem
+        tc, tg, tm = node.total_cores, node.total_gpus, node.total_mem
+        idle = fc == tc and fg == tg and fm == tm
+        cores, gpus, mem = hold
+        nfc, nfg = fc, fg
         if taking:
-            node.take(hold)
+            for s, c, g in zip(node.sockets, cores, gpus):
+                if c:
+                    s.cores_free ^= c
+                    nfc -= c.bit_count()
+                if g:
+                    s.gpus_free ^= g
+                    nfg -= g.bit_count()
+            nfm = fm - mem
         else:
-            node.give(hold)
-        nfc, nfg = node.free_cores, node.free_gpus
+            for s, c, g in zip(node.sockets, cores, gpus):
+                if c:
+                    s.cores_free |= c
+                    nfc += c.bit_count()
+                if g:
+                    s.gpus_free |= g
+                    nfg += g.bit_count()
+            nfm = fm + mem
+        node.free_cores, node.free_gpus, node.free_mem = nfc, nfg, nfm
         if nfc != fc:
             buckets = cl.buckets
             buckets[fc] ^= bit
             buckets[nfc] |= bit
             if not fc or not nfc:
                 cl.avail ^= bit
-        if (fg > 0) != (nfg > 0):
+        if nfg != fg and (not fg or not nfg):
             cl.gpu_avail ^= bit
-        if idle != (nfc == node.total_cores and nfg == node.total_gpus
-                    and node.free_mem == node.total_mem):
+        if idle != (nfc == tc and nfg == tg and nfm == tm):
             cl.idle ^= bit
         if node.up and node.drain_reason is None:
             cl.free_cores += nfc - fc
             cl.free_gpus += nfg - fg
-            cl.free_mem += node.free_mem - fm
+            cl.free_mem += nfm - fm
         self.version += 1
 
     def alloc(self, key: Hashable, allocation: Allocation) -> None:
@@ -249,12 +269,98 @@ class ResourceGraph:
         self._holds[key] = holds
         allocation.hint = None  # spent: do not keep node references alive via the broker
 
+    def alloc_array(self, keys: Sequence[Hashable], request: Request,
+                    policy: str = "first-fit") -> list[Allocation]:
+        """Allocate one-slot tasks under keys, in order, as many as fit now.
+
+        The array fast path: equivalent to `match(request, policy)` +
+        `alloc(key, ...)` for each key in turn until a match fails, but in
+        one pass over the candidate nodes, carving each node's share at
+        once and updating its accounting and indexes once.  Returns the
+        allocations of keys[:n] for the n that fit.  Single-slot, CPU-only,
+        non-exclusive requests only (ValueError otherwise).  The returned
+        Allocations are interned per node and ids: immutable, shared with
+        earlier tasks that had the same ids.
+        """
+        if request.nslots != 1 or request.exclusive or request.gpus_per_slot:
+            raise ValueError("alloc_array takes one-slot, CPU-only, non-exclusive requests")
+        held = self._holds
+        if not held.keys().isdisjoint(keys):
+            raise ValueError("an allocation key already holds resources")
+        cps, mps = request.cores_per_slot, request.mem_per_slot
+        out: list[Allocation] = []
+        i = 0
+        for node, n in matcher.pick_elements(self, request, policy, len(keys)):
+            allocs, holds, total = node.carve_singles(n, cps, mps)
+            self._account(node, total, True)
+            held.update(zip(keys[i:i + n], holds))
+            i += n
+            out += allocs
+        return out
+
     def free(self, key: Hashable) -> None:
         """Give back everything key holds (KeyError if it holds nothing)."""
-        for rank, hold in self._holds.pop(key).items():
+        holds = self._holds.pop(key)
+        nodes = self.nodes
+        if type(holds) is SingleHold and holds.sock is not None:
+            # An array element's core(s) on one socket: the general give of
+            # _account, specialised (no GPUs, one socket mask, known counts).
+            node = holds.node
+            if nodes.get(node.rank) is node:
+                holds.sock.cores_free |= holds.mask
+                fc = node.free_cores
+                nfc = node.free_cores = fc + holds.ncores
+                mem = holds.mem
+                if mem:
+                    node.free_mem += mem
+                cl, bit = self.cluster, node.bit
+                buckets = cl.buckets
+                buckets[fc] ^= bit
+                buckets[nfc] |= bit
+                if not fc:
+                    cl.avail |= bit
+                if (nfc == node.total_cores and node.free_mem == node.total_mem
+                        and node.free_gpus == node.total_gpus):
+                    cl.idle |= bit
+                if node.up and node.drain_reason is None:
+                    cl.free_cores += nfc - fc
+                    cl.free_mem += mem
+                self.version += 1
+                return
+        for rank, hold in holds.items():
+            node = nodes.get(rank)
+            if node is not None:
+                self._account(node, hold, False)
+
+    def free_many(self, keys: Iterable[Hashable]) -> None:
+        """free() each key, accounting once per node instead of once per key.
+
+        All keys are checked first (KeyError, nothing freed, if one holds
+        nothing or appears twice).
+        """
+        keys = list(keys)
+        held = self._holds
+        if len(set(keys)) != len(keys) or not all(k in held for k in keys):
+            missing = next((k for k in keys if k not in held), None)
+            raise KeyError(missing if missing is not None else "duplicate key")
+        merged: dict[int, list] = {}
+        for key in keys:
+            for rank, (cores, gpus, mem) in held.pop(key).items():
+                acc = merged.get(rank)
+                if acc is None:
+                    merged[rank] = [list(cores), list(gpus), mem]
+                else:
+                    for j, c in enumerate(cores):
+                        if c:
+                            acc[0][j] |= c
+                    if any(gpus):
+                        for j, g in enumerate(gpus):
+                            acc[1][j] |= g
+                    acc[2] += mem
+        for rank, (cores, gpus, mem) in merged.items():
             node = self.nodes.get(rank)
             if node is not None:
-                self._give(node, hold)
+                self._account(node, (tuple(cores), tuple(gpus), mem), False)
 
     def hold_free_part(self, key: Hashable, allocation: Allocation) -> None:
         """Hold whatever of allocation's resources is free now (backfill reservations)."""

@@ -9,6 +9,7 @@ core/GPU ids on the chosen nodes' sockets.  Nothing is taken: alloc() does.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -92,6 +93,57 @@ def _match_one(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Al
 def _one_slot(node: NodeState, req: Request) -> Allocation:
     slots, hold = node.carve(1, req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot)
     return Allocation({node.rank: RankAlloc(slots)}, req.exclusive, {node.rank: (node, hold)})
+
+
+def pick_elements(graph: ResourceGraph, req: Request, policy: str, count: int) -> Picks:
+    """Nodes and per-node counts for up to `count` one-slot tasks (array elements).
+
+    The same nodes, with the same counts, as `count` successive one-slot
+    match + alloc calls would use (stopping at the first that fails), in
+    one pass over the candidates instead of one match per task.  Under
+    first-fit, pack, low-id and high-id a one-slot match keeps choosing the
+    same node until it is full, so each node is visited once and takes as
+    many as it can hold.  Under spread every task goes to the node with the
+    most free cores (lowest position on ties): simulated with a heap over
+    the first `count` candidates, which are the only ones it can reach.
+    """
+    check_policy(policy)
+    mask = _candidates(graph, req)
+    if not mask or count <= 0:
+        return []
+    cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
+    by_pos = graph.by_pos
+    picks: Picks = []
+    if policy != "spread":
+        for pos in candidate_order(graph, mask, policy, cps):
+            node = by_pos[pos]
+            cap = node.capacity(cps, gps, mps)
+            if cap:
+                take = cap if cap < count else count
+                picks.append((node, take))
+                count -= take
+                if not count:
+                    break
+        return picks
+    heap = []
+    for pos in candidate_order(graph, mask, policy, cps):
+        node = by_pos[pos]
+        cap = node.capacity(cps, gps, mps)
+        if cap:
+            heap.append((-node.free_cores, pos, cap))
+            if len(heap) == count:
+                break
+    heapq.heapify(heap)
+    taken: dict[int, int] = {}
+    while count and heap:
+        neg_free, pos, cap = heap[0]
+        taken[pos] = taken.get(pos, 0) + 1
+        count -= 1
+        if cap > 1:
+            heapq.heapreplace(heap, (neg_free + cps, pos, cap - 1))
+        else:
+            heapq.heappop(heap)
+    return [(by_pos[pos], n) for pos, n in taken.items()]
 
 
 def _candidates(graph: ResourceGraph, req: Request) -> int:

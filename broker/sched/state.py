@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import idset
-from .alloc import Slot, make_slot
+from .alloc import Allocation, RankAlloc, Slot, make_slot
 
 # Hold = (core mask per socket, gpu mask per socket, memory MB)
 Hold = tuple[tuple[int, ...], tuple[int, ...], int]
@@ -22,6 +22,24 @@ Hold = tuple[tuple[int, ...], tuple[int, ...], int]
 # node; values are immutable, the cache is emptied when it grows big.
 _IDLE_CARVES: dict[tuple, tuple[tuple[Slot, ...], Hold]] = {}
 _IDLE_CARVES_MAX = 4096
+
+# Bound on NodeState.singles (single-slot carves of one node, see carve_singles).
+_SINGLES_MAX = 4096
+
+
+class SingleHold(dict):
+    """The holds record {rank: Hold} of one single-slot CPU-only task.
+
+    A plain holds dict to everything in the graph, plus what lets free()
+    give it back without the general accounting walk: the node and, when
+    the slot is on one socket, that socket, its core mask, core count and
+    memory.  Interned per node (NodeState.singles): at any time at most one
+    live key holds a given record, since its cores can only be held once;
+    free() uses the fast path only while `node` is still the graph's node
+    for the rank (a re-described or removed rank goes the general way).
+    """
+
+    __slots__ = ("node", "sock", "mask", "ncores", "mem")
 
 
 class SocketState:
@@ -41,7 +59,7 @@ class NodeState:
     __slots__ = (
         "rank", "pos", "bit", "hostname", "sockets", "core_socket", "gpu_socket",
         "total_cores", "total_gpus", "total_mem", "free_cores", "free_gpus", "free_mem",
-        "properties", "up", "drain_reason",
+        "properties", "up", "drain_reason", "singles",
     )
 
     def __init__(self, rank: int, pos: int, hostname: str, sockets: dict[int, tuple[int, ...]],
@@ -71,6 +89,10 @@ class NodeState:
         self.total_cores = self.free_cores = len(self.core_socket)
         self.total_gpus = self.free_gpus = len(self.gpu_socket)
         self.total_mem = self.free_mem = memory_mb
+        # mem -> {slot core mask (or per-socket masks when it spans sockets)
+        # -> (Allocation, SingleHold)} of one single-slot CPU-only task:
+        # array elements reuse them instead of building both per element.
+        self.singles: dict[int, dict[object, tuple[Allocation, SingleHold]]] = {}
 
     @property
     def usable(self) -> bool:
@@ -166,6 +188,90 @@ class NodeState:
         masks = [0] * len(self.sockets)
         masks[at] = mask
         return (make_slot(cores, (), mps),), (tuple(masks), (0,) * len(masks), mps)
+
+    def carve_singles(self, n: int, cps: int,
+                      mps: int) -> tuple[list[Allocation], list[SingleHold], Hold]:
+        """Carve n independent one-slot CPU-only tasks at once (array elements).
+
+        Gives exactly what n successive carve(1, cps, 0, mps) + take would:
+        whole slots from the fullest socket with room first, lowest ids
+        first, and only once no socket has cps free cores, slots spanning
+        sockets in socket order.  Returns each task's Allocation and its
+        holds record (both interned per node, ids and memory: a core is
+        held by at most one task at a time, so the next task on it reuses
+        them), plus the Hold of all n together, which the caller takes
+        once.  n must not exceed capacity(cps, 0, mps).
+        """
+        socks = self.sockets
+        nsock = len(socks)
+        free = [s.cores_free for s in socks]
+        cache = self.singles.get(mps)
+        if cache is None or len(cache) > _SINGLES_MAX:
+            if len(self.singles) > 8:
+                self.singles.clear()
+            cache = self.singles[mps] = {}
+        get = cache.get
+        allocs: list[Allocation] = []
+        holds: list[SingleHold] = []
+        left = n
+        order = (0,) if nsock == 1 else sorted(range(nsock), key=lambda i: free[i].bit_count())
+        for i in order:
+            m = free[i]
+            k = min(left, m.bit_count() // cps)
+            if not k:
+                continue
+            left -= k
+            for _ in range(k):
+                if cps == 1:
+                    slot = m & -m
+                else:
+                    slot, rest = 0, m
+                    for _ in range(cps):
+                        low = rest & -rest
+                        rest ^= low
+                        slot |= low
+                m ^= slot
+                entry = get(slot)
+                if entry is None:
+                    masks = [0] * nsock
+                    masks[i] = slot
+                    entry = cache[slot] = self._single(tuple(masks), mps)
+                allocs.append(entry[0])
+                holds.append(entry[1])
+            free[i] = m
+            if not left:
+                break
+        while left:  # cps > 1 and no socket has cps free cores: span sockets
+            masks, need = [0] * nsock, cps
+            for i in range(nsock):
+                m = free[i]
+                while need and m:
+                    low = m & -m
+                    m ^= low
+                    masks[i] |= low
+                    need -= 1
+                free[i] = m
+            if need:
+                raise ValueError(f"rank {self.rank} cannot hold {n} slots of {cps} cores")
+            key = tuple(masks)
+            entry = get(key)
+            if entry is None:
+                entry = cache[key] = self._single(key, mps)
+            allocs.append(entry[0])
+            holds.append(entry[1])
+            left -= 1
+        taken = tuple([s.cores_free ^ f for s, f in zip(socks, free)])
+        return allocs, holds, (taken, (0,) * nsock, n * mps)
+
+    def _single(self, masks: tuple[int, ...], mps: int) -> tuple[Allocation, SingleHold]:
+        cores = tuple(sorted(c for m in masks for c in idset.iter_ascending(m)))
+        slot = make_slot(cores, (), mps)
+        record = SingleHold({self.rank: (masks, (0,) * len(masks), mps)})
+        used = [i for i, m in enumerate(masks) if m]
+        record.node = self
+        record.sock = self.sockets[used[0]] if len(used) == 1 else None
+        record.mask, record.ncores, record.mem = sum(masks), len(cores), mps
+        return Allocation({self.rank: RankAlloc((slot,))}), record
 
     def hold_for(self, slots: tuple[Slot, ...]) -> Hold:
         """The Hold that taking these slots' resources amounts to."""

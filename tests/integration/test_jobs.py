@@ -3,8 +3,10 @@ affinity and environment."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import threading
+import time
 
 import pytest
 
@@ -162,3 +164,21 @@ def test_wait_from_many_threads(cluster4) -> None:
     for t in threads:
         t.join()
     assert results == [0] * 8
+
+
+def test_inactive_jobs_are_purged_by_count(tmp_path) -> None:
+    from minicluster.testing import LocalCluster
+
+    with LocalCluster(tmp_path, size=1, purge_max_count=3) as cluster, cluster.client() as c:
+        ids = [c.submit(job(["true"])) for _ in range(6)]
+        for result in c.wait(ids):
+            assert result["status"] == 0
+        deadline = time.time() + 10
+        while len(c.jobs(all=True)) > 3 and time.time() < deadline:
+            time.sleep(0.1)
+        assert [j["id"] for j in c.jobs(all=True)] == ids[:2:-1]
+        with pytest.raises(ClientError) as info:
+            c.job(ids[0])
+        assert info.value.code == "not-found"
+    with sqlite3.connect(tmp_path / "journal.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM events WHERE job=?", (ids[0],)).fetchone() == (0,)
