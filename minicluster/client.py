@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import time
 from collections import deque
 from collections.abc import Collection, Iterable, Iterator
 from typing import Any
@@ -92,9 +93,6 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
     # ------------------------------------------------------------ low level: pipelined requests
 
     def request(self, op: str, **fields: Any) -> int:
@@ -122,6 +120,7 @@ class Client:
         for rid in rids:
             if rid not in self._inbox:
                 raise ValueError(f"request {rid} has no response to come")
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             for rid in rids:
                 box = self._inbox[rid]
@@ -130,8 +129,8 @@ class Client:
                     if not box and rid not in self._open:
                         del self._inbox[rid]
                     return rid, _checked(msg)
-            if timeout is not None:
-                readable, _, _ = select.select([self._sock], [], [], timeout)
+            if deadline is not None:
+                readable, _, _ = select.select([self._sock], [], [], max(0.0, deadline - time.monotonic()))
                 if not readable:
                     return None
             self._receive()

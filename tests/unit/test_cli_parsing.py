@@ -259,3 +259,55 @@ def test_resources_and_status_tables() -> None:
               "ranks": [{"rank": 0, "state": "up", "pid": 42, "hostname": "h", "endpoint": "tcp://h:1", "since": 90}]}
     assert fmt.status_lines(status) == ["mc: size 2, fanout 32, epoch 3", "queue: 2 RUN"]
     assert "tcp://h:1" in render(fmt.status_table(status["ranks"], now=100.0))
+
+
+def test_client_matches_responses_by_id_whatever_their_order(tmp_path) -> None:
+    """A scripted broker answers pipelined requests out of order; the Client sorts them out."""
+    import socket
+    import threading
+
+    from minicluster import Client
+    from minicluster.proto.frames import pack, read_blocking
+
+    path = str(tmp_path / "broker.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+
+    def broker() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            reqs = [read_blocking(conn) for _ in range(4)]
+            assert [r["op"] for r in reqs] == ["submit", "eventlog", "submit", "job"]
+            sub1, log, sub2, job = (r["id"] for r in reqs)
+            for message in ({"id": log, "ok": True, "events": [[0, 1.0, "submit", {}]], "more": True},
+                            {"id": sub2, "ok": True, "job": 8},
+                            {"id": job, "ok": False, "error": {"code": "not-found", "message": "job 9 gone"}},
+                            {"id": log, "ok": True, "events": [[1, 2.0, "depend", {}]], "more": True},
+                            {"id": sub1, "ok": True, "job": 7},
+                            {"id": log, "ok": True, "events": [[2, 3.0, "clean", {}]]},
+                            {"id": 999, "ok": True}):
+                conn.sendall(pack({"v": 1, **message}))
+
+    thread = threading.Thread(target=broker)
+    thread.start()
+    with Client(f"unix://{path}") as client:
+        client.submit_async({"argv": ["a"]})
+        log = client.request("eventlog", job=7, follow=True)
+        client.submit_async({"argv": ["b"]})
+        bad = client.request("job", job=9)
+        assert client.collect() == [7, 8]
+        with pytest.raises(ClientError) as err:
+            client.response(bad)
+        assert (err.value.code, err.value.message) == ("not-found", "job 9 gone")
+        names = []
+        while True:
+            _rid, msg = client.next_response([log])
+            names += [e[2] for e in msg["events"]]
+            if not msg.get("more"):
+                break
+        assert names == ["submit", "depend", "clean"]
+        with pytest.raises(ClientError, match="invalid|argv"):
+            client.submit({"argv": []})
+    thread.join(5)
+    listener.close()
