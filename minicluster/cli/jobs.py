@@ -6,6 +6,7 @@ import time
 
 from minicluster.cli.common import Parser, job_id
 from minicluster.cli.format import dumps, job_json, jobs_table, print_table
+from minicluster.cli.options import positive_int
 from minicluster.client import Client
 
 HELP = "list jobs: active ones, all with -a, or the given IDs"
@@ -21,7 +22,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-a", "--all", action="store_true", help="include inactive jobs")
     parser.add_argument("--json", action="store_true", help="machine-readable output (shape below)")
     parser.add_argument("--failed", action="store_true", help="print the failed indices of array job IDs")
-    parser.add_argument("-L", "--limit", type=int, metavar="N", help="at most N jobs")
+    parser.add_argument("-L", "--limit", type=positive_int, metavar="N", help="at most N jobs")
     parser.add_argument("ids", nargs="*", type=job_id, metavar="ID")
     args = parser.parse_args(argv)
     if args.failed and not args.ids:

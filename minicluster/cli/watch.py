@@ -104,7 +104,7 @@ def wait(client: Client, jobs: Sequence[int], progress: bool) -> int:
         while True:
             if remaining and time.monotonic() >= next_poll:
                 # wait answers only when a job ends; the summaries tell how far each array got.
-                for summary in client.jobs(all=True, ids=sorted(remaining)):
+                for summary in client.jobs(all=True, ids=sorted(remaining), limit=len(remaining)):
                     counts[summary["id"]] = summary.get("counts") or counts[summary["id"]]
                 next_poll = time.monotonic() + 0.5
             got = client.next_response((waiter,), timeout=_TICK)
