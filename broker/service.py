@@ -61,7 +61,7 @@ class Broker:
         self.overlay = Overlay(config, 0, cert, self._on_message)
         self.execution = Execution(config, self.manager, self.overlay.send, self.uri)
         self.manager.wake_scheduler = self._wake_scheduler
-        self.agent = WorkerAgent(config, 0, self.overlay.send, discover(config.resources, config.properties), self.uri)
+        self.agent = WorkerAgent(config, 0, self.overlay.send, discover(config.resources, config.node_properties), self.uri)
         self.client_server = ClientServer(Operations(self), config.socket_path, config.access_group)
         self.status_server = StatusServer(config.status_port, self.status_snapshot) if config.status_port else None
         self._schedule_pending = False

@@ -75,6 +75,12 @@ class InstanceConfig:
     def socket_path(self) -> str:
         return self.socket or os.path.join(self.state_dir, "run", "broker.sock")
 
+    @property
+    def node_properties(self) -> str:
+        """The config's properties plus this process's MC_PROPERTIES (per pod, e.g. from node labels)."""
+        extra = os.environ.get("MC_PROPERTIES", "")
+        return ",".join(p for p in (self.properties, extra) if p)
+
     def endpoint_of(self, rank: int) -> str:
         return self.endpoint.replace("{rank}", str(rank)).replace("{port}", str(self.port_base + rank))
 

@@ -44,12 +44,13 @@ class LocalCluster:
 
     # --- processes -----------------------------------------------------------------------------------------
 
-    def start_rank(self, rank: int, config_path: str | None = None) -> subprocess.Popen[bytes]:
+    def start_rank(self, rank: int, config_path: str | None = None,
+                   env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         role = "broker" if rank == 0 else "worker"
         argv = [sys.executable, "-m", "minicluster", role, "--config", config_path or self.config_path]
         if rank:
             argv += ["--rank", str(rank)]
-        proc = subprocess.Popen(argv, env=dict(os.environ, MC_URI=self.uri), stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, env={**os.environ, "MC_URI": self.uri, **(env or {})}, stdin=subprocess.DEVNULL)
         self.procs[rank] = proc
         return proc
 

@@ -25,7 +25,7 @@ async def run_worker(config: InstanceConfig, rank: int, cert: Certificate) -> in
         killed = TaskExecutor.kill_orphans(pidfile)
         if killed:
             log.warning("killed %d task(s) left behind by this rank's previous run", killed)
-    resources = discover(config.resources, config.properties)
+    resources = discover(config.resources, config.node_properties)
     agent: WorkerAgent | None = None
 
     def deliver(msg: Message) -> None:
