@@ -43,7 +43,7 @@ class Job:
         "id", "uid", "gid", "name", "state", "urgency", "ntasks", "nnodes", "t_submit", "t_run", "t_inactive",
         "status", "exception", "seq", "spec", "array", "pending_map", "next_element",
         "running", "succeeded", "failed", "cancelled", "ranks", "deadline", "output_bytes", "oseq",
-        "truncated", "ending", "tasks_left", "done_bits", "abort_note", "closed",
+        "truncated", "ending", "tasks_left", "done_bits", "abort_note", "closed", "ranks_text",
     )
 
     def __init__(self, job_id: int, uid: int, spec: Jobspec, t_submit: float, gid: int = -1) -> None:
@@ -71,6 +71,8 @@ class Job:
         self.failed = 0
         self.cancelled = 0
         self.ranks: set[int] = set()
+        # An inactive job keeps its ranks as compact text instead of a set.
+        self.ranks_text = ""
         self.deadline: float | None = None
         self.output_bytes = 0
         self.oseq = 0
@@ -125,6 +127,8 @@ class Job:
         self.spec = None
         self.done_bits = bytearray()
         self.pending_map = None
+        self.ranks_text = str(IdSet.from_ints(self.ranks))
+        self.ranks = set()
 
     def apply(self, event: str) -> None:
         rule = TRANSITIONS.get(event)
@@ -143,7 +147,7 @@ class Job:
             "id": self.id, "name": self.name, "uid": self.uid, "state": self.state.value,
             "urgency": self.urgency, "t_submit": self.t_submit, "t_run": self.t_run,
             "t_inactive": self.t_inactive, "ntasks": self.total_tasks, "nnodes": self.nnodes,
-            "ranks": str(IdSet.from_ints(self.ranks)), "status": self.status, "exception": self.exception,
+            "ranks": self.ranks_text or str(IdSet.from_ints(self.ranks)), "status": self.status, "exception": self.exception,
             "array": str(self.array) if self.array is not None else None,
             "counts": {
                 "pending": self.pending(), "running": self.running, "succeeded": self.succeeded,
