@@ -137,20 +137,23 @@ def _nodes(summary: dict[str, Any]) -> str:
 
 
 def resources_table(ranks: list[dict[str, Any]]) -> Table:
-    t = table("RANK", "HOST", "STATE", "CORES free/total", "GPUS free/total", "MiB free/total",
+    t = table("RANK", "HOST", "STATE", "CORES free/used", "GPUS free/used", "MiB free/used",
               "PROPERTIES", "REASON")
     for r in ranks:
         props = ",".join(f"{k}={v}" if v else k for k, v in (r.get("properties") or {}).items())
         state = r.get("state", "?")
         style = {"up": "green", "drained": "yellow", "down": "red"}.get(state, "")
         t.add_row(str(r.get("rank")), str(r.get("hostname", "")), f"[{style}]{state}[/]" if style else state,
-                  _free_of(r, "cores_free", "cores_total"), _free_of(r, "gpus_free", "gpus_total"),
-                  _free_of(r, "memory_mb_free", "memory_mb_total"), props or "-", r.get("reason") or "")
+                  _free_used(r, "cores"), _free_used(r, "gpus"), _free_used(r, "memory_mb"),
+                  props or "-", r.get("reason") or "")
     return t
 
 
-def _free_of(r: dict[str, Any], free: str, total: str) -> str:
-    return f"{r.get(free, '?')}/{r.get(total, '?')}"
+def _free_used(r: dict[str, Any], kind: str) -> str:
+    free, total = r.get(f"{kind}_free"), r.get(f"{kind}_total")
+    if free is None or total is None:
+        return "?"
+    return f"{free}/{total - free}"
 
 
 def status_lines(status: dict[str, Any]) -> list[str]:

@@ -254,7 +254,7 @@ def test_resources_and_status_tables() -> None:
              "cores_free": 6, "gpus_total": 2, "gpus_free": 2, "memory_mb_total": 1000, "memory_mb_free": 10,
              "properties": {"zone": "a"}}]
     text = render(fmt.resources_table(rows))
-    assert "6/8" in text and "2/2" in text and "10/1000" in text and "zone=a" in text and "bad dimm" in text
+    assert "6/2" in text and "2/0" in text and "10/990" in text and "zone=a" in text and "bad dimm" in text
     status = {"name": "mc", "size": 2, "fanout": 32, "epoch": 3, "queue": {"RUN": 2, "SCHED": 0},
               "ranks": [{"rank": 0, "state": "up", "pid": 42, "hostname": "h", "endpoint": "tcp://h:1", "since": 90}]}
     assert fmt.status_lines(status) == ["mc: size 2, fanout 32, epoch 3", "queue: 2 RUN"]
