@@ -1,4 +1,5 @@
-"""MPI jobs on a real 4-rank MiniCluster (fanout 2, so rank 3 is two hops from rank 0), 2 cores per rank.
+"""MPI jobs on a real 4-rank MiniCluster (conftest's `cluster4`: fanout 2, so rank 3 is two hops from rank 0,
+2 cores per rank).
 
 Every task is a real MPICH (PyPI wheel) process bootstrapped by the workers' PMI-1 servers; the barrier
 exchange travels the overlay tree.  Each test checks the world size, because a rank that silently ran as
@@ -92,18 +93,6 @@ int main(int argc, char **argv) {
 """
 
 
-@pytest.fixture(scope="module")
-def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    with LocalCluster(tmp_path_factory.mktemp("mpi4"), size=4, fanout=2, resources="cores=2") as c:
-        yield c
-
-
-@pytest.fixture
-def client(cluster4: LocalCluster) -> Any:
-    with cluster4.client() as c:
-        yield c
-
-
 def python_job(code: str, *args: str, **fields: Any) -> dict[str, Any]:
     return job([sys.executable, "-c", code, *args], **fields)
 
@@ -122,10 +111,10 @@ def exception_of(client: Client, job_id: int) -> tuple[dict[str, Any], float]:
     return raised[3], finished[1] - raised[1]
 
 
-def test_world_of_eight_ranks_on_four_nodes(client: Client) -> None:
-    job_id = client.submit(python_job(HELLO, nnodes=4, ntasks=8))
-    assert wait_for(client, job_id)["status"] == 0
-    recs = records(client, job_id)
+def test_world_of_eight_ranks_on_four_nodes(client4: Client) -> None:
+    job_id = client4.submit(python_job(HELLO, nnodes=4, ntasks=8))
+    assert wait_for(client4, job_id)["status"] == 0
+    recs = records(client4, job_id)
     assert [r["rank"] for r in recs] == list(range(8))
     assert {r["size"] for r in recs} == {8} and {r["sum"] for r in recs} == {36}
     # Ranks fill the nodes in order, and MPICH sees the same nodes (from PMI_process_mapping) as the workers.
@@ -137,10 +126,10 @@ def test_world_of_eight_ranks_on_four_nodes(client: Client) -> None:
     assert len(set(segments)) == 4 and all(segments[i] == segments[i + 1] for i in range(0, 8, 2))
 
 
-def test_barriers_and_collectives_across_the_tree(client: Client) -> None:
-    job_id = client.submit(python_job(COLLECTIVES, nnodes=4, ntasks=8))
-    assert wait_for(client, job_id)["status"] == 0
-    recs = records(client, job_id)
+def test_barriers_and_collectives_across_the_tree(client4: Client) -> None:
+    job_id = client4.submit(python_job(COLLECTIVES, nnodes=4, ntasks=8))
+    assert wait_for(client4, job_id)["status"] == 0
+    recs = records(client4, job_id)
     assert len(recs) == 8
     for r in recs:
         me = r["rank"]
@@ -153,30 +142,30 @@ def test_barriers_and_collectives_across_the_tree(client: Client) -> None:
 
 @pytest.mark.parametrize(("how", "note"), [("exit", "task 7 on rank 3 exited with status 4"),
                                            ("abort", "task 7 on rank 3 called abort(3)")])
-def test_failing_rank_ends_the_job(client: Client, cluster4: LocalCluster, how: str, note: str) -> None:
+def test_failing_rank_ends_the_job(client4: Client, cluster4: LocalCluster, how: str, note: str) -> None:
     # Task 7 runs on rank 3, two hops from rank 0; the other ranks are left spinning in a barrier.
-    job_id = client.submit(python_job(FAILING, "7", how, nnodes=4, ntasks=8))
-    result = wait_for(client, job_id)
+    job_id = client4.submit(python_job(FAILING, "7", how, nnodes=4, ntasks=8))
+    result = wait_for(client4, job_id)
     assert result["exception"] == "abort"
-    context, ending = exception_of(client, job_id)
+    context, ending = exception_of(client4, job_id)
     assert context["type"] == "abort" and context["note"].startswith(note)
     assert ending < cluster4.config.kill_grace + 1.0
-    recs = records(client, job_id)
+    recs = records(client4, job_id)
     assert [r["size"] for r in recs] == [8] * 8 and all(r["segment"] for r in recs)
-    survivors = [row for row in client.task_results(job_id) if row[1] != 7]
+    survivors = [row for row in client4.task_results(job_id) if row[1] != 7]
     assert len(survivors) == 7 and all(row[5] in (9, 15) for row in survivors), survivors
     # The killed ranks never finalized; their workers removed the segments they left.
     leftovers = {seg for r in recs for seg in r["segment"] if os.path.exists(seg)}
     assert not leftovers
 
 
-def test_non_mpi_jobs_get_no_pmi(client: Client) -> None:
+def test_non_mpi_jobs_get_no_pmi(client4: Client) -> None:
     code = f"import os; print(sorted(k for k in os.environ if k.startswith({PMI_VARS!r})))"
-    opted_out = client.submit(python_job(code, nnodes=2, ntasks=4, mpi="none"))
-    single = client.submit(python_job(code))
+    opted_out = client4.submit(python_job(code, nnodes=2, ntasks=4, mpi="none"))
+    single = client4.submit(python_job(code))
     for job_id, ntasks in ((opted_out, 4), (single, 1)):
-        assert wait_for(client, job_id)["status"] == 0
-        assert list(output_of(client, job_id).values()) == [b"[]\n"] * ntasks
+        assert wait_for(client4, job_id)["status"] == 0
+        assert list(output_of(client4, job_id).values()) == [b"[]\n"] * ntasks
 
 
 @pytest.fixture(scope="module")
@@ -190,23 +179,23 @@ def c_program(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(workdir / "hello")
 
 
-def test_c_program_built_with_wheel_mpicc(client: Client, c_program: str) -> None:
-    job_id = client.submit(job([c_program], nnodes=4, ntasks=4))
-    assert wait_for(client, job_id)["status"] == 0
-    recs = records(client, job_id)
+def test_c_program_built_with_wheel_mpicc(client4: Client, c_program: str) -> None:
+    job_id = client4.submit(job([c_program], nnodes=4, ntasks=4))
+    assert wait_for(client4, job_id)["status"] == 0
+    recs = records(client4, job_id)
     assert [(r["rank"], r["size"], r["sum"]) for r in recs] == [(i, 4, 6) for i in range(4)]
-    assert sorted(int(row[3]) for row in client.task_results(job_id)) == [0, 0, 0, 0]
+    assert sorted(int(row[3]) for row in client4.task_results(job_id)) == [0, 0, 0, 0]
 
 
-def test_barrier_never_completes_until_time_limit(client: Client) -> None:
+def test_barrier_never_completes_until_time_limit(client4: Client) -> None:
     # Rank 0 never calls MPI_Init; the others wait for it in the barrier at the end of theirs.
     code = "import os, time\nif os.environ['PMI_RANK'] == '0': time.sleep(60)\nfrom mpi4py import MPI"
-    job_id = client.submit(python_job(code, nnodes=4, ntasks=4, time_limit=1.5))
-    result = wait_for(client, job_id)
+    job_id = client4.submit(python_job(code, nnodes=4, ntasks=4, time_limit=1.5))
+    result = wait_for(client4, job_id)
     assert result["exception"] == "timeout"
-    context, _ = exception_of(client, job_id)
+    context, _ = exception_of(client4, job_id)
     assert "1.5" in context["note"]
-    assert all(row[5] in (9, 15) for row in client.task_results(job_id))
+    assert all(row[5] in (9, 15) for row in client4.task_results(job_id))
 
 
 def test_kvsnames_differ_between_worker_processes() -> None:
