@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import logging
 from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -32,20 +33,20 @@ class Deps:
 
 
 def register(registry: kopf.OperatorRegistry, deps: Deps) -> None:
-    on_spec = dict(registry=registry)
+    on_spec = {"registry": registry}
 
     @kopf.on.resume(*RESOURCE, **on_spec)
     @kopf.on.create(*RESOURCE, **on_spec)
     @kopf.on.update(*RESOURCE, field="spec", **on_spec)
-    async def reconcile_children(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    async def reconcile_children(body: kopf.Body, **_: Any) -> None:
         deps.metrics.reconciled("reconcile")
-        await _reconcile(deps, body, patch)
+        await _reconcile(deps, body)
 
     @kopf.timer(*RESOURCE, interval=deps.poll_interval, **on_spec)
-    async def poll_status(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    async def poll_status(body: kopf.Body, **_: Any) -> None:
         deps.metrics.reconciled("status")
         try:
-            await _poll(deps, body, patch)
+            await _poll(deps, body)
         except Exception:
             deps.metrics.failed("status")
             raise
@@ -56,79 +57,109 @@ def register(registry: kopf.OperatorRegistry, deps: Deps) -> None:
         deps.metrics.forget(namespace, name)
 
 
-async def _reconcile(deps: Deps, body: kopf.Body, patch: kopf.Patch) -> None:
+async def _reconcile(deps: Deps, body: kopf.Body) -> None:
     found = problems(body)
     if found:
-        _refuse(deps, body, patch, "InvalidSpec", "; ".join(found), phase="Invalid")
+        await _refuse(deps, body, "InvalidSpec", "; ".join(found), phase="Invalid")
         return
     mc = MiniCluster.from_body(body)
     try:
         await reconcile.ensure(deps.kube, mc, deps.cluster_domain)
     except reconcile.NotOwned as exc:
-        _refuse(deps, body, patch, "NotOwned", str(exc))
+        await _refuse(deps, body, "NotOwned", str(exc))
         return
     except ApiError as exc:
-        deps.metrics.failed("reconcile")
         if exc.status in (400, 422):
             # The API server refused what we asked (e.g. an immutable field on
             # an old cluster); retrying the same request cannot help.
-            _refuse(deps, body, patch, "Rejected", f"the API server refused a change: {exc.message}")
+            await _refuse(deps, body, "Rejected", f"the API server refused a change: {exc.message}")
             return
+        deps.metrics.failed("reconcile")
         raise kopf.TemporaryError(f"reconciling children: {exc}", delay=10) from exc
-    old = body.get("status") or {}
-    patch.status.update(status.changed(old, {
-        "size": mc.size,
-        "maxSize": mc.max_size,
-        "selector": manifests.selector(mc),
-        "observedGeneration": mc.generation,
-        "conditions": status.set_condition(
-            old.get("conditions") or [], "Reconciled", True, "ChildrenUpToDate", "", _now()),
-    }))
+
+    def reconciled(old: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "size": mc.size,
+            "maxSize": mc.max_size,
+            "selector": manifests.selector(mc),
+            "observedGeneration": mc.generation,
+            "conditions": status.set_condition(
+                old.get("conditions") or [], "Reconciled", True, "ChildrenUpToDate", "", _now()),
+        }
+    await _write_status(deps, body, reconciled)
 
 
-def _refuse(deps: Deps, body: kopf.Body, patch: kopf.Patch, reason: str, message: str,
-            phase: str | None = None) -> None:
+async def _refuse(deps: Deps, body: kopf.Body, reason: str, message: str,
+                  phase: str | None = None) -> None:
     """Say loudly, in status and as an event, why nothing was done."""
     deps.metrics.failed("reconcile")
     kopf.warn(body, reason=reason, message=message)
-    old = body.get("status") or {}
-    fields: dict[str, Any] = {
-        "observedGeneration": body.get("metadata", {}).get("generation", 0),
-        "conditions": status.set_condition(
-            old.get("conditions") or [], "Reconciled", False, reason, message, _now()),
-    }
+    meta = body["metadata"]
     if phase:
-        fields["phase"] = phase
-        deps.metrics.set_phase(body["metadata"]["namespace"], body["metadata"]["name"], phase)
-    patch.status.update(status.changed(old, fields))
+        deps.metrics.set_phase(meta["namespace"], meta["name"], phase)
+
+    def refused(old: Mapping[str, Any]) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "observedGeneration": meta.get("generation", 0),
+            "conditions": status.set_condition(
+                old.get("conditions") or [], "Reconciled", False, reason, message, _now()),
+        }
+        return {**fields, "phase": phase} if phase else fields
+    await _write_status(deps, body, refused)
 
 
-async def _poll(deps: Deps, body: kopf.Body, patch: kopf.Patch) -> None:
+async def _poll(deps: Deps, body: kopf.Body) -> None:
     if problems(body):
         return  # the reconcile handler has already said why
     mc = MiniCluster.from_body(body)
     job = await deps.kube.get(path_of("Job", mc.namespace, mc.name))
     if job is None:
         # Deleted behind our back (or never created): rebuild, report next time.
-        await _reconcile(deps, body, patch)
+        await _reconcile(deps, body)
         return
     if not reconcile.is_owned(job, mc):
         return  # someone else's Job: the reconcile handler has reported it
     active = not status.job_finished(job) and not status.job_suspended(job)
     broker = await deps.fetch_status(mc) if active else None
-    old = body.get("status") or {}
-    fields = status.derive(mc, old, job, broker, _now())
-    deps.metrics.set_phase(mc.namespace, mc.name, fields["phase"])
-    changes = status.changed(old, fields)
-    if changes:
-        # Written here rather than via kopf's patch: a refused status write
-        # must not end this object's timer (kopf does not restart it).
+
+    def polled(old: Mapping[str, Any]) -> dict[str, Any]:
+        fields = status.derive(mc, old, job, broker, _now())
+        deps.metrics.set_phase(mc.namespace, mc.name, fields["phase"])
+        return fields
+    try:
+        await _write_status(deps, body, polled)
+    except ApiError as exc:
+        # Logged, not raised: kopf does not restart a timer that failed.
+        deps.metrics.failed("status")
+        logger.warning("writing the status of %s/%s failed: %s", mc.namespace, mc.name, exc)
+
+
+async def _write_status(
+    deps: Deps, body: kopf.Body, compute: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> None:
+    """Read-modify-write of the status subresource, guarded by resourceVersion.
+
+    Two writers share `status.conditions` (reconcile and the poller); a list
+    is replaced whole by a merge patch, so each write starts from a fresh read
+    and is refused (409) if the object changed in between, then retried.
+    """
+    meta = body["metadata"]
+    path = path_of("MiniCluster", meta["namespace"], meta["name"])
+    for attempt in range(3):
+        current = await deps.kube.get(path)
+        if current is None:
+            return  # deleted meanwhile
+        old = current.get("status") or {}
+        changes = status.changed(old, compute(old))
+        if not changes:
+            return
+        guard = {"resourceVersion": current["metadata"].get("resourceVersion")}
         try:
-            await deps.kube.merge_patch(f"{path_of('MiniCluster', mc.namespace, mc.name)}/status",
-                                        {"status": changes})
+            await deps.kube.merge_patch(f"{path}/status", {"metadata": guard, "status": changes})
+            return
         except ApiError as exc:
-            deps.metrics.failed("status")
-            logger.warning("writing the status of %s/%s failed: %s", mc.namespace, mc.name, exc)
+            if exc.status != 409 or attempt == 2:
+                raise
 
 
 def _now() -> str:
