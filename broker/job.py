@@ -116,6 +116,8 @@ class Job:
         self.status = status if self.status is None else max(self.status, status)
         if status == 0:
             self.succeeded += 1
+        elif self.exception == "cancel":
+            self.cancelled += 1
         else:
             self.failed += 1
         if was_running:

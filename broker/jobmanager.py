@@ -173,7 +173,7 @@ class JobManager:
             job.cancelled += job.tasks_left
             job.tasks_left = 0
         job.t_inactive = self.clock()
-        counts = job.counts_wire()
+        counts = {"succeeded": job.succeeded, "failed": job.failed, "cancelled": job.cancelled}
         self.post(job, "finish", {"status": job.status, "counts": counts})
         self.post(job, "release")
         self.clean(job)

@@ -13,6 +13,11 @@ Bounds that keep a cycle cheap on a long queue (see docs/scheduling.md):
     again: free resources only shrink during a cycle;
   * after the head job is blocked at most `backfill_depth` queued jobs are
     examined for backfill.
+
+Arrays of one-slot CPU-only elements are started many per pass
+(graph.alloc_array: one walk over the candidate nodes, accounting once per
+node, interned Allocations), with the same result as one match + alloc per
+element; their release takes a specialised free.  See docs/scheduling.md.
 """
 
 from __future__ import annotations
@@ -209,7 +214,7 @@ class Scheduler:
         job = entry.job
         req = job.request
         cl = self.graph.cluster
-        want = min(entry.remaining, cl.free_cores // req.cores_per_slot)
+        want = min(entry.remaining, room, cl.free_cores // req.cores_per_slot)
         if req.mem_per_slot:
             want = min(want, cl.free_mem // req.mem_per_slot)
         if want <= 0:
