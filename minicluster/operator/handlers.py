@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import datetime
 import logging
-from dataclasses import dataclass
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -33,16 +33,16 @@ class Deps:
 
 
 def register(registry: kopf.OperatorRegistry, deps: Deps) -> None:
-    on_spec = {"registry": registry}
+    common = {"registry": registry}
 
-    @kopf.on.resume(*RESOURCE, **on_spec)
-    @kopf.on.create(*RESOURCE, **on_spec)
-    @kopf.on.update(*RESOURCE, field="spec", **on_spec)
+    @kopf.on.resume(*RESOURCE, id="reconcile", **common)
+    @kopf.on.create(*RESOURCE, id="reconcile", **common)
+    @kopf.on.update(*RESOURCE, id="reconcile", field="spec", **common)
     async def reconcile_children(body: kopf.Body, **_: Any) -> None:
         deps.metrics.reconciled("reconcile")
         await _reconcile(deps, body)
 
-    @kopf.timer(*RESOURCE, interval=deps.poll_interval, **on_spec)
+    @kopf.timer(*RESOURCE, id="status", interval=deps.poll_interval, **common)
     async def poll_status(body: kopf.Body, **_: Any) -> None:
         deps.metrics.reconciled("status")
         try:
@@ -51,7 +51,7 @@ def register(registry: kopf.OperatorRegistry, deps: Deps) -> None:
             deps.metrics.failed("status")
             raise
 
-    @kopf.on.delete(*RESOURCE, optional=True, **on_spec)
+    @kopf.on.delete(*RESOURCE, id="forget", optional=True, **common)
     def forget(name: str, namespace: str, **_: Any) -> None:
         # Children go with the MiniCluster through their ownerReferences.
         deps.metrics.forget(namespace, name)

@@ -9,6 +9,7 @@ tests check what 1.20 keeps (tier (a) checks the modern fields).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import threading
@@ -56,10 +57,6 @@ def login_as(cluster: Cluster, token: str) -> Callable[[], Any]:
     return login
 
 
-def run_async(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
 async def admin_apply(cluster: Cluster, *objs: dict[str, Any]) -> None:
     kube = Kube(login_as(cluster, ADMIN_TOKEN))
     try:
@@ -97,7 +94,6 @@ async def service_account_token(kube: Kube) -> str:
         for ref in (sa or {}).get("secrets") or []:
             secret = await kube.get(f"/api/v1/namespaces/{OPERATOR_NS}/secrets/{ref['name']}")
             if secret and "token" in secret.get("data", {}):
-                import base64
                 return base64.b64decode(secret["data"]["token"]).decode()
         return None
     return await until(token)
@@ -124,7 +120,7 @@ def installed(cluster: Cluster) -> str:
             return await service_account_token(kube)
         finally:
             await kube.close()
-    return run_async(install())
+    return asyncio.run(install())
 
 
 class _Broker(BaseHTTPRequestHandler):
