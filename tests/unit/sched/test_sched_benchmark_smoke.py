@@ -20,3 +20,6 @@ def test_benchmark_quick_json():
         assert cycle["first_starts"] > 0 and cycle["running"] > 0
         assert cycle["first_starts"] + cycle["steady_starts"] == cycle["running"] + \
             cycle["first_starts"] // 10
+    array = doc["array"]
+    assert array["count"] > 0 and array["cycles"] > 0
+    assert array["cpu_us_per_element_median"] > 0 and array["task_slots_us"] > 0

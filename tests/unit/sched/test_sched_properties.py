@@ -235,3 +235,167 @@ def test_easy_backfill_never_delays_the_reserved_head(specs, jobs):
     assert sched.pending_count() == 0
     for job_id, estimate in promised.items():
         assert started_at[job_id] <= estimate + 1e-9, (job_id, started_at[job_id], estimate)
+
+
+# ------------------------------------------------------------ the array fast path
+
+NON_SPREAD = tuple(p for p in POLICIES if p != "spread")
+
+
+@st.composite
+def element_requests(draw):
+    """What the array fast path handles: one CPU-only, non-exclusive slot."""
+    return Request(cores_per_slot=draw(st.integers(1, 3)),
+                   mem_per_slot=draw(st.sampled_from([0, 0, 500])),
+                   constraints=draw(st.sampled_from(CONSTRAINTS)))
+
+
+def slots_of(allocs):
+    return Counter((r, s) for a in allocs for r, s in a.task_slots())
+
+
+@settings(SETTINGS, max_examples=150)
+@given(st.lists(node_specs(), min_size=1, max_size=5),
+       st.lists(st.tuples(requests(), st.sampled_from(POLICIES)), max_size=8),
+       st.lists(st.integers(0, 4), max_size=2), element_requests(), st.sampled_from(POLICIES),
+       st.integers(1, 40), st.integers(0, 40))
+def test_alloc_array_is_one_match_and_alloc_per_element(specs, prior, drained, req, policy,
+                                                         count, split):
+    """Same allocations (spread: same multiset) and state as a loop of match + alloc."""
+    slow, fast = build(specs), build(specs)
+    live = {}
+    for n, (prior_req, prior_policy) in enumerate(prior):
+        alloc = slow.match(prior_req, prior_policy)
+        if alloc is not None:
+            slow.alloc(n, alloc)
+            fast.alloc(n, alloc)
+            live[n] = alloc
+    for rank in drained:
+        for graph in (slow, fast):
+            graph.drain(rank % len(specs), "test")
+    before = fast.snapshot()
+    keys = [("array", i) for i in range(count)]
+    expected = []
+    for key in keys:
+        alloc = slow.match(req, policy)
+        if alloc is None:
+            break
+        slow.alloc(key, alloc)
+        expected.append(alloc)
+    got = fast.alloc_array(keys, req, policy)
+    if policy == "spread":  # elements are numbered node by node within one pass
+        assert slots_of(got) == slots_of(expected) and len(got) == len(expected)
+    else:
+        assert got == expected
+    assert fast.snapshot() == slow.snapshot()
+    live.update(zip(keys, got))
+    check_no_overlap(fast, live)
+    check_accounting(fast, live)
+    done = keys[:len(got)]
+    fast.free_many(done[:split])
+    for key in done[split:]:
+        fast.free(key)
+    assert fast.snapshot() == before
+
+
+@st.composite
+def mixed_jobs(draw, policies):
+    """Arrays of fast-path elements mixed with gangs, exclusive and GPU jobs."""
+    req = draw(st.one_of(element_requests(), requests()))
+    return (req, draw(st.sampled_from([1, 2, 5, 30])), draw(st.integers(1, 60)),
+            draw(st.integers(0, 1)), draw(st.sampled_from(policies)))
+
+
+def enqueue_all(scheds, jobs):
+    count = 0
+    for job_id, (req, n, limit, urgency, policy) in enumerate(jobs):
+        try:
+            scheds[0].graph.check_feasible(req)
+        except InfeasibleRequest:
+            continue
+        for sched in scheds:
+            sched.enqueue(SchedJob(job_id, urgency=8 * urgency, submit_time=float(job_id),
+                                   request=req, time_limit=float(limit), policy=policy, count=n))
+        count += n
+    return count
+
+
+@settings(SETTINGS, max_examples=80)
+@given(st.lists(node_specs(), min_size=1, max_size=4),
+       st.lists(mixed_jobs(NON_SPREAD), min_size=1, max_size=10), st.data())
+def test_array_fast_path_schedules_exactly_like_one_match_per_element(specs, jobs, data):
+    """Same starts (ids, elements, allocations), reservations and state, cycle by cycle,
+    through limits, drains, EASY backfill and releases in random order."""
+    fast, slow = Scheduler(build(specs)), Scheduler(build(specs))
+    slow.array_fast_path = False
+    total = enqueue_all((fast, slow), jobs)
+    initial = fast.graph.snapshot()
+    now, running, done = 0.0, {}, 0
+    for _ in range(4 * total + 20):
+        limit = data.draw(st.sampled_from([None, None, 1, 3]))
+        starts = fast.schedule(now, limit)
+        assert starts == slow.schedule(now, limit)
+        for job_id in range(len(jobs)):
+            assert fast.estimated_start(job_id) == slow.estimated_start(job_id)
+        running.update({(s.job_id, s.element): s.allocation for s in starts})
+        check_no_overlap(fast.graph, running)
+        check_accounting(fast.graph, running)
+        assert fast.graph.snapshot() == slow.graph.snapshot()
+        if data.draw(st.integers(0, 9)) == 0:
+            rank = data.draw(st.integers(0, len(specs) - 1))
+            drain = fast.graph.nodes[rank].drain_reason is None
+            for sched in (fast, slow):
+                sched.graph.drain(rank, "t") if drain else sched.graph.undrain(rank)
+        if not running:
+            if not fast.pending_count() or limit is None:
+                break
+            continue
+        keys = sorted(running)
+        picked = data.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=len(keys),
+                                    unique=True))
+        for key in picked:
+            slow.release(*key, now)
+            del running[key]
+        fast.release_many(picked, now)
+        done += len(picked)
+        now += data.draw(st.sampled_from([0.0, 1.0, 30.0]))
+    for rank in fast.graph.nodes:
+        fast.graph.undrain(rank)
+    for key in list(running):
+        fast.release(*key, now)
+    assert fast.graph.snapshot() == initial
+
+
+@settings(SETTINGS, max_examples=80)
+@given(st.lists(node_specs(), min_size=1, max_size=4),
+       st.lists(mixed_jobs(POLICIES), min_size=1, max_size=10), st.data())
+def test_arrays_mixed_with_gang_and_exclusive_jobs_never_overlap(specs, jobs, data):
+    """Every policy (spread included): no shared core/GPU, exclusive nodes unshared,
+    exact accounting, every element runs, and freeing everything restores the graph."""
+    sched = Scheduler(build(specs), default_time_limit=10.0)
+    total = enqueue_all((sched,), jobs)
+    initial = sched.graph.snapshot()
+    now, running, done = 0.0, {}, 0
+    for _ in range(4 * total + 20):
+        for start in sched.schedule(now):
+            key = (start.job_id, start.element)
+            assert key not in running
+            running[key] = start.allocation
+        check_no_overlap(sched.graph, running)
+        check_accounting(sched.graph, running)
+        if not running:
+            break
+        keys = sorted(running)
+        picked = data.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=len(keys),
+                                    unique=True))
+        if data.draw(st.booleans()):
+            sched.release_many(picked, now)
+        else:
+            for key in picked:
+                sched.release(*key, now)
+        for key in picked:
+            del running[key]
+        done += len(picked)
+        now += 1.0
+    assert done == total and sched.pending_count() == 0
+    assert sched.graph.snapshot() == initial
