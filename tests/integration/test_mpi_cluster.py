@@ -35,7 +35,7 @@ PMI_VARS = ("PMI_", "MPIR_CVAR_PMI", "MPI_LOCAL")
 SEGMENT_OF_SELF = "[l.split()[-1] for l in open('/proc/self/maps') if '/mpich_shm_' in l][:1]"
 
 HELLO = f"""
-import json, os, socket
+import json, os
 from mpi4py import MPI
 c = MPI.COMM_WORLD
 node = c.Split_type(MPI.COMM_TYPE_SHARED)
@@ -61,7 +61,8 @@ print(json.dumps({"rank": r, "size": n, "root": root, "gathered": gathered, "swa
                   "ring": ring, "total": total}), flush=True)
 """
 
-# Rank FAIL_RANK fails once every rank is inside MPI; the rest wait in a barrier that never completes.
+# Rank argv[1] fails (argv[2]: exit or abort) once every rank is inside MPI; the rest wait in a barrier
+# that never completes.
 FAILING = f"""
 import json, os, sys
 from mpi4py import MPI
@@ -184,6 +185,7 @@ def test_c_program_built_with_wheel_mpicc(client4: Client, c_program: str) -> No
     assert wait_for(client4, job_id)["status"] == 0
     recs = records(client4, job_id)
     assert [(r["rank"], r["size"], r["sum"]) for r in recs] == [(i, 4, 6) for i in range(4)]
+    assert {r["host"] for r in recs} == {socket.gethostname()}
     assert sorted(int(row[3]) for row in client4.task_results(job_id)) == [0, 0, 0, 0]
 
 
