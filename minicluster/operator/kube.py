@@ -8,10 +8,6 @@ exist here: get, create, merge-patch, plus a path builder for its kinds.
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
-import ssl
-import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -56,7 +52,6 @@ class Kube:
         self._login = login
         self._session: aiohttp.ClientSession | None = None
         self._conn: kopf.ConnectionInfo | None = None
-        self._tempfiles: list[str] = []
         # Handlers run concurrently; they must share one session, not race to make two.
         self._lock = asyncio.Lock()
         self._closed = False
@@ -81,7 +76,7 @@ class Kube:
         session: aiohttp.ClientSession | None = None
         for attempt in range(2):
             session, conn = await self._ensure_session(stale=session if attempt else None)
-            headers = {"Content-Type": content_type, **_auth_headers(conn)}
+            headers = {"Content-Type": content_type, **conn.as_http_headers()}
             url = conn.server.rstrip("/") + path
             async with session.request(method, url, json=body, headers=headers) as resp:
                 # A rotated service-account token shows up as 401: log in again once.
@@ -102,9 +97,6 @@ class Kube:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        for path in self._tempfiles:
-            os.unlink(path)
-        self._tempfiles.clear()
 
     async def _ensure_session(
         self, stale: aiohttp.ClientSession | None,
@@ -117,50 +109,12 @@ class Kube:
             if self._session is None or self._session is stale:
                 await self._drop()
                 self._conn = await self._login()
-                connector = aiohttp.TCPConnector(ssl=self._ssl_context(self._conn))
+                connector = aiohttp.TCPConnector(ssl=self._conn.as_ssl_context())
                 self._session = aiohttp.ClientSession(
                     connector=connector, timeout=aiohttp.ClientTimeout(total=30),
                 )
             assert self._conn is not None
             return self._session, self._conn
-
-    def _ssl_context(self, conn: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
-        if conn.insecure:
-            return False
-        context = ssl.create_default_context(
-            cafile=os.fspath(conn.ca_path) if conn.ca_path else None,
-            cadata=_text(conn.ca_data) if conn.ca_data else None,
-        )
-        cert = self._file(conn.certificate_path, conn.certificate_data)
-        key = self._file(conn.private_key_path, conn.private_key_data)
-        if cert:
-            context.load_cert_chain(cert, key)
-        return context
-
-    def _file(self, path: Any, data: str | bytes | None) -> str | None:
-        # ssl only loads client certificates from files.
-        if path:
-            return os.fspath(path)
-        if not data:
-            return None
-        fd, name = tempfile.mkstemp(prefix="mc-operator-", suffix=".pem")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data if isinstance(data, bytes) else data.encode())
-        self._tempfiles.append(name)
-        return name
-
-
-def _auth_headers(conn: kopf.ConnectionInfo) -> dict[str, str]:
-    if conn.token:
-        return {"Authorization": f"{conn.scheme or 'Bearer'} {conn.token}"}
-    if conn.username and conn.password:
-        pair = base64.b64encode(f"{conn.username}:{conn.password}".encode()).decode()
-        return {"Authorization": f"Basic {pair}"}
-    return {}
-
-
-def _text(data: str | bytes) -> str:
-    return data.decode() if isinstance(data, bytes) else data
 
 
 async def _read(resp: aiohttp.ClientResponse) -> Any:
