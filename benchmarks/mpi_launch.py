@@ -207,7 +207,8 @@ def measure(launchers: dict[str, Launcher], programs: dict[str, list[str]], rank
                 if name != "mpiexec":
                     cell[f"{name}_ratio"] = round(cell[f"{name}_launch_s"] / cell["mpiexec_launch_s"], 3)
             # The same layout under both launchers: what the cluster itself adds.
-            cell["minicluster_vs_nodes_ratio"] = round(cell["minicluster_launch_s"] / cell["mpiexec-nodes_launch_s"], 3)
+            cell["minicluster_vs_nodes_ratio"] = round(
+                cell["minicluster_launch_s"] / cell["mpiexec-nodes_launch_s"], 3)
             cells[f"{program}/n={n}"] = cell
             print(f"{program}/n={n}", cell, file=sys.stderr, flush=True)
     return cells
