@@ -7,7 +7,7 @@ import asyncio
 import gc
 import json
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp.web
