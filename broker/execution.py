@@ -81,7 +81,7 @@ class Execution:
 
     def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, dict[str, Any]]) -> None:
         task = job.pending_map[st.element] if job.pending_map is not None else st.element
-        ((rank, slot),) = st.allocation.task_slots()
+        ((rank, slot),) = st.allocation.tasks
         if job.state == State.SCHED:
             job.t_run = now
             self.manager.post(job, "alloc", {"ranks": str(rank)})
@@ -133,6 +133,7 @@ class Execution:
         touched: dict[int, Job] = {}
         statements = []
         keys = []
+        released: list[tuple[int, int]] = []
         now = self.manager.clock()
         for result in results:
             job_id, task, status, exit_code, sig, error, started, ended = result
@@ -146,12 +147,15 @@ class Execution:
                                 started, ended)))
             job.record_result(status, was_running=running is not None)
             if running is not None and job.is_array:
-                self.manager.scheduler.release(job_id, running.element, now)
+                released.append((job_id, running.element))
             if status and job.spec is not None and job.spec.uses_pmi and not job.is_array:
                 note = f"task {task} on rank {rank} exited with status {status}"
                 touched.setdefault(job_id, job)
                 job.abort_note = job.abort_note or note
             touched[job_id] = job
+        if released:
+            # Array elements free their cores together: one accounting pass per node.
+            self.manager.scheduler.release_many(released, now)
         fut = self.manager.journal.write(statements)
         if ack and keys:
             fut.add_done_callback(lambda f: f.exception() or self.send("done-ack", rank, {"keys": keys}))
