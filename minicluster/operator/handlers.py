@@ -93,12 +93,13 @@ async def _refuse(deps: Deps, body: kopf.Body, reason: str, message: str,
                   phase: str | None = None) -> None:
     """Say loudly, in status and as an event, why nothing was done."""
     deps.metrics.failed("reconcile")
-    kopf.warn(body, reason=reason, message=message)
     meta = body["metadata"]
     if phase:
         deps.metrics.set_phase(meta["namespace"], meta["name"], phase)
+    seen: list[Mapping[str, Any]] = []
 
     def refused(old: Mapping[str, Any]) -> dict[str, Any]:
+        seen.append(status.find_condition(old.get("conditions") or [], "Reconciled"))
         fields: dict[str, Any] = {
             "observedGeneration": meta.get("generation", 0),
             "conditions": status.set_condition(
@@ -106,6 +107,10 @@ async def _refuse(deps: Deps, body: kopf.Body, reason: str, message: str,
         }
         return {**fields, "phase": phase} if phase else fields
     await _write_status(deps, body, refused)
+    said = seen[-1] if seen else {}
+    # One event per new problem, although the poller retries every few seconds.
+    if (said.get("status"), said.get("reason"), said.get("message")) != ("False", reason, message):
+        kopf.warn(body, reason=reason, message=message)
 
 
 async def _poll(deps: Deps, body: kopf.Body) -> None:

@@ -131,6 +131,10 @@ def _phase(
     return "Pending", "RanksJoining", f"{ranks.get('up', 0)}/{ranks.get('expected', mc.size)} ranks joined"
 
 
+def find_condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any]:
+    return next((c for c in conditions if c.get("type") == type_), {})
+
+
 def set_condition(
     conditions: Sequence[Mapping[str, Any]],
     type_: str,

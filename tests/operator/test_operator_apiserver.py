@@ -266,8 +266,23 @@ async def test_spec_beyond_schema_is_reported_not_dropped(operator: None, admin:
     assert "exceeds maxSize 4" in cond["message"]
     assert (await admin.get(path))["status"]["phase"] == "Invalid"
     events = await admin.get("/api/v1/namespaces/default/events?fieldSelector=involvedObject.name=toobig")
-    assert any(e["reason"] == "InvalidSpec" for e in events["items"])
+    assert [e["reason"] for e in events["items"]].count("InvalidSpec") == 1
     assert await admin.get("/apis/batch/v1/namespaces/default/jobs/toobig") is None
+
+
+async def test_foreign_object_is_reported_once_and_left_alone(operator: None, admin: Kube) -> None:
+    foreign = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "taken"},
+               "spec": {"ports": [{"port": 80}]}}
+    await admin.create("/api/v1/namespaces/default/services", foreign)
+    await admin.create(MC_PATH.format(ns="default"), body("taken"))
+    path = f"{MC_PATH.format(ns='default')}/taken"
+    await until(lambda: _when(lambda: _cond(admin, path, "Reconciled"),
+                              lambda c: c.get("reason") == "NotOwned"))
+    await asyncio.sleep(2)  # the poller retries, but must not repeat the event
+    events = await admin.get("/api/v1/namespaces/default/events?fieldSelector=involvedObject.name=taken")
+    assert [e["reason"] for e in events["items"]].count("NotOwned") == 1
+    service = await admin.get("/api/v1/namespaces/default/services/taken")
+    assert "ownerReferences" not in service["metadata"] and service["spec"]["ports"][0]["port"] == 80
 
 
 async def _cond(admin: Kube, path: str, type_: str) -> dict[str, Any]:

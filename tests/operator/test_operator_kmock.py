@@ -243,3 +243,22 @@ async def test_delete_releases_the_finalizer(operator: None, kmock: Kmock, make_
     async with kmock.delete(f"{MC_URL}/demo") as resp:
         assert resp.status < 300
     await eventually(lambda: kmock.objects[MC, "default", "demo"].deleted)
+
+
+async def test_a_standing_problem_is_reported_once(operator: None, kmock: Kmock, make_body: Make) -> None:
+    foreign = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "demo", "namespace": "default"}, "spec": {"clusterIP": "None"}}
+    async with kmock.post("/api/v1/namespaces/default/services", json=foreign) as resp:
+        assert resp.status < 300
+    await create(kmock, make_body())
+    await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled")["reason"] == "NotOwned")
+
+    def reported() -> int:
+        return [e.data["reason"] for e in kmock[kmocklib.resource("v1/events")]
+                if e.method == "POST"].count("NotOwned")
+    await asyncio.sleep(0.5)
+    before = reported()
+    await asyncio.sleep(1.5)  # several polls, each retrying the reconcile
+    # (kmock has no resourceVersion conflicts, so create and the first poll
+    # may both report; a real API server makes the second writer re-read.)
+    assert 1 <= before <= 2 and reported() == before
