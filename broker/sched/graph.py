@@ -20,6 +20,8 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 
 import networkx as nx
 
+from minicluster.model.idset import IdSet
+
 from . import idset, match as matcher
 from .alloc import Allocation
 from .feasible import check_feasible
@@ -452,9 +454,9 @@ class ResourceGraph:
                 "rank": node.rank, "hostname": node.hostname, "state": state,
                 "reason": node.drain_reason or "",
                 "cores_total": node.total_cores, "cores_free": node.free_cores,
-                "cores_free_ids": idset.encode(free_cores),
+                "cores_free_ids": str(IdSet.from_ints(free_cores)),
                 "gpus_total": node.total_gpus, "gpus_free": node.free_gpus,
-                "gpus_free_ids": idset.encode(free_gpus),
+                "gpus_free_ids": str(IdSet.from_ints(free_gpus)),
                 "memory_mb_total": node.total_mem, "memory_mb_free": node.free_mem,
                 "properties": dict(node.properties),
             })

@@ -68,38 +68,3 @@ def iter_descending(mask: int) -> Iterator[int]:
     while pos >= 0:
         yield pos
         pos = bits.rfind("1", 0, pos)
-
-
-def encode(ids: Iterable[int]) -> str:
-    """Compact text form, e.g. [0, 1, 2, 3, 7] -> "0-3,7"."""
-    parts: list[str] = []
-    start = prev = None
-    for i in sorted(set(ids)):
-        if prev is not None and i == prev + 1:
-            prev = i
-            continue
-        if start is not None:
-            parts.append(_span(start, prev))
-        start = prev = i
-    if start is not None:
-        parts.append(_span(start, prev))
-    return ",".join(parts)
-
-
-def _span(start: int, end: int) -> str:
-    return str(start) if start == end else f"{start}-{end}"
-
-
-def decode(text: str) -> tuple[int, ...]:
-    """Inverse of encode: "0-3,7" -> (0, 1, 2, 3, 7)."""
-    ids: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        lo, sep, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise ValueError(f"bad id-set element {part!r} in {text!r}") from None
-        if first < 0 or last < first:
-            raise ValueError(f"bad id-set range {part!r} in {text!r}")
-        ids.update(range(first, last + 1))
-    return tuple(sorted(ids))
