@@ -265,8 +265,13 @@ async def test_spec_beyond_schema_is_reported_not_dropped(operator: None, admin:
                                      lambda c: c.get("reason") == "InvalidSpec"))
     assert "exceeds maxSize 4" in cond["message"]
     assert (await admin.get(path))["status"]["phase"] == "Invalid"
-    events = await admin.get("/api/v1/namespaces/default/events?fieldSelector=involvedObject.name=toobig")
-    assert [e["reason"] for e in events["items"]].count("InvalidSpec") == 1
+
+    async def reported() -> int:
+        events = await admin.get("/api/v1/namespaces/default/events?fieldSelector=involvedObject.name=toobig")
+        return [e["reason"] for e in events["items"]].count("InvalidSpec")
+    await until(reported)
+    await asyncio.sleep(1)
+    assert await reported() == 1
     assert await admin.get("/apis/batch/v1/namespaces/default/jobs/toobig") is None
 
 

@@ -193,8 +193,8 @@ async def test_scale_beyond_max_size_is_reported(operator: None, kmock: Kmock, m
         and condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
     assert "exceeds maxSize 8" in reconciled["message"]
     assert obj(kmock, JOB, "demo")["spec"]["parallelism"] == 4
-    events = [e.data for e in kmock[kmocklib.resource("v1/events")] if e.method == "POST"]
-    assert any(e["reason"] == "InvalidSpec" for e in events)
+    await eventually(lambda: any(e.data["reason"] == "InvalidSpec"
+                                 for e in kmock[kmocklib.resource("v1/events")] if e.method == "POST"))
 
 
 async def test_suspend_and_resume(operator: None, kmock: Kmock, make_body: Make) -> None:
