@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from typing import Any
 
 import kopf
@@ -17,8 +18,6 @@ from minicluster.operator import handlers, metrics
 from minicluster.operator.kube import Kube, Login
 from minicluster.operator.spec import GROUP
 from minicluster.operator.status import HttpStatusFetcher, StatusFetcher, broker_url
-
-logger = logging.getLogger(__name__)
 
 
 async def default_login() -> kopf.ConnectionInfo:
@@ -54,15 +53,16 @@ async def operate(
     cluster_domain: str = "cluster.local",
     metrics_port: int | None = 8080,
     health_port: int | None = None,
-    stop_flag: asyncio.Event | None = None,
-    ready_flag: asyncio.Event | None = None,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
     registry = registry if registry is not None else kopf.OperatorRegistry()
-    fetcher = HttpStatusFetcher(lambda mc: broker_url(mc, cluster_domain))
+    # Opens no connection unless used, so it is cheap to make and close always.
+    own_fetcher = HttpStatusFetcher(lambda mc: broker_url(mc, cluster_domain))
     kube = Kube(login)
     deps = handlers.Deps(
         kube=kube,
-        fetch_status=fetch_status or fetcher,
+        fetch_status=fetch_status or own_fetcher,
         metrics=metrics.Metrics(),
         poll_interval=poll_interval,
         cluster_domain=cluster_domain,
@@ -92,7 +92,7 @@ async def operate(
     finally:
         if server is not None:
             await server.cleanup()
-        await fetcher.close()
+        await own_fetcher.close()
         await kube.close()
 
 
