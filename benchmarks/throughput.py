@@ -9,7 +9,7 @@ control   test executor (tasks end instantly), 4 ranks of 64 cores: one 100k-tas
           wall-clock rate, the broker's CPU time per task (utime+stime from /proc/PID/stat),
           which does not depend much on the load of this shared machine.
 spawn     `/bin/true` tasks, 8 in flight, three systems interleaved run by run: a MiniCluster
-          array on 2 ranks of 4 cores (real executor; 4 ranks of 2 on a 2-CPU machine), a bare `os.posix_spawn` loop that keeps 8
+          array on 2 ranks of 4 cores (real executor), a bare `os.posix_spawn` loop that keeps 8
           children alive (the machine's limit), and HyperQueue 0.27 (one worker of 8 CPUs, its
           server and worker run inside this process).  Ratios are taken run by run.
 memory    broker VmRSS with 1,000,000 queued array tasks (every rank drained first), and RSS
@@ -114,14 +114,9 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {message}", file=sys.stderr, flush=True)
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
     """`runs` plus the median of each metric."""
-    keys = runs[0].keys() if runs else ()
-    return {"runs": runs, "median": {k: median([r[k] for r in runs]) for k in keys}}
+    return {"runs": runs, "median": {k: statistics.median(r[k] for r in runs) for k in runs[0]}}
 
 
 @contextlib.contextmanager
@@ -210,18 +205,9 @@ def control_plane(sizes: Sizes, runs: int) -> dict[str, Any]:
 
 # --- real processes --------------------------------------------------------------------------------------
 
-def spawn_layout() -> tuple[int, int]:
-    """(ranks, cores per rank) giving IN_FLIGHT slots: 2 x 4, or more ranks when this machine has fewer
-    than 4 CPUs (the real executor binds each task to its cores, so a rank cannot claim more CPUs than
-    its affinity mask holds)."""
-    cores = min(IN_FLIGHT // 2, len(os.sched_getaffinity(0)))
-    return IN_FLIGHT // cores, cores
-
-
 def spawn_minicluster(n: int) -> float:
-    """Tasks/s of an n-task /bin/true array with IN_FLIGHT slots (real executor)."""
-    ranks, cores = spawn_layout()
-    with local_cluster(ranks, resources=f"cores={cores}") as cluster, cluster.client() as client:
+    """Tasks/s of an n-task /bin/true array on 2 ranks x IN_FLIGHT/2 cores (real executor)."""
+    with local_cluster(2, resources=f"cores={IN_FLIGHT // 2}") as cluster, cluster.client() as client:
         run_all(client, [client.submit(spec(["/bin/true"], array="1-50"))])  # warm-up
         start = time.perf_counter()
         run_all(client, [client.submit(spec(["/bin/true"], array=f"1-{n}"))])
@@ -289,10 +275,10 @@ def real_processes(sizes: Sizes, runs: int) -> dict[str, Any]:
     vs_raw = [m / r for m, r in zip(mc, rates["raw_posix_spawn"])]
     vs_hq = [m / h for m, h in zip(mc, rates["hyperqueue"])]
     return {
-        "tasks": sizes.spawn_tasks, "in_flight": IN_FLIGHT, "minicluster_ranks_x_cores": spawn_layout(),
-        "tasks_per_s": {name: {"runs": r, "median": median(r)} for name, r in rates.items()},
-        "spawn_vs_raw": {"runs": vs_raw, "median": median(vs_raw)},
-        "spawn_vs_hyperqueue": {"runs": vs_hq, "median": median(vs_hq)},
+        "tasks": sizes.spawn_tasks, "in_flight": IN_FLIGHT,
+        "tasks_per_s": {name: {"runs": r, "median": statistics.median(r)} for name, r in rates.items()},
+        "spawn_vs_raw": {"runs": vs_raw, "median": statistics.median(vs_raw)},
+        "spawn_vs_hyperqueue": {"runs": vs_hq, "median": statistics.median(vs_hq)},
     }
 
 
@@ -406,6 +392,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     runs = args.runs or (2 if args.quick else 3)
+    if runs < 1:
+        parser.error("--runs must be at least 1")
 
     machine: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_start": loadavg(), "quick": args.quick,
                                "runs": runs, "python": platform.python_version()}
