@@ -130,7 +130,8 @@ class TaskExecutor(_Executor):
         super().__init__(on_exit)
         self._on_output = on_output
         self._pidfile = pidfile
-        self._pidfile_dirty = False
+        self._pidfile_fd: int | None = None
+        self._pidfile_lines = 0
         self._allowed_cores = frozenset(os.sched_getaffinity(0))
         self._private_cwd_threads: set[int] = set()
 
@@ -148,7 +149,7 @@ class TaskExecutor(_Executor):
         loop.add_reader(pidfd, self._on_pidfd, task)
         for fd in pipes:
             loop.add_reader(fd, self._on_pipe, task, fd)
-        self._pidfile_changed(loop)
+        self._record_pid(task)
         return pid
 
     def signal(self, key: TaskKey, sig: int) -> None:
@@ -323,25 +324,38 @@ class TaskExecutor(_Executor):
         # Leftover group members would otherwise outlive the task unaccounted.
         _killpg(task.pid, _signal.SIGKILL)
         del self._tasks[task.key]
-        self._pidfile_changed(asyncio.get_running_loop())
+        if self._pidfile_lines > 2 * len(self._tasks) + 256:
+            self._write_pidfile()
         self._report(_result(task))
 
     # -- orphan bookkeeping -------------------------------------------------
 
-    def _pidfile_changed(self, loop: asyncio.AbstractEventLoop) -> None:
-        # One rewrite per loop iteration however many tasks started or ended.
-        if self._pidfile and not self._pidfile_dirty:
-            self._pidfile_dirty = True
-            loop.call_soon(self._write_pidfile)
+    def _record_pid(self, task: _Task) -> None:
+        """Append the new task to the pidfile: one write(2) per spawn.
 
-    def _write_pidfile(self) -> None:
+        Ended tasks stay listed until the next compaction; that is harmless because kill_orphans only kills
+        a pid whose start time still matches.
+        """
         if not self._pidfile:
             return
-        self._pidfile_dirty = False
+        if self._pidfile_fd is None:
+            self._write_pidfile()  # lists every running task, this one included
+            return
+        os.write(self._pidfile_fd, f"{task.pid} {task.pid} {task.starttime}\n".encode())
+        self._pidfile_lines += 1
+
+    def _write_pidfile(self) -> None:
+        """Rewrite the pidfile with just the running tasks (start-up, compaction, shutdown)."""
+        if not self._pidfile:
+            return
         tmp = f"{self._pidfile}.tmp"
         with open(tmp, "w") as f:
             f.writelines(f"{t.pid} {t.pid} {t.starttime}\n" for t in self._tasks.values())
         os.replace(tmp, self._pidfile)
+        if self._pidfile_fd is not None:
+            os.close(self._pidfile_fd)
+        self._pidfile_fd = os.open(self._pidfile, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._pidfile_lines = len(self._tasks)
 
 
 def _resolve(spec: TaskSpec) -> str:

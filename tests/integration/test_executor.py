@@ -287,7 +287,6 @@ async def test_kill_orphans_kills_recorded_groups_and_skips_reused_pids(tmp_path
     pidfile = tmp_path / "tasks-rank0.pids"
     h = Harness(pidfile=str(pidfile))
     keys = [h.start("sleep", "30")[0] for _ in range(2)]
-    await asyncio.sleep(0.05)  # the pidfile is rewritten once per loop iteration
     lines = pidfile.read_text().splitlines()
     assert len(lines) == 2
     # A live process whose pid was "reused": recorded start time differs.
@@ -305,8 +304,8 @@ async def test_kill_orphans_kills_recorded_groups_and_skips_reused_pids(tmp_path
     finally:
         stranger.kill()
         stranger.wait()
-    await asyncio.sleep(0.05)
-    assert pidfile.read_text() == ""  # nothing running any more
+    await h.ex.shutdown(0)
+    assert pidfile.read_text() == ""  # rewritten with what still runs: nothing
 
 
 # -- TestExecutor ----------------------------------------------------------
@@ -363,3 +362,17 @@ async def test_mock_throughput():
     assert len(done) == len(specs) and ex.running == 0
     # ~200k/s on an idle 2-core VM; the margin absorbs a busy CI machine.
     assert rate > 40_000, f"{rate:.0f} tasks/s"
+
+
+async def test_pidfile_is_compacted_as_tasks_come_and_go(tmp_path):
+    pidfile = tmp_path / "tasks-rank0.pids"
+    h = Harness(pidfile=str(pidfile))
+    for _ in range(3):
+        keys = [h.start("true")[0] for _ in range(200)]
+        for k in keys:
+            await h.wait(k)
+    sleeper = h.start("sleep", "30")[0]
+    lines = pidfile.read_text().splitlines()
+    assert len(lines) <= 2 * 1 + 256 + 1
+    assert lines[-1].split()[0] == str(h.ex._tasks[sleeper].pid)
+    await h.ex.shutdown(0)
