@@ -68,6 +68,9 @@ async def _reconcile(deps: Deps, body: kopf.Body) -> None:
     except reconcile.NotOwned as exc:
         await _refuse(deps, body, "NotOwned", str(exc))
         return
+    except reconcile.TemplateChanged as exc:
+        await _refuse(deps, body, "TemplateImmutable", str(exc), applied={"size": mc.size})
+        return
     except ApiError as exc:
         if exc.status in (400, 422):
             # The API server refused what we asked (e.g. an immutable field on
@@ -90,7 +93,7 @@ async def _reconcile(deps: Deps, body: kopf.Body) -> None:
 
 
 async def _refuse(deps: Deps, body: kopf.Body, reason: str, message: str,
-                  phase: str | None = None) -> None:
+                  phase: str | None = None, applied: Mapping[str, Any] | None = None) -> None:
     """Say loudly, in status and as an event, why nothing was done."""
     deps.metrics.failed("reconcile")
     meta = body["metadata"]
@@ -101,6 +104,7 @@ async def _refuse(deps: Deps, body: kopf.Body, reason: str, message: str,
     def refused(old: Mapping[str, Any]) -> dict[str, Any]:
         seen.append(status.find_condition(old.get("conditions") or [], "Reconciled"))
         fields: dict[str, Any] = {
+            **(applied or {}),
             "observedGeneration": meta.get("generation", 0),
             "conditions": status.set_condition(
                 old.get("conditions") or [], "Reconciled", False, reason, message, _now()),

@@ -7,6 +7,8 @@ operator can find its own objects by label only.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 from typing import Any
 
 from minicluster.config import InstanceConfig
@@ -26,6 +28,7 @@ STATE_DIR = "/var/lib/minicluster"
 # "killed by a signal" (OOM kill, pod deletion) and the index is retried.
 PROGRAM_FAILURE_CODES = list(range(1, 128))
 BACKOFF_LIMIT = 10
+TEMPLATE_HASH = "minicluster.dev/template-hash"
 
 Manifest = dict[str, Any]
 
@@ -154,12 +157,15 @@ def job(mc: MiniCluster) -> Manifest:
     }
     if mc.deadline_seconds:
         spec["activeDeadlineSeconds"] = mc.deadline_seconds
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _metadata(mc, mc.name, **extra),
-        "spec": spec,
-    }
+    metadata = _metadata(mc, mc.name, **extra)
+    metadata["annotations"] = {TEMPLATE_HASH: template_hash(mc)}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+
+
+def template_hash(mc: MiniCluster) -> str:
+    """Fingerprint of the pod template, which a Job never lets us change."""
+    text = json.dumps(pod_template(mc), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def pod_failure_rules() -> list[dict[str, Any]]:

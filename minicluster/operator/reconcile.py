@@ -20,6 +20,10 @@ class NotOwned(Exception):
     """An object with a child's name exists but belongs to someone else."""
 
 
+class TemplateChanged(Exception):
+    """The spec changed a pod field; a Job's pod template is immutable."""
+
+
 async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.local") -> None:
     existing = {kind: await _get_owned(kube, mc, kind, name) for kind, name in _children(mc)}
     if existing["Secret"] is None:
@@ -38,6 +42,17 @@ async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.loc
     if existing["ConfigMap"] is not None and existing["ConfigMap"].get("data") != config["data"]:
         path = path_of("ConfigMap", mc.namespace, config["metadata"]["name"])
         await kube.merge_patch(path, {"data": config["data"]})
+    if existing["Job"] is not None:
+        _check_template(mc, existing["Job"])
+
+
+def _check_template(mc: MiniCluster, job: Mapping[str, Any]) -> None:
+    recorded = ((job.get("metadata") or {}).get("annotations") or {}).get(manifests.TEMPLATE_HASH)
+    if recorded and recorded != manifests.template_hash(mc):
+        raise TemplateChanged(
+            "changes to image, command, env, resources, volumes or placement do not reach "
+            "running pods (a Job's pod template is immutable); size and suspend were applied. "
+            "Recreate the MiniCluster to apply them")
 
 
 def _children(mc: MiniCluster) -> list[tuple[str, str]]:

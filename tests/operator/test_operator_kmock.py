@@ -262,3 +262,15 @@ async def test_a_standing_problem_is_reported_once(operator: None, kmock: Kmock,
     # (kmock has no resourceVersion conflicts, so create and the first poll
     # may both report; a real API server makes the second writer re-read.)
     assert 1 <= before <= 2 and reported() == before
+
+
+async def test_pod_template_changes_are_reported(operator: None, kmock: Kmock, make_body: Make) -> None:
+    await create(kmock, make_body())
+    await eventually(lambda: obj(kmock, JOB, "demo"))
+    await patch(kmock, "demo", {"spec": {"image": "example.org/other:2", "size": 5}})
+    cond = await eventually(
+        lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled")["reason"] == "TemplateImmutable"
+        and condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
+    assert "Recreate the MiniCluster" in cond["message"]
+    assert obj(kmock, JOB, "demo")["spec"]["parallelism"] == 5  # the size still applied
+    assert obj(kmock, MC, "demo")["status"]["size"] == 5

@@ -164,3 +164,10 @@ def test_fixed_size_cluster_explains_how_to_become_elastic(make_body: Any) -> No
 def test_job_patch(make_body: Any, spec: dict[str, Any], current: dict[str, Any], wanted: dict[str, Any]) -> None:
     mc = MiniCluster.from_body(make_body(**spec))
     assert reconcile.job_patch(mc, {"spec": current}) == wanted
+
+
+def test_template_hash_tracks_pod_fields_only(make_body: Any) -> None:
+    base = manifests.template_hash(MiniCluster.from_body(make_body()))
+    assert manifests.template_hash(MiniCluster.from_body(make_body(size=6))) == base
+    assert manifests.template_hash(MiniCluster.from_body(make_body(suspend=True))) == base
+    assert manifests.template_hash(MiniCluster.from_body(make_body(image="other:1"))) != base
