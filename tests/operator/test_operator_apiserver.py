@@ -22,7 +22,7 @@ import kopf
 import pytest
 import yaml
 
-from cluster import ADMIN_TOKEN, Cluster, find_binaries
+from k8s_control_plane import ADMIN_TOKEN, Cluster, find_binaries
 from minicluster.operator import operate
 from minicluster.operator.kube import ApiError, Kube
 from minicluster.operator.status import HttpStatusFetcher
