@@ -6,6 +6,7 @@ turned into the right `kill` messages and exceptions.  Job-level consequences go
 """
 from __future__ import annotations
 
+import asyncio
 import heapq
 import logging
 import signal
@@ -51,15 +52,20 @@ class Execution:
 
     def start(self, starts: list[sched.Start]) -> None:
         batches: dict[int, dict[str, Any]] = {}
+        gangs: list[tuple[Job, list[tuple[int, sched.Slot]], dict[str, Any]]] = []
         now = self.manager.clock()
+        durable: asyncio.Future[None] | None = None
         for st in starts:
             job = self.manager.jobs[st.job_id]
             if job.is_array:
                 self._start_element(job, st, now, batches)
             else:
-                self._start_job(job, st, now)
+                durable = self._start_job(job, st, now, gangs)
         for rank, body in batches.items():
             self.send("run", rank, body)
+        if durable is not None:
+            # Journal writes commit in order: once the last alloc is durable, all of this pass's are.
+            durable.add_done_callback(lambda _: self._dispatch_gangs(gangs))
 
     def _track(self, job: Job, task: int, rank: int, element: int, now: float) -> None:
         key = (job.id, task)
@@ -92,29 +98,34 @@ class Execution:
             batch["jobs"][job.id] = self._jobinfo(job, [[rank, 1]])
         batch["tasks"].append([job.id, task, job.index_of(task), list(slot.cores), list(slot.gpus)])
 
-    def _start_job(self, job: Job, st: sched.Start, now: float) -> None:
+    def _start_job(self, job: Job, st: sched.Start, now: float,
+                   gangs: list[tuple[Job, list[tuple[int, sched.Slot]], dict[str, Any]]]) -> asyncio.Future[None]:
         slots = st.allocation.task_slots()
         job.t_run = now
         for task, (rank, _) in enumerate(slots):
             self._track(job, task, rank, 0, now)
         layout = [[rank, len(ra.slots)] for rank, ra in st.allocation.items()]
         self.manager.post(job, "alloc", {"ranks": str(IdSet.from_ints(job.ranks))})
-        fut = self.manager.post(job, "start")
         self._undispatched.add(job.id)
-        info = self._jobinfo(job, layout)
+        gangs.append((job, slots, self._jobinfo(job, layout)))
+        durable = self.manager.post(job, "start", durable=True)
+        assert durable is not None
+        return durable
 
-        def dispatch(_: object) -> None:
+    def _dispatch_gangs(self, gangs: list[tuple[Job, list[tuple[int, sched.Slot]], dict[str, Any]]]) -> None:
+        """Send the `run`s of plain jobs whose alloc is durable, one message per rank for all of them."""
+        per_rank: dict[int, dict[str, Any]] = {}
+        for job, slots, info in gangs:
             # A cancel that came before the alloc was durable already ended these tasks.
             if job.id not in self._undispatched:
-                return
+                continue
             self._undispatched.discard(job.id)
-            per_rank: dict[int, list[list[Any]]] = defaultdict(list)
             for task, (rank, slot) in enumerate(slots):
-                per_rank[rank].append([job.id, task, task, list(slot.cores), list(slot.gpus)])
-            for rank, tasks in per_rank.items():
-                self.send("run", rank, {"jobs": {job.id: info}, "tasks": tasks})
-
-        fut.add_done_callback(dispatch)
+                body = per_rank.setdefault(rank, {"jobs": {}, "tasks": []})
+                body["jobs"][job.id] = info
+                body["tasks"].append([job.id, task, task, list(slot.cores), list(slot.gpus)])
+        for rank, body in per_rank.items():
+            self.send("run", rank, body)
 
     def _jobinfo(self, job: Job, layout: list[list[int]]) -> dict[str, Any]:
         spec = job.spec

@@ -71,6 +71,7 @@ class JobManager:
         # Set by the broker: ends a job's running tasks (execution.kill_job).
         self.kill_tasks: Callable[[Job, int], None] = lambda job, sig: None
         self.all_ranks_seen = False
+        self._feasible: dict[sched.Request, str] = {}
         # Inactive job ids in the order they became inactive: purge takes from the front.
         self.inactive_order: deque[int] = deque()
 
@@ -86,11 +87,21 @@ class JobManager:
         if spec.nnodes > self.config.size:
             raise JobError("infeasible", f"nnodes: needs {spec.nnodes} nodes, the MiniCluster has {self.config.size}")
         if self.all_ranks_seen:
-            try:
-                self.scheduler.graph.check_feasible(request)
-            except sched.InfeasibleRequest as exc:
-                raise JobError("infeasible", str(exc)) from None
+            # Feasibility depends only on which ranks exist, so an answer holds until they change.
+            verdict = self._feasible.get(request)
+            if verdict is None:
+                try:
+                    self.scheduler.graph.check_feasible(request)
+                    verdict = ""
+                except sched.InfeasibleRequest as exc:
+                    verdict = str(exc)
+                self._feasible[request] = verdict
+            if verdict:
+                raise JobError("infeasible", verdict)
         return request
+
+    def ranks_changed(self) -> None:
+        self._feasible.clear()
 
     def submit(self, uid: int, gid: int, spec: Jobspec) -> asyncio.Future[None]:
         """Create the job and queue it; the returned future resolves once it is durable."""
@@ -110,7 +121,8 @@ class JobManager:
         ]
         self.post(job, "submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array}, statements)
         self.post(job, "depend")
-        fut = self.post(job, "priority", {"priority": job.urgency})
+        fut = self.post(job, "priority", {"priority": job.urgency}, durable=True)
+        assert fut is not None
         self.enqueue(job, request)
         return fut
 
@@ -130,8 +142,12 @@ class JobManager:
     # --- events --------------------------------------------------------------------------------------------
 
     def post(self, job: Job, name: str, context: dict[str, Any] | None = None,
-             extra: Iterable[Statement] = ()) -> asyncio.Future[None]:
-        """Append an event: state changes now, followers hear of it once it is durable."""
+             extra: Iterable[Statement] = (), durable: bool = False) -> asyncio.Future[None] | None:
+        """Append an event: state changes now, followers hear of it once it is durable.
+
+        The job row is not touched: an active job's state is its event log replayed (broker/recovery.py),
+        which keeps runs of event inserts together for executemany.
+        """
         ts = self.clock()
         seq = job.seq
         job.seq += 1
@@ -140,11 +156,13 @@ class JobManager:
         statements = [
             *extra,
             ("INSERT INTO events VALUES (?,?,?,?,?)", (job.id, seq, ts, name, pack(context))),
-            ("UPDATE jobs SET state=?, seq=? WHERE id=?", (job.state.value, job.seq, job.id)),
         ]
-        fut = self.journal.write(statements)
         event = [seq, ts, name, context]
         job_id = job.id
+        if not durable:
+            self.journal.append(statements, lambda: self.watchers.event(job_id, event))
+            return None
+        fut = self.journal.write(statements)
         fut.add_done_callback(lambda f: f.exception() or self.watchers.event(job_id, event))
         return fut
 
@@ -181,9 +199,11 @@ class JobManager:
     def clean(self, job: Job) -> None:
         """The last step, also taken alone for a job a restart found in CLEANUP."""
         job.t_inactive = job.t_inactive or self.clock()
-        row = ("UPDATE jobs SET status=?, exception=?, t_run=?, t_inactive=?, counts=? WHERE id=?",
-               (job.status, job.exception, job.t_run, job.t_inactive, pack(job.counts_wire()), job.id))
-        fut = self.post(job, "clean", extra=[row])
+        row = ("UPDATE jobs SET state='INACTIVE', seq=?, status=?, exception=?, t_run=?, t_inactive=?, counts=? "
+               "WHERE id=?",
+               (job.seq + 1, job.status, job.exception, job.t_run, job.t_inactive, pack(job.counts_wire()), job.id))
+        fut = self.post(job, "clean", extra=[row], durable=True)
+        assert fut is not None
         job.retire()
         result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
         fut.add_done_callback(lambda f: f.exception() or self._closed(job, result))

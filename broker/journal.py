@@ -16,12 +16,14 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 Statement = tuple[str, Sequence[Any]]
+# What to tell once a write is committed: a future to resolve, a callback to run, or nothing.
+Waiter = Union["asyncio.Future[None]", Callable[[], None], None]
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -76,7 +78,7 @@ class Journal:
         elif found[0] != SCHEMA_VERSION:
             raise JournalError(f"{self.path} has schema {found[0]}, this broker reads {SCHEMA_VERSION}")
         setup.close()
-        self._writes: queue.SimpleQueue[tuple[list[Statement], asyncio.Future[None]] | None] = queue.SimpleQueue()
+        self._writes: queue.SimpleQueue[tuple[list[Statement], Waiter] | None] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
         self._reader = concurrent.futures.ThreadPoolExecutor(1, "journal-reader", initializer=self._open_reader)
@@ -115,6 +117,13 @@ class Journal:
         self._writes.put((statements, fut))
         return fut
 
+    def append(self, statements: list[Statement], then: Callable[[], None] | None = None) -> None:
+        """Like write(), without a future: `then` (if any) runs on the loop once committed, in order.
+
+        For the many writes nobody awaits (most job events), a future per write is measurable overhead.
+        """
+        self._writes.put((statements, then))
+
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._reader, lambda: fn(self._reader_local.conn))
@@ -146,7 +155,7 @@ class Journal:
                 self._commit(conn, batch)
         conn.close()
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[list[Statement], asyncio.Future[None]]]) -> None:
+    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[list[Statement], Waiter]]) -> None:
         statements = [s for group, _ in batch for s in group]
         error: BaseException | None = None
         try:
@@ -157,7 +166,7 @@ class Journal:
         self.commits += 1
         self.statements += len(statements)
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(_resolve, [fut for _, fut in batch], error)
+        self._loop.call_soon_threadsafe(_resolve, [waiter for _, waiter in batch if waiter is not None], error)
 
 
 def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> None:
@@ -172,11 +181,14 @@ def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> N
     conn.execute("COMMIT")
 
 
-def _resolve(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
-    for fut in futures:
-        if fut.done():
+def _resolve(waiters: list[Waiter], error: BaseException | None) -> None:
+    for waiter in waiters:
+        if not isinstance(waiter, asyncio.Future):
+            if error is None and waiter is not None:
+                waiter()
+        elif waiter.done():
             continue
-        if error is None:
-            fut.set_result(None)
+        elif error is None:
+            waiter.set_result(None)
         else:
-            fut.set_exception(error)
+            waiter.set_exception(error)

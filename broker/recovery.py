@@ -48,6 +48,7 @@ def load(journal: Journal, manager: JobManager) -> Recovered:
             out.active.append(job)
     inactive = sorted((j for j in manager.jobs.values() if j.closed), key=lambda j: j.t_inactive or 0.0)
     manager.inactive_order.extend(j.id for j in inactive)
+    _replay_events(journal, {j.id: j for j in out.active})
     _restore_results(journal, {j.id: j for j in out.active})
     return out
 
@@ -65,6 +66,25 @@ def _restore(row: tuple[Any, ...]) -> Job:
         job.closed = True
         job.retire()
     return job
+
+
+def _replay_events(journal: Journal, active: dict[int, Job]) -> None:
+    """An active job's state and next sequence number come from its event log, not its row."""
+    if not active:
+        return
+    marks = ",".join("?" * len(active))
+    rows = journal.query(f"SELECT job, seq, ts, name, context FROM events WHERE job IN ({marks}) "
+                         "ORDER BY job, seq", list(active))
+    for job in active.values():
+        job.state = State.NEW
+    for job_id, seq, ts, name, context in rows:
+        job = active[job_id]
+        job.apply(name)
+        job.seq = seq + 1
+        if name == "start" and job.t_run is None:
+            job.t_run = ts
+        elif name == "exception" and unpack(context).get("severity") == 0:
+            job.exception = unpack(context).get("type")
 
 
 def _restore_results(journal: Journal, active: dict[int, Job]) -> None:

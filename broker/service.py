@@ -180,6 +180,7 @@ class Broker:
                             memory_mb=int(wire.get("memory_mb", 0)),
                             properties={str(k): str(v) for k, v in (wire.get("properties") or {}).items()})
         self.known_ranks.add(rank)
+        self.manager.ranks_changed()
         if rank in self.drains:
             self.graph.drain(rank, self.drains.pop(rank))
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from minicluster.model.idset import IdSet, IdSetError
@@ -45,11 +45,14 @@ class Jobspec:
         return self.mpi == "pmi1" or (self.mpi is None and self.ntasks > 1)
 
     def to_wire(self) -> dict[str, Any]:
-        d = asdict(self)
+        # Not dataclasses.asdict: it deep-copies, and the broker calls this once per submitted job.
+        d = {name: getattr(self, name) for name in _FIELD_NAMES}
         d["argv"] = list(self.argv)
         d["requires"] = list(self.requires)
         return d
 
+
+_FIELD_NAMES = tuple(Jobspec.__dataclass_fields__)
 
 _INT_FIELDS = {
     "ntasks": 1, "nnodes": 0, "tasks_per_node": 0, "cores_per_task": 1,
