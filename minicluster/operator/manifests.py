@@ -221,6 +221,7 @@ def container(mc: MiniCluster) -> Manifest:
             *mc.volume_mounts,
             {"name": "minicluster-config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "minicluster-state", "mountPath": STATE_DIR},
+            {"name": "minicluster-shm", "mountPath": "/dev/shm"},
         ],
         "securityContext": {"allowPrivilegeEscalation": False},
     }
@@ -241,6 +242,8 @@ def _own_volumes(mc: MiniCluster) -> list[Manifest]:
     return [
         {"name": "minicluster-config", "projected": {"sources": [config_source, key_source]}},
         {"name": "minicluster-state", "emptyDir": {}},
+        # MPICH's shared-memory transport needs more than the runtime's 64 MiB default /dev/shm.
+        {"name": "minicluster-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
     ]
 
 
