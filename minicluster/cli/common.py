@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from minicluster.cli.options import int_at_least
 from minicluster.client import ClientError
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobspec import InvalidJobspec
@@ -58,15 +59,8 @@ def _report(prog: str, exc: BaseException) -> None:
     sys.stderr.write(f"{prog}: error: {text}\n")
 
 
-def job_id(text: str) -> int:
-    """argparse type of a job id: a positive integer."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (must be positive)")
-    return value
+# argparse type of a job id: a positive integer.
+job_id = int_at_least(1, "a job id")
 
 
 def ranks(items: list[str]) -> list[int]:

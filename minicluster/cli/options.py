@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from minicluster.config import POLICIES
@@ -15,24 +15,21 @@ _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _MEM_UNITS = {"": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def int_at_least(minimum: int, what: str = "an integer") -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum`, with a one-line message otherwise."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}: must be at least {minimum}")
+        return value
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
 
 
 def urgency(text: str) -> int:

@@ -25,6 +25,13 @@ def client4(cluster4: LocalCluster) -> Iterator[Client]:
         yield c
 
 
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    """A client of the module's own `cluster` fixture."""
+    with cluster.client() as c:
+        yield c
+
+
 def job(argv: list[str], **fields: Any) -> dict[str, Any]:
     """A jobspec map as the tools build it."""
     return {"argv": argv, "env": {"PATH": os.environ["PATH"]}, "cwd": "/tmp", **fields}

@@ -20,12 +20,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
     c.stop()
 
 
-@pytest.fixture
-def client(cluster: LocalCluster) -> Client:
-    with cluster.client() as c:
-        yield c
-
-
 def test_array_substitutes_index_and_keeps_per_index_results(client: Client) -> None:
     array = client.submit(job(["sh", "-c", 'echo "i={cc} env=$MC_TASK_INDEX"; exit $(( {cc} % 7 == 0 ))'],
                               array="1-30:3,100"))

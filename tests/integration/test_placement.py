@@ -24,12 +24,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
     c.stop()
 
 
-@pytest.fixture
-def client(cluster: LocalCluster) -> Client:
-    with cluster.client() as c:
-        yield c
-
-
 def ranks_of(client: Client, spec: dict) -> str:
     job_id = client.submit(spec)
     assert wait_for(client, job_id)["status"] == 0
