@@ -158,6 +158,9 @@ class Broker:
             self.overlay.send("error", rank, {"code": "bad-request", "message": f"bad resources: {exc}", "ref": "join"})
             return
         self.ranks.joined(rank, now, body.get("pid"), str(body.get("hostname", "")), resources)
+        results = body.get("results") or []
+        if results:
+            self.execution.on_done(rank, list(results))
         running = body.get("running") or []
         if self.reattach is not None:
             self.reattach.report(rank, running)

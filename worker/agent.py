@@ -27,6 +27,8 @@ Send = Callable[[str, int, dict[str, Any]], None]
 STREAMS = {"stdout": 1, "stderr": 2}
 # Output is flushed at this size even within one loop iteration, to keep messages moderate.
 OUTPUT_FLUSH_BYTES = 256 * 1024
+# Unacknowledged results carried by a `join`; any beyond follow in `done` messages.
+JOIN_RESULTS = 10_000
 
 
 class WorkerAgent:
@@ -76,8 +78,11 @@ class WorkerAgent:
 
     def join(self) -> None:
         running = [[job, task, cores, gpus] for (job, task), (cores, gpus) in self.running.items()]
+        # Results travel with the join, so a restarted rank 0 knows what ended before it settles reattachment.
+        results = list(self.unacked.values())[:JOIN_RESULTS]
         self.send("join", 0, {"pid": os.getpid(), "hostname": self.resources.hostname,
-                              "resources": self.resources.to_wire(), "running": running, "epoch": self.epoch})
+                              "resources": self.resources.to_wire(), "running": running, "results": results,
+                              "epoch": self.epoch})
 
     async def shutdown(self) -> None:
         await self.executor.shutdown(self.config.kill_grace)
