@@ -109,3 +109,19 @@ def test_kill9_during_a_50k_array_loses_no_index(tmp_path) -> None:
             tasks = c.task_results(array, limit=60000)
             assert sorted(t[1] for t in tasks) == list(range(1, 50001))
             assert "clean" in event_names(c, array)
+
+
+def test_results_produced_while_the_broker_is_down_are_kept(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=2, fanout=2, resources="cores=1") as cluster:
+        with cluster.client() as c:
+            c.drain([0], "keep the job on the worker")
+            job_id = c.submit(job(["sh", "-c", "sleep 0.5; exit 3"]))
+            _started(c, job_id)
+        cluster.procs[0].send_signal(signal.SIGSTOP)
+        time.sleep(1.5)  # the task ends while rank 0 cannot hear it; the worker keeps the result
+        cluster.kill(0)
+        cluster.restart(0)
+        with cluster.client() as c:
+            result = wait_for(c, job_id)
+            assert result["status"] == 3 and result["exception"] is None
+            assert [row[3] for row in c.task_results(job_id)] == [3]
