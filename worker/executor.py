@@ -238,7 +238,10 @@ class TaskExecutor(_Executor):
         # posix_spawn can set neither affinity nor cwd, and the child copies
         # both from the calling thread, so the thread wears them briefly.
         # Affinity is per-thread on Linux; cwd is made per-thread by unshare.
-        saved_affinity = os.sched_getaffinity(0) if spec.cores else None
+        # The loop thread's own mask is the worker's, restored after every spawn; a task bound to all of
+        # it needs no change (and no migration of the spawning thread).
+        bind = spec.cores and frozenset(spec.cores) != self._allowed_cores
+        saved_affinity = self._allowed_cores if bind else None
         saved_cwd = None
         try:
             if saved_affinity is not None:
