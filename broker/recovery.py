@@ -5,7 +5,9 @@ The rule, documented for users:
   * a job that was running is reattached when the workers that rejoin within `reattach_timeout` report all of
     its tasks still running (or finished: their results are kept by the workers until acknowledged);
   * otherwise a plain job ends with the exception `broker-restart`, and the tasks that survived are killed;
-  * array elements that nobody reports are queued again (each element is independent).
+  * array elements that nobody reports are queued again (each element is independent);
+  * a job whose ending exception (cancel, timeout, ...) was already recorded is finished, and any of its
+    tasks still reported are killed.
 While the reattach window is open the scheduler starts nothing, so no core is handed out twice.
 """
 from __future__ import annotations
@@ -85,6 +87,7 @@ def _replay_events(journal: Journal, active: dict[int, Job]) -> None:
             job.t_run = ts
         elif name == "exception" and unpack(context).get("severity") == 0:
             job.exception = unpack(context).get("type")
+            job.ending = True
 
 
 def _restore_results(journal: Journal, active: dict[int, Job]) -> None:
@@ -140,6 +143,12 @@ class Reattach:
 
     def _settle_job(self, job: Job, execution: Any, now: float) -> None:
         entries = [e for e in self.reports.get(job.id, []) if not job.is_done(e[1])]
+        if job.ending:
+            # An exception had already ended the job: finish it, and its surviving tasks with it.
+            for rank, task, _, _ in entries:
+                execution.send("kill", rank, {"keys": [[job.id, task]], "signal": 9, "grace": 0.0})
+            self.manager.finish(job)
+            return
         spec = job.spec
         assert spec is not None
         request = request_of(spec)

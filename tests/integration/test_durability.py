@@ -125,3 +125,20 @@ def test_results_produced_while_the_broker_is_down_are_kept(tmp_path) -> None:
             result = wait_for(c, job_id)
             assert result["status"] == 3 and result["exception"] is None
             assert [row[3] for row in c.task_results(job_id)] == [3]
+
+
+def test_cancel_recorded_before_a_broker_crash_still_ends_the_job(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=2, fanout=2, resources="cores=1", kill_grace=2.0) as cluster:
+        with cluster.client() as c:
+            c.drain([0], "keep the job on the worker")
+            job_id = c.submit(job(["sh", "-c", 'trap "" TERM; sleep 30']))
+            _started(c, job_id)
+            c.cancel([job_id])
+            for event in c.eventlog(job_id, follow=True):
+                if event[2] == "exception":
+                    break
+        cluster.kill(0)  # inside the kill grace: the exception is durable, the finish is not
+        cluster.restart(0)
+        with cluster.client() as c:
+            result = wait_for(c, job_id)
+            assert result["exception"] == "cancel" and result["status"] in (137, 143)
