@@ -161,7 +161,6 @@ class Execution:
                 released.append((job_id, running.element))
             if status and job.spec is not None and job.spec.uses_pmi and not job.is_array:
                 note = f"task {task} on rank {rank} exited with status {status}"
-                touched.setdefault(job_id, job)
                 job.abort_note = job.abort_note or note
             touched[job_id] = job
         if released:

@@ -103,8 +103,8 @@ class JobManager:
     def ranks_changed(self) -> None:
         self._feasible.clear()
 
-    def submit(self, uid: int, gid: int, spec: Jobspec) -> asyncio.Future[None]:
-        """Create the job and queue it; the returned future resolves once it is durable."""
+    def submit(self, uid: int, gid: int, spec: Jobspec) -> tuple[int, asyncio.Future[None]]:
+        """Create the job and queue it; returns its id and a future that resolves once it is durable."""
         if uid != self.owner_uid and self.owner_uid != 0:
             # Tasks of other users can only run under their own uid, which needs a root instance.
             raise JobError("permission", f"this instance runs tasks as uid {self.owner_uid} only; "
@@ -124,7 +124,7 @@ class JobManager:
         fut = self.post(job, "priority", {"priority": job.urgency}, durable=True)
         assert fut is not None
         self.enqueue(job, request)
-        return fut
+        return job.id, fut
 
     def enqueue(self, job: Job, request: sched.Request, count: int | None = None) -> None:
         spec = job.spec

@@ -76,8 +76,7 @@ def _spec(req_spec: Any) -> jobspec_model.Jobspec:
 def submit(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _refuse_when_stopping(broker)
     spec = _spec(_field(req, "jobspec", dict))
-    durable = broker.manager.submit(peer.uid, peer.gid, spec)
-    job_id = broker.manager.next_id - 1
+    job_id, durable = broker.manager.submit(peer.uid, peer.gid, spec)
     return _then(durable, {"job": job_id})
 
 
@@ -88,8 +87,8 @@ def submit_many(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[
     last: asyncio.Future[None] | None = None
     for raw in _field(req, "jobspecs", list):
         try:
-            last = broker.manager.submit(peer.uid, peer.gid, _spec(raw))
-            answers.append(broker.manager.next_id - 1)
+            job_id, last = broker.manager.submit(peer.uid, peer.gid, _spec(raw))
+            answers.append(job_id)
         except JobError as exc:
             answers.append({"code": exc.code, "message": str(exc)})
     # Journal writes commit in order, so the last submission being durable covers all of them.

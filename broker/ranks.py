@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -22,7 +22,6 @@ class RankInfo:
     endpoint: str = ""
     last_seen: float = 0.0
     since: float = 0.0
-    resources: dict[str, Any] = field(default_factory=dict)
 
 
 class RankTable:
@@ -36,10 +35,10 @@ class RankTable:
     def resize(self, size: int) -> None:
         self.size = size
 
-    def joined(self, rank: int, now: float, pid: int | None, hostname: str, resources: dict[str, Any]) -> None:
+    def joined(self, rank: int, now: float, pid: int | None, hostname: str) -> None:
         info = self.ranks[rank]
         info.state = RankState.UP
-        info.pid, info.hostname, info.resources = pid, hostname, resources
+        info.pid, info.hostname = pid, hostname
         info.last_seen = info.since = now
 
     def heartbeat(self, rank: int, now: float) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from broker import sched
 from broker.clientapi import ClientServer
 from broker.execution import Execution
+from broker.job import State
 from broker.jobmanager import JobManager
 from broker.journal import Journal
 from broker.ops import Operations
@@ -157,7 +158,7 @@ class Broker:
         except (KeyError, TypeError, ValueError) as exc:
             self.overlay.send("error", rank, {"code": "bad-request", "message": f"bad resources: {exc}", "ref": "join"})
             return
-        self.ranks.joined(rank, now, body.get("pid"), str(body.get("hostname", "")), resources)
+        self.ranks.joined(rank, now, body.get("pid"), str(body.get("hostname", "")))
         results = body.get("results") or []
         if results:
             self.execution.on_done(rank, list(results))
@@ -279,15 +280,18 @@ class Broker:
 
     def status_snapshot(self) -> dict[str, Any]:
         counts = self.ranks.counts()
-        queue = self.manager.queue_counts()
-        jobs = {"queued": sum(queue[s] for s in ("NEW", "DEPEND", "PRIORITY", "SCHED")),
-                "running": queue["RUN"] + queue["CLEANUP"],
-                "finished": sum(1 for j in self.manager.jobs.values() if j.state.value == "INACTIVE" and j.status == 0),
-                "failed": sum(1 for j in self.manager.jobs.values() if j.state.value == "INACTIVE" and j.status)}
+        jobs = {"queued": 0, "running": 0, "finished": 0, "failed": 0}
+        for job in self.manager.jobs.values():
+            if job.state == State.INACTIVE:
+                jobs["failed" if job.status else "finished"] += 1
+            else:
+                jobs["running" if job.state in (State.RUN, State.CLEANUP) else "queued"] += 1
         return {"name": self.config.name, "size": self.config.size, "max_size": self.config.tree_size,
                 "ranks": {"up": counts["up"], "unresponsive": counts["unresponsive"], "lost": counts["lost"],
                           "expected": counts["expected"]},
-                "ready": self.ranks.all_up(), "jobs": jobs, "command": self.command_state}
+                "ready": self.ranks.all_up(), "jobs": jobs, "command": self.command_state,
+                "counters": {"journal_commits": self.journal.commits, "journal_statements": self.journal.statements,
+                             "overlay_dropped": self.overlay.dropped, "overlay_bad_frames": self.overlay.bad_frames}}
 
 
 _HANDLERS = {

@@ -22,6 +22,8 @@ def metrics_text(status: dict[str, Any]) -> str:
         *(f'minicluster_jobs{{state="{k}"}} {v}' for k, v in status["jobs"].items()),
         "# TYPE minicluster_ready gauge",
         f"minicluster_ready {int(status['ready'])}",
+        *(line for name, value in status.get("counters", {}).items()
+          for line in (f"# TYPE minicluster_{name}_total counter", f"minicluster_{name}_total {value}")),
     ]
     return "\n".join(lines) + "\n"
 

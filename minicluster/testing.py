@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from minicluster import config as config_mod
+from minicluster.cli.launcher import local_endpoint
 from minicluster.client import Client, ClientError
 from minicluster.overlay import curve
 
@@ -24,12 +25,7 @@ class LocalCluster:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         cert_path = cert or str(curve.create(self.state_dir / "curve"))
-        if transport == "ipc":
-            endpoint, port_base = f"ipc://{self.state_dir}/overlay-{{rank}}.sock", 0
-        else:
-            from minicluster.cli.launcher import _free_port_range
-
-            endpoint, port_base = "tcp://127.0.0.1:{port}", _free_port_range(max(size, settings.get("max_size", 0)))
+        endpoint, port_base = local_endpoint(transport, self.state_dir, max(size, settings.get("max_size", 0)))
         values: dict[str, Any] = dict(
             name="test", size=size, fanout=fanout, endpoint=endpoint, port_base=port_base, curve_cert=cert_path,
             state_dir=str(self.state_dir), heartbeat_interval=0.2, unresponsive_after=0.8, lost_after=2.0,

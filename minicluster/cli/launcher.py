@@ -41,6 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def local_endpoint(transport: str, state_dir: Path, ranks: int) -> tuple[str, int]:
+    """(endpoint pattern, port_base) for `ranks` ranks on this host: ipc sockets in the state dir, or a run of
+    free loopback TCP ports."""
+    if transport == "ipc":
+        return f"ipc://{state_dir}/overlay-{{rank}}.sock", 0
+    return "tcp://127.0.0.1:{port}", _free_port_range(ranks)
+
+
 def _free_port_range(count: int) -> int:
     """A base port with `count` consecutive free ports (checked, not reserved: good enough for one host)."""
     for _ in range(50):
@@ -89,10 +97,7 @@ def build_config(args: argparse.Namespace, state_dir: Path) -> config_mod.Instan
         base = config_mod.load(path)
         return base.replace(test_exec=args.test_exec or base.test_exec)
     cert = Path(args.cert) if args.cert else curve.create(state_dir / "curve")
-    if args.transport == "ipc":
-        endpoint, port_base = f"ipc://{state_dir}/overlay-{{rank}}.sock", 0
-    else:
-        endpoint, port_base = "tcp://127.0.0.1:{port}", _free_port_range(args.size)
+    endpoint, port_base = local_endpoint(args.transport, state_dir, args.size)
     values = dict(
         name=f"local-{os.getpid()}", size=args.size, fanout=args.fanout, endpoint=endpoint, port_base=port_base,
         curve_cert=str(cert.resolve()), state_dir=str(state_dir), test_exec=args.test_exec,

@@ -114,6 +114,11 @@ class Overlay:
         sock.connect(self.config.endpoint_of(self.parent))
         return sock
 
+    @property
+    def dropped(self) -> int:
+        """Messages dropped because their next hop was not connected (§2.4: best effort)."""
+        return self._down.dropped + (self._up.dropped if self._up is not None else 0)
+
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._receive(self._router, from_child=True)))

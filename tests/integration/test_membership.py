@@ -85,3 +85,25 @@ def test_peer_with_another_key_cannot_join(tmp_path) -> None:
         # The rightful rank 2 joins at once.
         cluster.start_rank(2)
         cluster.wait_states({2: "up"}, timeout=10)
+
+
+def test_broker_status_endpoint_reports_readiness_and_counts(tmp_path) -> None:
+    import json
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with LocalCluster(tmp_path, size=2, status_port=port) as cluster, cluster.client() as c:
+        assert wait_for(c, c.submit(job(["true"])))["status"] == 0
+        assert wait_for(c, c.submit(job(["false"])))["status"] == 1
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as reply:
+            status = json.load(reply)
+        assert status["ready"] is True and status["ranks"]["up"] == 2 and status["ranks"]["expected"] == 2
+        assert status["jobs"] == {"queued": 0, "running": 0, "finished": 1, "failed": 1}
+        assert status["counters"]["journal_commits"] > 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            metrics = reply.read().decode()
+        assert 'minicluster_ranks{state="up"} 2' in metrics and "minicluster_ready 1" in metrics
+        assert "minicluster_journal_commits_total" in metrics
