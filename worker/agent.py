@@ -45,6 +45,7 @@ class WorkerAgent:
         # With a resource override (tests, benchmarks) there may be more logical cores than real ones:
         # logical core i is bound to real core i mod n, so oversubscription still binds somewhere valid.
         self._real_cores = sorted(os.sched_getaffinity(0)) if config.resources else None
+        self._uid = os.getuid()
         self.jobs: dict[int, dict[str, Any]] = {}
         self.running: dict[Key, tuple[list[int], list[int]]] = {}
         self.job_running: dict[int, int] = {}
@@ -139,8 +140,8 @@ class WorkerAgent:
             extra, fds = pmi_env[task]
             env.update(extra)
         argv = tuple(a.replace("{cc}", str(index)) for a in info["argv"])
-        uid = info.get("uid", os.getuid())
-        if uid != os.getuid():
+        uid = info.get("uid", self._uid)
+        if uid != self._uid:
             # A root worker runs a guest's tasks under the guest's own ids (setpriv from util-linux).
             argv = ("setpriv", f"--reuid={uid}", f"--regid={info.get('gid', uid)}", "--clear-groups", "--", *argv)
         out = info.get("output")
