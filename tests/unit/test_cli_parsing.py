@@ -285,8 +285,10 @@ def test_client_matches_responses_by_id_whatever_their_order(tmp_path) -> None:
                             {"id": job, "ok": False, "error": {"code": "not-found", "message": "job 9 gone"}},
                             {"id": log, "ok": True, "events": [[1, 2.0, "depend", {}]], "more": True},
                             {"id": sub1, "ok": True, "job": 7},
-                            {"id": log, "ok": True, "events": [[2, 3.0, "clean", {}]]},
-                            {"id": 999, "ok": True}):
+                            # An id nobody asked for, sent before the last event: the client hangs up after
+                            # that one, so anything later would race its close (EPIPE here).
+                            {"id": 999, "ok": True},
+                            {"id": log, "ok": True, "events": [[2, 3.0, "clean", {}]]}):
                 conn.sendall(pack({"v": 1, **message}))
 
     thread = threading.Thread(target=broker)
