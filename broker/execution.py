@@ -43,7 +43,7 @@ class Execution:
         self.by_rank: dict[int, set[Key]] = defaultdict(set)
         self.by_job: dict[int, set[Key]] = defaultdict(set)
         self._deadlines: list[tuple[float, int, int]] = []
-        self._pmi: dict[tuple[int, int], dict[int, dict[str, str]]] = {}
+        self._pmi: dict[tuple[int, str, int], dict[int, Any]] = {}
         # Plain jobs whose `run` waits for their alloc event to be durable.
         self._undispatched: set[int] = set()
         manager.kill_tasks = self.kill_job
@@ -132,9 +132,12 @@ class Execution:
         assert spec is not None
         env = dict(spec.env)
         env["MC_URI"] = self.uri
+        mpi = spec.pmi_mode if not job.is_array else None
+        if mpi is not None and spec.mpi is None:
+            mpi = self.config.mpi_default
         return {
             "argv": list(spec.argv), "env": env, "cwd": spec.cwd, "ntasks": job.total_tasks,
-            "output": spec.output, "mpi": spec.uses_pmi and not job.is_array, "layout": layout,
+            "output": spec.output, "mpi": mpi, "layout": layout,
             "uid": job.uid, "gid": job.gid,
         }
 
@@ -292,20 +295,27 @@ class Execution:
 
     def on_pmi_put(self, rank: int, body: dict[str, Any]) -> None:
         job = self.manager.jobs.get(body.get("job", -1))
-        seq, kvs = body.get("seq"), body.get("kvs")
-        if job is None or not isinstance(seq, int) or not isinstance(kvs, dict) or rank not in job.ranks:
+        seq, kvs, data = body.get("seq"), body.get("kvs"), body.get("data")
+        if (job is None or not isinstance(seq, int) or not (isinstance(kvs, dict) or isinstance(data, bytes))
+                or rank not in job.ranks):
             self.send("error", rank, {"code": "bad-request", "message": "pmi-put for an unknown job", "ref": "pmi-put"})
             return
-        parts = self._pmi.setdefault((job.id, seq), {})
-        parts[rank] = kvs
+        # PMI-1 barriers (kvs) and PMIx fences (data) of one job are numbered apart.
+        field = "data" if isinstance(data, bytes) else "kvs"
+        parts = self._pmi.setdefault((job.id, field, seq), {})
+        parts[rank] = data if field == "data" else kvs
         if len(parts) < len(job.ranks):
             return
-        del self._pmi[(job.id, seq)]
-        merged: dict[str, str] = {}
-        for part in parts.values():
-            merged.update(part)
+        del self._pmi[(job.id, field, seq)]
+        merged: dict[str, str] | bytes
+        if field == "data":
+            merged = b"".join(parts[r] for r in sorted(parts))  # PMIx unpacks the blobs one after another
+        else:
+            merged = {}
+            for part in parts.values():
+                merged.update(part)
         for r in job.ranks:
-            self.send("pmi-kvs", r, {"job": job.id, "seq": seq, "kvs": merged})
+            self.send("pmi-kvs", r, {"job": job.id, "seq": seq, field: merged})
 
     def on_abort(self, rank: int, body: dict[str, Any]) -> None:
         job = self.manager.jobs.get(body.get("job", -1))

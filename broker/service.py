@@ -29,7 +29,7 @@ from minicluster.config import InstanceConfig
 from minicluster.overlay.curve import Certificate
 from minicluster.overlay.transport import Overlay
 from minicluster.proto.envelope import Message
-from worker.agent import WORKER_KINDS, WorkerAgent
+from worker.agent import PEER_KINDS, WORKER_KINDS, WorkerAgent
 from worker.resources import discover
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class Broker:
     # --- overlay messages ----------------------------------------------------------------------------------
 
     def _on_message(self, msg: Message) -> None:
-        if msg.kind in WORKER_KINDS and msg.src == 0:
+        if msg.kind in WORKER_KINDS and (msg.src == 0 or msg.kind in PEER_KINDS):
             self.agent.handle(msg)
             return
         handler = _HANDLERS.get(msg.kind)

@@ -50,6 +50,8 @@ class InstanceConfig:
     purge_max_age: float = 7 * 24 * 3600.0
     purge_max_count: int = 100_000
     policy: str = "first-fit"
+    # The PMI a job of several tasks gets when it does not say (--mpi): "pmi1", "pmix" or "auto".
+    mpi_default: str = "pmi1"
     test_exec: bool = False
     # Properties and resource override for workers, "k=v,k2" / "cores=64,gpus=4".
     properties: str = ""
@@ -64,6 +66,8 @@ class InstanceConfig:
             raise ConfigError(f"fanout must be >= 1, got {self.fanout}")
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.mpi_default not in ("pmi1", "pmix", "auto"):
+            raise ConfigError(f"mpi_default must be pmi1, pmix or auto, got {self.mpi_default!r}")
         if not self.endpoint.startswith(("tcp://", "ipc://")):
             raise ConfigError(f"endpoint must be tcp:// or ipc://, got {self.endpoint!r}")
 

@@ -10,13 +10,14 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
 from minicluster.config import InstanceConfig
 from minicluster.proto import topology
 from minicluster.proto.envelope import Message
-from worker.executor import TaskExecutor, TaskResult, TaskSpec, TestExecutor
+from worker.executor import STATUS_CANNOT_RUN, TaskExecutor, TaskResult, TaskSpec, TestExecutor
 from worker.pmi_jobs import PMIJobs
 from worker.resources import NodeResources
 
@@ -124,7 +125,13 @@ class WorkerAgent:
                 log.warning("run for job %d without its job info", job_id)
                 continue
             fresh = [e for e in entries if (job_id, e[1]) not in self.running and (job_id, e[1]) not in self.unacked]
-            pmi_env = self.pmi.prepare(job_id, info, [e[1] for e in fresh]) if info.get("mpi") else None
+            try:
+                pmi_env = self.pmi.prepare(job_id, info, [e[1] for e in fresh]) if info.get("mpi") else None
+            except Exception as exc:  # e.g. no libpmix on this node: the job fails, the worker runs on
+                log.error("job %d: cannot serve PMI: %s", job_id, exc)
+                self.pmi.finished(job_id)
+                self._fail_unstarted(job_id, [e[1] for e in fresh], f"cannot serve PMI: {exc}")
+                continue
             for job, task, index, cores, gpus in fresh:
                 self._start(job, task, index, cores, gpus, info, pmi_env)
             if pmi_env is not None:
@@ -154,6 +161,11 @@ class WorkerAgent:
         self.executor.start(TaskSpec(key=(job, task), argv=argv, env=env, cwd=info.get("cwd"), cores=bind,
                                      gpus=tuple(gpus), stdout_path=path, stderr_path=path, pass_fds=fds))
 
+    def _fail_unstarted(self, job: int, tasks: list[int], error: str) -> None:
+        now = time.time()
+        for task in tasks:
+            self._on_exit(TaskResult((job, task), STATUS_CANNOT_RUN, None, None, error, None, now, now))
+
     def _on_kill(self, body: dict[str, Any]) -> None:
         sig = int(body.get("signal", signal.SIGTERM))
         grace = float(body.get("grace", 0.0))
@@ -171,7 +183,13 @@ class WorkerAgent:
             self.unacked.pop((job, task), None)
 
     def _on_pmi_kvs(self, body: dict[str, Any]) -> None:
-        self.pmi.exchanged(int(body["job"]), int(body["seq"]), body["kvs"])
+        self.pmi.exchanged(int(body["job"]), int(body["seq"]), body)
+
+    def _on_pmix_dmodex(self, body: dict[str, Any]) -> None:
+        self.pmi.pmix.dmodex_request(body)
+
+    def _on_pmix_dmodex_data(self, body: dict[str, Any]) -> None:
+        self.pmi.pmix.dmodex_reply(body)
 
     def _on_shutdown(self, body: dict[str, Any]) -> None:
         # Shutdown travels down the tree: a rank passes it on before it stops routing for its subtree.
@@ -247,8 +265,12 @@ _HANDLERS: dict[str, Callable[[WorkerAgent, dict[str, Any]], None]] = {
     "kill": WorkerAgent._on_kill,
     "done-ack": WorkerAgent._on_done_ack,
     "pmi-kvs": WorkerAgent._on_pmi_kvs,
+    "pmix-dmodex": WorkerAgent._on_pmix_dmodex,
+    "pmix-dmodex-data": WorkerAgent._on_pmix_dmodex_data,
     "shutdown": WorkerAgent._on_shutdown,
     "error": WorkerAgent._on_error,
 }
 
 WORKER_KINDS = frozenset(_HANDLERS)
+# Kinds one worker sends another (rank 0's agent included), not only rank 0 its workers.
+PEER_KINDS = frozenset({"pmix-dmodex", "pmix-dmodex-data"})

@@ -1,5 +1,6 @@
-"""Glue between the worker agent and the PMI-1 servers (docs/mpi.md): one PMIJobServer per MPI job on this
-rank, with the barrier exchange carried over the overlay as `pmi-put` / `pmi-kvs` (protocol.md §2.8).
+"""Glue between the worker agent and the PMI servers (docs/mpi.md): one PMI-1 PMIJobServer per MPI job on this
+rank, with the barrier exchange carried over the overlay as `pmi-put` / `pmi-kvs` (protocol.md §2.8), and the
+rank's PMIx server (worker/pmix_jobs.py) for jobs that ask for PMIx.
 """
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from worker.pmi import detect
 from worker.pmi.engine import process_mapping
 from worker.pmi.mpienv import mpi_env_defaults
 from worker.pmi.server import PMIJobServer
 from worker.pmi.shm import remove_unmapped_segments
+from worker.pmix_jobs import PMIxJobs
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +26,15 @@ TaskEnv = dict[int, tuple[dict[str, str], tuple[int, ...]]]
 class _OverlayExchange:
     """PMIExchange for one job: send this rank's puts to rank 0, wait for the merged set."""
 
-    def __init__(self, job: int, send: Send) -> None:
+    def __init__(self, job: int, send: Send, single_node: bool) -> None:
         self.job = job
         self.send = send
+        self.single_node = single_node
         self.waiting: dict[int, asyncio.Future[dict[str, str]]] = {}
 
     async def exchange(self, kvsname: str, seq: int, local_kvs: dict[str, str]) -> dict[str, str]:
+        if self.single_node:
+            return local_kvs  # every task of the job is on this rank: no round trip to rank 0
         fut = asyncio.get_running_loop().create_future()
         self.waiting[seq] = fut
         self.send("pmi-put", 0, {"job": self.job, "seq": seq, "kvs": local_kvs})
@@ -50,14 +56,26 @@ class PMIJobs:
         # sharing one /dev/shm.
         self.nonce = secrets.token_hex(6)
         self._servers: dict[int, tuple[PMIJobServer, _OverlayExchange]] = {}
+        self.pmix = PMIxJobs(rank, send)
 
     def kvsname(self, job: int) -> str:
         return f"mc-{job}-{self.nonce}"
 
     def prepare(self, job: int, info: dict[str, Any], tasks: list[int]) -> TaskEnv:
         """Start serving PMI for this rank's `tasks` of `job`; returns each task's env and fds to pass."""
-        exchange = _OverlayExchange(job, self.send)
+        modes = serve_modes(info)
+        out: TaskEnv = {task: ({**mpi_env_defaults(), **info["env"]}, ()) for task in tasks}
+        if "pmi1" in modes:
+            for task, (env, fds) in self._prepare_pmi1(job, info, tasks).items():
+                out[task] = ({**out[task][0], **env}, fds)
+        if "pmix" in modes:
+            for task, env in self.pmix.prepare(job, info, tasks).items():
+                out[task] = ({**out[task][0], **env}, out[task][1])
+        return out
+
+    def _prepare_pmi1(self, job: int, info: dict[str, Any], tasks: list[int]) -> TaskEnv:
         layout = sorted((int(r), int(n)) for r, n in info["layout"])
+        exchange = _OverlayExchange(job, self.send, single_node=len(layout) == 1)
         server = PMIJobServer(
             kvsname=self.kvsname(job), universe_size=int(info["ntasks"]), local_ranks=sorted(tasks),
             process_mapping=process_mapping([n for _, n in layout]), exchange=exchange,
@@ -65,12 +83,10 @@ class PMIJobs:
                 "abort", 0, {"job": job, "task": task, "code": code, "message": message}),
         )
         self._servers[job] = (server, exchange)
-        defaults = mpi_env_defaults()
         out: TaskEnv = {}
         for task in tasks:
             fd = server.socket_for(task)
-            env = {**defaults, **info["env"], **server.env_for(task, fd)}
-            out[task] = (env, (fd,))
+            out[task] = (server.env_for(task, fd), (fd,))
         return out
 
     def spawned(self, job: int) -> None:
@@ -78,13 +94,18 @@ class PMIJobs:
         if entry is not None:
             entry[0].close_child_fds()
 
-    def exchanged(self, job: int, seq: int, kvs: dict[str, str]) -> None:
+    def exchanged(self, job: int, seq: int, body: dict[str, Any]) -> None:
+        """A `pmi-kvs`: the merged PMI-1 key-value set (`kvs`) or the PMIx fence data (`data`)."""
+        if isinstance(body.get("data"), bytes):
+            self.pmix.exchanged(job, seq, body["data"])
+            return
         entry = self._servers.get(job)
-        if entry is not None:
-            entry[1].deliver(seq, kvs)
+        if entry is not None and isinstance(body.get("kvs"), dict):
+            entry[1].deliver(seq, body["kvs"])
 
     def finished(self, job: int) -> None:
         """The job's last task on this rank ended: stop serving and reap segments its killed ranks left."""
+        self.pmix.finished(job)
         entry = self._servers.pop(job, None)
         if entry is None:
             return
@@ -97,3 +118,17 @@ class PMIJobs:
     def close_all(self) -> None:
         for job in list(self._servers):
             self.finished(job)
+        self.pmix.close_all()
+
+
+def serve_modes(info: dict[str, Any]) -> set[str]:
+    """Which PMI servers a job's tasks get: `mpi` is "pmi1", "pmix" or "auto" (true from an older broker
+    means "pmi1").  "auto" looks at the program's shared libraries and serves both when they do not tell."""
+    mode = info.get("mpi")
+    if mode is True:
+        return {"pmi1"}
+    if mode != "auto":
+        return {mode} if mode in ("pmi1", "pmix") else set()
+    env = info.get("env", {})
+    picked = detect.pmi_for(info["argv"][0], env.get("PATH"), info.get("cwd"))
+    return {picked} if picked else {"pmi1", "pmix"}

@@ -114,7 +114,9 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cwd", metavar="DIR", help="working directory (default: the current one)")
     g.add_argument("--output", metavar="FILE",
                    help="output file on the node ({id}, {task}, {index}); default: stream to mc")
-    g.add_argument("--mpi", choices=MPI_MODES, help="serve PMI-1 (default: pmi1 when ntasks > 1)")
+    g.add_argument("--mpi", choices=MPI_MODES,
+                   help="PMI to serve: pmi1 (MPICH), pmix (Open MPI), auto (from the program's libraries), none "
+                        "(default: the instance's mpi_default, pmi1, when ntasks > 1)")
 
 
 def add_command_argument(parser: argparse.ArgumentParser) -> None:

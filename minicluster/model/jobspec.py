@@ -7,7 +7,7 @@ from typing import Any
 
 from minicluster.model.idset import IdSet, IdSetError
 
-MPI_MODES = ("pmi1", "none")
+MPI_MODES = ("pmi1", "pmix", "auto", "none")
 MAX_ARGV_BYTES = 1 << 20
 
 
@@ -42,7 +42,14 @@ class Jobspec:
 
     @property
     def uses_pmi(self) -> bool:
-        return self.mpi == "pmi1" or (self.mpi is None and self.ntasks > 1)
+        return self.pmi_mode is not None
+
+    @property
+    def pmi_mode(self) -> str | None:
+        """The PMI the workers serve: "pmi1", "pmix" or "auto"; None for none."""
+        if self.mpi is None:
+            return "pmi1" if self.ntasks > 1 else None
+        return None if self.mpi == "none" else self.mpi
 
     def to_wire(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it deep-copies, and the broker calls this once per submitted job.

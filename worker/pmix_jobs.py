@@ -1,0 +1,175 @@
+"""Glue between the worker agent and its PMIx server (docs/mpi.md, "PMIx"): one namespace per job, fences
+carried over the overlay as `pmi-put` / `pmi-kvs` with a `data` blob, direct modex as `pmix-dmodex` /
+`pmix-dmodex-data` between workers (protocol.md §2.8).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.pmi import libpmix
+from worker.pmi.libpmix import InfoArray
+from worker.pmi.pmix_host import Complete, PMIxHost, Upcalls
+from worker.pmi.pmix_keys import JobLayout, job_keys, node_name
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str, int, dict[str, Any]], None]
+
+
+def pmix_tmp_root() -> str:
+    """Where the server and the jobs' directories live: memory-backed /dev/shm when there is one,
+    because Open MPI puts its shared-memory segments in the job's directory (see `job_env`)."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else tempfile.gettempdir()
+
+
+@dataclass
+class _Job:
+    nspace: str
+    layout: JobLayout
+    tmpdir: str
+    fence_seq: int = 0
+    fences: dict[int, Complete] = field(default_factory=dict)
+
+
+class PMIxJobs:
+    def __init__(self, rank: int, send: Send) -> None:
+        self.rank = rank
+        self.send = send
+        self.host: PMIxHost | None = None
+        self._jobs: dict[int, _Job] = {}
+        self._by_nspace: dict[str, int] = {}
+        self._dmodex: dict[int, Complete] = {}
+        self._ids = itertools.count(1)
+
+    @staticmethod
+    def nspace(job: int) -> str:
+        # The same on every worker of the job: PMIx names peers by (namespace, rank).
+        return f"mc.{job}"
+
+    def _server(self) -> PMIxHost:
+        if self.host is None:
+            # OpenPMIx allows one server per process: started with the first PMIx job, kept until shutdown.
+            tmpdir = tempfile.mkdtemp(prefix=f"mc-pmix-rank{self.rank}-", dir=pmix_tmp_root())
+            os.chmod(tmpdir, 0o755)  # tasks run as the job's user must reach the server's files
+            upcalls = Upcalls(fence=self._fence, direct_modex=self._direct_modex, abort=self._abort)
+            self.host = PMIxHost(tmpdir, node_name(self.rank), self.rank, upcalls, asyncio.get_running_loop())
+            log.info("PMIx server (%s) serving from %s", self.host.version, tmpdir)
+        return self.host
+
+    def prepare(self, job: int, info: dict[str, Any], tasks: list[int]) -> dict[int, dict[str, str]]:
+        """Register `job` with the PMIx server; returns each local task's PMIx environment."""
+        host = self._server()
+        layout = JobLayout.from_wire(info["layout"])
+        nspace = self.nspace(job)
+        uid, gid = int(info.get("uid", os.getuid())), int(info.get("gid", os.getgid()))
+        tmpdir = os.path.join(host.tmpdir, nspace)
+        os.makedirs(tmpdir, mode=0o700, exist_ok=True)
+        if uid != os.getuid():
+            os.chown(tmpdir, uid, gid)
+        keys = job_keys(nspace, layout, self.rank, tmpdir, host.generate_regex, host.generate_ppn)
+        host.register_nspace(nspace, len(tasks), InfoArray(keys))
+        self._jobs[job] = _Job(nspace, layout, tmpdir)
+        self._by_nspace[nspace] = job
+        return {task: {**host.register_client(nspace, task, uid, gid), **job_env(tmpdir)} for task in sorted(tasks)}
+
+    def finished(self, job: int) -> None:
+        entry = self._jobs.pop(job, None)
+        if entry is None or self.host is None:
+            return
+        del self._by_nspace[entry.nspace]
+        self.host.deregister_nspace(entry.nspace)
+        shutil.rmtree(entry.tmpdir, ignore_errors=True)
+
+    def close_all(self) -> None:
+        for job in list(self._jobs):
+            self.finished(job)
+        if self.host is not None:
+            self.host.finalize()
+            shutil.rmtree(self.host.tmpdir, ignore_errors=True)
+
+    # --- overlay messages ----------------------------------------------------------------------------------
+
+    def exchanged(self, job: int, seq: int, data: bytes) -> None:
+        """`pmi-kvs` with the concatenated fence data of every worker of the job."""
+        entry = self._jobs.get(job)
+        complete = entry.fences.pop(seq, None) if entry else None
+        if complete is not None:
+            complete(libpmix.SUCCESS, data)
+
+    def dmodex_request(self, body: dict[str, Any]) -> None:
+        """A peer worker asks for the data one of our tasks committed."""
+        job, task, ident, peer = int(body["job"]), int(body["task"]), body["id"], int(body["from"])
+
+        def reply(status: int, data: bytes) -> None:
+            self.send("pmix-dmodex-data", peer, {"job": job, "id": ident, "status": status, "data": data})
+
+        entry = self._jobs.get(job)
+        if entry is None or self.host is None:
+            reply(libpmix.ERR_NOT_FOUND, b"")
+            return
+        self.host.dmodex_request(entry.nspace, task, reply)
+
+    def dmodex_reply(self, body: dict[str, Any]) -> None:
+        complete = self._dmodex.pop(int(body["id"]), None)
+        data = body.get("data")
+        if complete is not None:
+            complete(int(body["status"]), data if isinstance(data, bytes) else b"")
+
+    # --- upcalls from the PMIx server (on the event loop) ---------------------------------------------------
+
+    def _fence(self, nspace: str, data: bytes, complete: Complete) -> None:
+        job = self._by_nspace.get(nspace)
+        if job is None:
+            complete(libpmix.ERR_NOT_FOUND, b"")
+            return
+        entry = self._jobs[job]
+        seq = entry.fence_seq
+        entry.fence_seq += 1
+        if len(entry.layout.nodes) == 1:
+            complete(libpmix.SUCCESS, data)  # every rank is here: nothing to trade
+            return
+        entry.fences[seq] = complete
+        self.send("pmi-put", 0, {"job": job, "seq": seq, "data": data})
+
+    def _direct_modex(self, nspace: str, rank: int, complete: Complete) -> None:
+        job = self._by_nspace.get(nspace)
+        if job is None:
+            complete(libpmix.ERR_NOT_FOUND, b"")
+            return
+        try:
+            owner = self._jobs[job].layout.node_of(rank)
+        except ValueError:
+            complete(libpmix.ERR_NOT_FOUND, b"")
+            return
+        ident = next(self._ids)
+        self._dmodex[ident] = complete
+        self.send("pmix-dmodex", owner, {"job": job, "task": rank, "id": ident, "from": self.rank})
+
+    def _abort(self, nspace: str, rank: int, status: int, message: str) -> None:
+        job = self._by_nspace.get(nspace)
+        if job is not None:
+            self.send("abort", 0, {"job": job, "task": rank, "code": status, "message": message})
+
+
+def job_env(tmpdir: str) -> dict[str, str]:
+    """What a PMIx task needs besides the server's rendezvous variables (docs/mpi.md, "PMIx")."""
+    return {
+        # Open MPI 4.x only believes it was started by a resource manager's PMIx server when a known
+        # launcher says so; JSM (IBM's PMIx-only launcher) is the one that implies nothing but PMIx.
+        # It also tells Open MPI the tasks are already bound (the worker binds them).
+        "JSM_JSRUN_PORT": "minicluster",
+        # Shared-memory segments go in the job's directory, which the worker removes when the job
+        # ends: killed ranks leave none behind, and simulated nodes on one host (mc start) do not
+        # share names.
+        "OMPI_MCA_btl_vader_backing_directory": tmpdir,
+        "OMPI_MCA_btl_sm_backing_directory": tmpdir,
+    }
