@@ -23,6 +23,7 @@ import pytest
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, output_of, wait_for
+from tests.integration.mpi_programs import COLLECTIVES
 from worker.pmi.shm import SHM_DIR, fnv1a32, remove_unmapped_segments, segments_of
 from worker.pmi_jobs import PMIJobs
 
@@ -42,23 +43,6 @@ node = c.Split_type(MPI.COMM_TYPE_SHARED)
 print(json.dumps({{"rank": c.rank, "size": c.size, "sum": c.allreduce(c.rank + 1), "node_size": node.size,
                   "host": MPI.Get_processor_name(), "node_rank": int(os.environ["MC_NODE_RANK"]),
                   "peers": node.allgather(c.rank), "segment": {SEGMENT_OF_SELF}}}), flush=True)
-"""
-
-COLLECTIVES = """
-import json
-from mpi4py import MPI
-c = MPI.COMM_WORLD
-r, n = c.rank, c.size
-for _ in range(5):
-    c.Barrier()
-root = c.bcast({"from": 0, "n": n} if r == 0 else None, root=0)
-gathered = c.allgather(r * r)
-swapped = c.alltoall([r * 100 + d for d in range(n)])
-ring = c.sendrecv(r, dest=(r + 1) % n, source=(r - 1) % n)
-total = c.reduce(r, op=MPI.SUM, root=n - 1)
-c.Barrier()
-print(json.dumps({"rank": r, "size": n, "root": root, "gathered": gathered, "swapped": swapped,
-                  "ring": ring, "total": total}), flush=True)
 """
 
 # Rank argv[1] fails (argv[2]: exit or abort) once every rank is inside MPI; the rest wait in a barrier

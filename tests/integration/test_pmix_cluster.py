@@ -18,6 +18,7 @@ import pytest
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, output_of, wait_for
+from tests.integration.mpi_programs import COLLECTIVES
 from worker.pmi import libpmix
 
 pytestmark = pytest.mark.mpi
@@ -57,25 +58,6 @@ int main(int argc, char **argv) {
     MPI_Finalize();
     return 0;
 }
-"""
-
-COLLECTIVES = """
-import json, os
-from mpi4py import MPI
-c = MPI.COMM_WORLD
-r, n = c.rank, c.size
-for _ in range(3):
-    c.Barrier()
-root = c.bcast({"from": 0, "n": n} if r == 0 else None, root=0)
-gathered = c.allgather(r * r)
-swapped = c.alltoall([r * 100 + d for d in range(n)])
-ring = c.sendrecv(r, dest=(r + 1) % n, source=(r - 1) % n)
-total = c.reduce(r, op=MPI.SUM, root=n - 1)
-scanned = c.scan(r)
-node = c.Split_type(MPI.COMM_TYPE_SHARED)
-print(json.dumps({"rank": r, "size": n, "root": root, "gathered": gathered, "swapped": swapped, "ring": ring,
-                  "total": total, "scan": scanned, "node_size": node.size, "lib": MPI.Get_library_version()[:40],
-                  "tmpdir": os.environ.get("OMPI_MCA_btl_sm_backing_directory")}), flush=True)
 """
 
 # Rank argv[1] fails (argv[2]: exit or abort) once every rank is inside MPI; the rest wait in a barrier.
