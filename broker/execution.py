@@ -47,8 +47,8 @@ class Execution:
         self.by_job: dict[int, set[Key]] = defaultdict(set)
         self._deadlines: list[tuple[float, int, int]] = []
         self._pmi: dict[tuple[int, str, int], dict[int, Any]] = {}
-        # Aborts waiting out ABORT_SETTLE, per job: (task, note, timer).
-        self._aborts: dict[int, tuple[int, str, asyncio.TimerHandle]] = {}
+        # Aborts waiting out ABORT_SETTLE, per job: the notes by task in arrival order, and the timer.
+        self._aborts: dict[int, tuple[dict[int, str], asyncio.TimerHandle]] = {}
         # Plain jobs whose `run` waits for their alloc event to be durable.
         self._undispatched: set[int] = set()
         manager.kill_tasks = self.kill_job
@@ -323,24 +323,27 @@ class Execution:
 
     def on_abort(self, rank: int, body: dict[str, Any]) -> None:
         job = self.manager.jobs.get(body.get("job", -1))
-        if job is None or job.ending or job.id in self._aborts:
+        if job is None or job.ending:
             return
         task = body.get("task")
         note = f"task {task} on rank {rank} called abort({body.get('code')}): {body.get('message', '')}".strip()
-        timer = asyncio.get_running_loop().call_later(ABORT_SETTLE, self._raise_abort, job, note)
-        self._aborts[job.id] = (task if isinstance(task, int) else -1, note, timer)
+        pending = self._aborts.get(job.id)
+        if pending is None:
+            timer = asyncio.get_running_loop().call_later(ABORT_SETTLE, self._raise_abort, job)
+            pending = self._aborts[job.id] = ({}, timer)
+        pending[0].setdefault(task if isinstance(task, int) else -1, note)
 
-    def _raise_abort(self, job: Job, note: str) -> None:
-        self._aborts.pop(job.id, None)
+    def _raise_abort(self, job: Job) -> None:
+        notes, _ = self._aborts.pop(job.id)
         if not job.ending and job.state == State.RUN:
-            self.manager.raise_exception(job, "abort", note)
+            self.manager.raise_exception(job, "abort", next(iter(notes.values())))
 
     def _exit_note(self, job: Job, task: int, rank: int, status: int) -> str:
         """Why a gang ends when `task` exits non-zero: its own abort if one is settling, else its exit, which
         also beats a peer's settling abort (that peer most likely reacted to this task vanishing)."""
         pending = self._aborts.pop(job.id, None)
         if pending is not None:
-            pending[2].cancel()
-            if pending[0] == task:
-                return pending[1]
+            pending[1].cancel()
+            if task in pending[0]:
+                return pending[0][task]
         return f"task {task} on rank {rank} exited with status {status}"

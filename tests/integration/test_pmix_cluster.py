@@ -161,7 +161,12 @@ def test_failing_rank_ends_the_job(client4: Client, cluster4: LocalCluster, ompi
     job_id = client4.submit(ompi_job([ompi5_python, "-c", FAILING, "7", how]))
     result = wait_for(client4, job_id, TIMEOUT)
     assert result["exception"] == "abort"
-    assert note_of(client4, job_id).startswith(note)
+    if how == "exit" and "called abort(" in note_of(client4, job_id):
+        # Open MPI ranks abort by themselves when a peer's connection breaks; on a loaded machine one of
+        # those aborts can still beat the failed task's report past the settle time.  Its exit is recorded.
+        assert [row[3] for row in client4.task_results(job_id) if row[0] == 7] == [4]
+    else:
+        assert note_of(client4, job_id).startswith(note)
     recs = records(client4, job_id)
     assert [r["size"] for r in recs] == [8] * 8
     assert not any(os.path.exists(r["tmpdir"]) for r in recs)
