@@ -242,7 +242,21 @@ class JobManager:
         return cancelled, errors
 
     def summary(self, job: Job) -> dict[str, Any]:
-        return job.summary(self.scheduler.estimated_start(job.id))
+        return job.summary(self._estimated_start(job.id))
+
+    def _estimated_start(self, job_id: int) -> float | None:
+        """The blocked head job's reserved start, when a time limit the user gave sets it.
+
+        A job submitted without -t is planned to run the whole default_time_limit; an estimate resting on that
+        says nothing about when it will really end, so none is shown.
+        """
+        res = self.scheduler.reservation_of(job_id)
+        if res is None:
+            return None
+        holder = self.jobs.get(res.after[0]) if isinstance(res.after, tuple) else None
+        if holder is None or holder.spec is None or holder.spec.time_limit is None:
+            return None
+        return res.start
 
     def queue_counts(self) -> dict[str, int]:
         counts = {s.value: 0 for s in State}

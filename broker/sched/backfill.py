@@ -33,6 +33,8 @@ class Reservation:
     job_id: int
     start: float
     allocation: Allocation
+    # The running allocation whose expected end sets `start` (its time limit makes the estimate).
+    after: Hashable = None
 
 
 def plan_reservation(graph: ResourceGraph, job_id: int, request: Request, policy: str,
@@ -71,6 +73,6 @@ def plan_reservation(graph: ResourceGraph, job_id: int, request: Request, policy
         move_to(high)
         found = graph.match(request, policy)
         assert found is not None, "fits() and match() disagree"
-        return Reservation(job_id, max(now, ends[order[high - 1]]), found)
+        return Reservation(job_id, max(now, ends[order[high - 1]]), found, order[high - 1])
     finally:
         move_to(0)

@@ -10,8 +10,9 @@ with any free GPU, fully idle, usable, and per property.  A match ANDs a few
 of these masks and only then visits node vertices, so a one-core task is
 found without walking the graph and a full cluster is rejected in O(1).
 
-Bit positions are node positions (the order ranks were first added), which
-is also the graph's traversal order used by the first-fit policy.
+Bit positions are node positions (the order ranks were first added); the
+first-fit policy visits nodes in rank order, which is bit order as long as
+ranks were added in rank order (`positions_follow_ranks`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A policy only orders node positions drawn from a candidate bitmask; which
 nodes are candidates and how many slots each takes is match.py's job.
 
-  first-fit  graph (insertion) order: the first nodes that fit
+  first-fit  ascending rank: the first nodes that fit (-N 3 on an idle cluster is ranks 0-2,
+             whatever order the ranks joined in)
   pack       fewest free cores first: fill used nodes before opening new ones
   spread     most free cores first (and, in match.py, one slot per node first)
   low-id     ascending rank
@@ -37,9 +38,7 @@ def candidate_order(graph: ResourceGraph, mask: int, policy: str, min_free: int)
 
     min_free (free cores a node needs) lets pack/spread skip whole buckets.
     """
-    if policy == "first-fit":
-        return iter_ascending(mask)
-    if policy in ("low-id", "high-id"):
+    if policy in ("first-fit", "low-id", "high-id"):
         return _by_rank(graph, mask, policy == "high-id")
     buckets = graph.cluster.buckets
     counts = range(max(min_free, 1), len(buckets))

@@ -153,8 +153,13 @@ class Scheduler:
 
     def estimated_start(self, job_id: int) -> float | None:
         """Reserved start time of the blocked head job; None for any other job."""
+        res = self.reservation_of(job_id)
+        return res.start if res is not None else None
+
+    def reservation_of(self, job_id: int) -> Reservation | None:
+        """The blocked head job's reservation; None for any other job."""
         res = self._reservation
-        return res.start if res is not None and res.job_id == job_id else None
+        return res if res is not None and res.job_id == job_id else None
 
     def release(self, job_id: int, element: int, now: float) -> None:
         """The element's resources are free again (ended, failed or cancelled)."""

@@ -1,6 +1,7 @@
 """Human output (rich tables, event lines) and the stable `--json` shapes. Pure functions, no I/O."""
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import pwd
@@ -191,8 +192,20 @@ def event_line(event: list[Any], t0: float) -> str:
     return f"{text} {ctx}" if ctx else text
 
 
+def local_time(when: float) -> str:
+    """`2025-06-01T14:03:07.412` in local time: sortable, one word for awk, readable."""
+    stamp = datetime.datetime.fromtimestamp(when)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}"
+
+
 def eventlog_line(event: list[Any]) -> str:
     """`SEQ TIME NAME key=value...`, one event per line for `mc eventlog`."""
     seq, when, name, context = event
     ctx = context_text(context)
-    return f"{seq} {when:.6f} {name}" + (f" {ctx}" if ctx else "")
+    return f"{seq} {local_time(when)} {name}" + (f" {ctx}" if ctx else "")
+
+
+def eventlog_json(event: list[Any]) -> str:
+    """One event of `mc eventlog --json`: a JSON object per line, the time as raw epoch seconds."""
+    seq, when, name, context = event
+    return json.dumps({"seq": seq, "time": when, "name": name, "context": context or {}})

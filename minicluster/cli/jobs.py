@@ -62,5 +62,7 @@ def cancel(argv: list[str]) -> int:
     with Client() as client:
         _cancelled, errors = client.cancel(args.ids)
     for job, reason in sorted(errors.items()):
-        sys.stderr.write(f"mc cancel: error: job {job}: {reason}\n")
+        # The broker's reasons usually name the job already ("job 5 has already ended").
+        text = reason if reason.startswith(f"job {job} ") else f"job {job}: {reason}"
+        sys.stderr.write(f"mc cancel: error: {text}\n")
     return 1 if errors else 0

@@ -6,6 +6,7 @@ whose module (or its dependencies) is missing fails alone.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Callable
 
@@ -38,15 +39,17 @@ def operator(argv: list[str]) -> int:
     parser = Parser(prog="mc operator", description="run the MiniCluster Kubernetes operator")
     parser.add_argument("--namespace", help="watch only this namespace (default: all)")
     args = parser.parse_args(argv)
-    from minicluster.operator import run
-
+    try:
+        from minicluster.operator import run
+    except ImportError as exc:
+        raise OSError(f"the operator needs its extra: pip install 'minicluster[operator]' ({exc})") from None
     run(namespace=args.namespace)
     return 0
 
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: mc COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: mc COMMAND [ARGS...] | mc --version", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_m, _f, help_) in COMMANDS.items()]
     lines += ["", "`mc COMMAND --help` describes a command. MC_URI=unix:///PATH selects the instance."]
     return "\n".join(lines) + "\n"
@@ -61,13 +64,23 @@ def _resolve(name: str) -> Callable[[list[str]], int]:
     return getattr(module, func_name)
 
 
+def version() -> str:
+    try:
+        return importlib.metadata.version("minicluster")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help", "help"):
         (sys.stdout if args else sys.stderr).write(_usage())
         return 0 if args else EXIT_USAGE
+    if args[0] in ("-V", "--version"):
+        print(f"mc (minicluster) {version()}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         sys.stderr.write(f"mc: error: unknown command {name!r}; `mc --help` lists them\n")
         return EXIT_USAGE
-    return guarded("mc", lambda: int(_resolve(name)(rest) or 0))
+    return guarded(f"mc {name}", lambda: int(_resolve(name)(rest) or 0))

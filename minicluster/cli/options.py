@@ -23,7 +23,7 @@ def int_at_least(minimum: int, what: str = "an integer") -> Callable[[str], int]
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}: must be at least {minimum}")
+            raise argparse.ArgumentTypeError(f"must be {what} of at least {minimum}, got {value}")
         return value
     return parse
 

@@ -124,13 +124,24 @@ def test_dockerfiles_are_pinned_non_root_and_runnable(image: str) -> None:
     assert not user.startswith(("root", "0:", "0"))
     for pin in re.findall(r"pip install ([^\n&]*)", text):
         for requirement in pin.split():
-            assert requirement.startswith("-") or requirement == "." or "==" in requirement
+            assert requirement.startswith("-") or re.fullmatch(r"'?\.(\[\w+\])?'?", requirement) or "==" in requirement
     entrypoint = yaml.safe_load(re.search(r"^ENTRYPOINT\s+(.+)$", text, re.M).group(1))  # type: ignore[union-attr]
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     if entrypoint[0] == "python":
         assert entrypoint[1] == "-m" and (REPO / Path(*entrypoint[2].split(".")) / "__main__.py").exists()
     else:
         assert entrypoint[0] in scripts
+
+
+def test_operator_dependencies_are_an_extra() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=\[ ]", d)[0] for d in project["dependencies"]}
+    assert not names & {"kopf", "kubernetes"}, "ranks and clients must not pull in the operator's dependencies"
+    extras = project["optional-dependencies"]
+    assert {re.split(r"[<>=]", d)[0] for d in extras["operator"]} == {"kopf", "kubernetes"}
+    assert "minicluster[operator]" in extras["test"]
+    assert "'.[operator]'" in (REPO / "images" / "operator" / "Dockerfile").read_text()
+    assert "'.[operator]'" not in (REPO / "images" / "runtime" / "Dockerfile").read_text()
 
 
 def test_runtime_image_carries_mpi() -> None:

@@ -57,11 +57,12 @@ def test_spread_one_slot_per_least_used_node_first(loaded):
     assert ranks(loaded.match(Request(nslots=6), "spread")) == [(0, 2), (1, 1), (2, 2), (3, 1)]
 
 
-def test_low_and_high_id_follow_rank_not_insertion_order():
+def test_first_fit_low_and_high_id_follow_rank_not_insertion_order():
     graph = ResourceGraph()
     for rank in (5, 2, 9, 0):  # joined out of order: graph order differs from rank order
         add_node(graph, rank)
-    assert ranks(graph.match(Request(), "first-fit")) == [(5, 1)]
+    assert ranks(graph.match(Request(), "first-fit")) == [(0, 1)]
+    assert ranks(graph.match(Request(nslots=3, nnodes=3), "first-fit")) == [(0, 1), (2, 1), (5, 1)]
     assert ranks(graph.match(Request(), "low-id")) == [(0, 1)]
     assert ranks(graph.match(Request(), "high-id")) == [(9, 1)]
     assert ranks(graph.match(Request(nslots=5), "high-id")) == [(5, 1), (9, 4)]
