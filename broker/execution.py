@@ -48,7 +48,7 @@ class Execution:
         self._deadlines: list[tuple[float, int, int]] = []
         self._pmi: dict[tuple[int, str, int], dict[int, Any]] = {}
         # Aborts waiting out ABORT_SETTLE, per job: the notes by task in arrival order, and the timer.
-        self._aborts: dict[int, tuple[dict[int, str], asyncio.TimerHandle]] = {}
+        self._aborts: dict[int, tuple[dict[int, tuple[int, str]], asyncio.TimerHandle]] = {}
         # Plain jobs whose `run` waits for their alloc event to be durable.
         self._undispatched: set[int] = set()
         manager.kill_tasks = self.kill_job
@@ -148,6 +148,21 @@ class Execution:
 
     # --- results and output --------------------------------------------------------------------------------
 
+    def _abort_gang(self, job: Job) -> None:
+        """A failed task ends a job that fails as a gang, with that task's status (protocol.md §3.6).
+
+        An MPI job does: the other ranks would wait for the failed one forever.  A job is one when it asked for
+        PMI by name (`--mpi pmi1|pmix|auto`), or once a task initialized the PMI served by default (`pmi-init`,
+        even after the failure: its ranks would wait in MPI_Init); until then a multi-task job is a set of
+        independent tasks that run on when one fails, as under `srun`.
+        """
+        spec = job.spec
+        if job.first_failure is None or job.ending or job.is_array or spec is None or not spec.uses_pmi:
+            return
+        if job.pmi_used or spec.mpi not in (None, "none"):
+            status, note = job.first_failure
+            self.manager.raise_exception(job, "abort", note, status=status)
+
     def on_done(self, rank: int, results: list[list[Any]], ack: bool = True) -> None:
         touched: dict[int, Job] = {}
         statements = []
@@ -167,8 +182,11 @@ class Execution:
             job.record_result(status, was_running=running is not None)
             if running is not None and job.is_array:
                 released.append((job_id, running.element))
-            if status and job.spec is not None and job.spec.uses_pmi and not job.is_array:
-                job.abort_note = job.abort_note or self._exit_note(job, task, rank, status)
+            if status and not job.ending:
+                failure = self._failure(job, task, rank, status, error)
+                job.first_failure = job.first_failure or failure
+                if error and job.reason is None:
+                    job.reason = failure[1]
             touched[job_id] = job
         if released:
             # Array elements free their cores together: one accounting pass per node.
@@ -182,8 +200,7 @@ class Execution:
     def _after_results(self, job: Job, now: float) -> None:
         if not job.is_array and job.running == 0 and job.state == State.RUN:
             self.manager.scheduler.release(job.id, 0, now)
-        if job.abort_note and not job.ending:
-            self.manager.raise_exception(job, "abort", job.abort_note)
+        self._abort_gang(job)
         self.manager.maybe_finish(job)
         self.manager.wake_scheduler()
 
@@ -321,29 +338,40 @@ class Execution:
         for r in job.ranks:
             self.send("pmi-kvs", r, {"job": job.id, "seq": seq, field: merged})
 
+    def on_pmi_init(self, body: dict[str, Any]) -> None:
+        """A task of the job initialized PMI: it is an MPI job, whose tasks fail together from now on."""
+        job = self.manager.jobs.get(body.get("job", -1))
+        if job is not None and not job.pmi_used:
+            job.pmi_used = True
+            self._abort_gang(job)
+
     def on_abort(self, rank: int, body: dict[str, Any]) -> None:
         job = self.manager.jobs.get(body.get("job", -1))
         if job is None or job.ending:
             return
-        task = body.get("task")
-        note = f"task {task} on rank {rank} called abort({body.get('code')}): {body.get('message', '')}".strip()
+        job.pmi_used = True  # only MPI programs call PMI abort
+        task, code = body.get("task"), body.get("code")
+        note = f"task {task} on rank {rank} called abort({code}): {body.get('message', '')}".strip()
+        # As mpiexec: the job exits with the code given to MPI_Abort (one that reads as success becomes 1).
+        status = code % 256 if isinstance(code, int) and not isinstance(code, bool) else 1
         pending = self._aborts.get(job.id)
         if pending is None:
             timer = asyncio.get_running_loop().call_later(ABORT_SETTLE, self._raise_abort, job)
             pending = self._aborts[job.id] = ({}, timer)
-        pending[0].setdefault(task if isinstance(task, int) else -1, note)
+        pending[0].setdefault(task if isinstance(task, int) else -1, (status or 1, note))
 
     def _raise_abort(self, job: Job) -> None:
-        notes, _ = self._aborts.pop(job.id)
+        aborts, _ = self._aborts.pop(job.id)
         if not job.ending and job.state == State.RUN:
-            self.manager.raise_exception(job, "abort", next(iter(notes.values())))
+            status, note = next(iter(aborts.values()))
+            self.manager.raise_exception(job, "abort", note, status=status)
 
-    def _exit_note(self, job: Job, task: int, rank: int, status: int) -> str:
-        """Why a gang ends when `task` exits non-zero: its own abort if one is settling, else its exit, which
-        also beats a peer's settling abort (that peer most likely reacted to this task vanishing)."""
+    def _failure(self, job: Job, task: int, rank: int, status: int, error: str | None) -> tuple[int, str]:
+        """(status, note) of `task` failing: its own abort if one is settling, else its exit, which also beats a
+        peer's settling abort (that peer most likely reacted to this task vanishing)."""
         pending = self._aborts.pop(job.id, None)
         if pending is not None:
             pending[1].cancel()
             if task in pending[0]:
                 return pending[0][task]
-        return f"task {task} on rank {rank} exited with status {status}"
+        return status, job.failure_note(task, rank, status, error)

@@ -43,7 +43,8 @@ class Job:
         "id", "uid", "gid", "name", "state", "urgency", "ntasks", "nnodes", "t_submit", "t_run", "t_inactive",
         "status", "exception", "seq", "spec", "array", "pending_map", "next_element",
         "running", "succeeded", "failed", "cancelled", "ranks", "deadline", "output_bytes", "oseq",
-        "truncated", "ending", "tasks_left", "done_bits", "abort_note", "closed", "ranks_text",
+        "truncated", "ending", "tasks_left", "done_bits", "closed", "ranks_text",
+        "cause_status", "first_failure", "pmi_used", "reason",
     )
 
     def __init__(self, job_id: int, uid: int, spec: Jobspec, t_submit: float, gid: int = -1) -> None:
@@ -82,7 +83,14 @@ class Job:
         self.tasks_left = len(self.array) if self.array is not None else spec.ntasks
         # One bit per task: results re-sent after a restart are recognised and counted once.
         self.done_bits = bytearray((self.tasks_left + 7) // 8)
-        self.abort_note: str | None = None
+        # The status the job ends with when an exception ends it (protocol.md §3.6): its cause's.
+        self.cause_status: int | None = None
+        # (status, note) of the first task that failed; it ends the job if the job fails as a gang.
+        self.first_failure: tuple[int, str] | None = None
+        # Set once the tasks used PMI (the broker saw a barrier): an MPI job, whose tasks fail together.
+        self.pmi_used = False
+        # Why the job failed, in one line: a task that could not start, or the note of the ending exception.
+        self.reason: str | None = None
         # True once the `clean` event is durable; `state` runs ahead of the disk, followers must not.
         self.closed = False
 
@@ -124,6 +132,13 @@ class Job:
             self.running -= 1
         self.tasks_left -= 1
 
+    def failure_note(self, task: int, rank: int, status: int, error: str | None) -> str:
+        """`task 3 on rank 1 exited with status 2`, or with the reason it could not run instead."""
+        who = f"task {task}" if self.array is None else f"index {self.index_of(task)}"
+        if error:
+            return f"{who} on rank {rank}: {error}"
+        return f"{who} on rank {rank} exited with status {status}"
+
     def retire(self) -> None:
         """Drop what only an active job needs, keeping the record `mc jobs` shows."""
         self.spec = None
@@ -150,7 +165,7 @@ class Job:
             "urgency": self.urgency, "t_submit": self.t_submit, "t_run": self.t_run,
             "t_inactive": self.t_inactive, "ntasks": self.total_tasks, "nnodes": self.nnodes,
             "ranks": self.ranks_text or str(IdSet.from_ints(self.ranks)), "status": self.status, "exception": self.exception,
-            "array": str(self.array) if self.array is not None else None,
+            "array": str(self.array) if self.array is not None else None, "reason": self.reason,
             "counts": {
                 "pending": self.pending(), "running": self.running, "succeeded": self.succeeded,
                 "failed": self.failed, "cancelled": self.cancelled,
@@ -158,5 +173,10 @@ class Job:
             "est_start": est_start,
         }
 
-    def counts_wire(self) -> list[int]:
-        return [self.succeeded, self.failed, self.cancelled]
+    def counts_wire(self) -> list[Any]:
+        """The journal's `counts` column: the counts, then the reason (rows written before it have three)."""
+        return [self.succeeded, self.failed, self.cancelled, self.reason]
+
+    def restore_counts(self, wire: list[Any]) -> None:
+        self.succeeded, self.failed, self.cancelled = wire[:3]
+        self.reason = wire[3] if len(wire) > 3 else None

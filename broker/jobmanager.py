@@ -26,6 +26,17 @@ from minicluster.model.jobspec import Jobspec
 log = logging.getLogger(__name__)
 
 
+# The status of a job an exception ended (protocol.md §3.6): 128 + the signal its tasks were ended with, as
+# `scancel`ed srun and `flux cancel`ed jobs report it.  `abort` carries the status of the failing task instead.
+EXCEPTION_STATUS = {
+    "cancel": 128 + signal.SIGTERM,
+    "timeout": 128 + signal.SIGTERM,
+    "shutdown": 128 + signal.SIGTERM,
+    "node-lost": 128 + signal.SIGKILL,
+    "broker-restart": 128 + signal.SIGKILL,
+}
+
+
 class JobError(Exception):
     """A client request about jobs was refused; `code` is a protocol.md §3.2 error code."""
 
@@ -166,13 +177,18 @@ class JobManager:
         fut.add_done_callback(lambda f: f.exception() or self.watchers.event(job_id, event))
         return fut
 
-    def raise_exception(self, job: Job, kind: str, note: str, severity: int = 0) -> None:
+    def raise_exception(self, job: Job, kind: str, note: str, severity: int = 0, status: int | None = None) -> None:
+        """Post an exception; severity 0 ends the job, with `status` (default: by kind, EXCEPTION_STATUS)."""
         if job.state == State.INACTIVE or (job.ending and severity == 0):
             return
-        self.post(job, "exception", {"type": kind, "severity": severity, "note": note})
         if severity != 0:
+            self.post(job, "exception", {"type": kind, "severity": severity, "note": note})
             return
+        status = EXCEPTION_STATUS.get(kind, 1) if status is None else status
+        self.post(job, "exception", {"type": kind, "severity": severity, "note": note, "status": status})
         job.exception = kind
+        job.cause_status = status
+        job.reason = note
         job.ending = True
         self.scheduler.cancel(job.id)
         if job.running:
@@ -185,8 +201,11 @@ class JobManager:
             self.finish(job)
 
     def finish(self, job: Job) -> None:
-        if job.status is None:
-            job.status = 128 + signal.SIGTERM if job.exception == "cancel" else (1 if job.exception else 0)
+        if job.ending:
+            # An exception ended the job: its status is the cause's, not that of the tasks it killed.
+            job.status = job.cause_status if job.cause_status is not None else EXCEPTION_STATUS.get(job.exception or "", 1)
+        elif job.status is None:
+            job.status = 0
         if job.ending:
             job.cancelled += job.tasks_left
             job.tasks_left = 0

@@ -63,7 +63,7 @@ def _restore(row: tuple[Any, ...]) -> Job:
     job.t_run, job.t_inactive, job.status, job.exception, job.seq = t_run, t_inactive, status, exception, seq
     if job.state == State.INACTIVE:
         if counts is not None:
-            job.succeeded, job.failed, job.cancelled = unpack(counts)
+            job.restore_counts(unpack(counts))
         job.tasks_left = 0
         job.closed = True
         job.retire()
@@ -86,7 +86,10 @@ def _replay_events(journal: Journal, active: dict[int, Job]) -> None:
         if name == "start" and job.t_run is None:
             job.t_run = ts
         elif name == "exception" and unpack(context).get("severity") == 0:
-            job.exception = unpack(context).get("type")
+            ctx = unpack(context)
+            job.exception = ctx.get("type")
+            job.cause_status = ctx.get("status")
+            job.reason = ctx.get("note") or job.reason
             job.ending = True
 
 
@@ -94,11 +97,13 @@ def _restore_results(journal: Journal, active: dict[int, Job]) -> None:
     if not active:
         return
     marks = ",".join("?" * len(active))
-    rows = journal.query(f"SELECT job, task, status FROM tasks WHERE job IN ({marks})", list(active))
-    for job_id, task, status in rows:
+    rows = journal.query(f"SELECT job, task, rank, status, error FROM tasks WHERE job IN ({marks})", list(active))
+    for job_id, task, rank, status, error in rows:
         job = active[job_id]
         if job.mark_done(task):
             job.record_result(status, was_running=False)
+            if error and job.reason is None:
+                job.reason = job.failure_note(task, rank, status, error)
 
 
 class Reattach:

@@ -201,6 +201,9 @@ class Broker:
     def _on_pmi_put(self, rank: int, body: dict[str, Any]) -> None:
         self.execution.on_pmi_put(rank, body)
 
+    def _on_pmi_init(self, rank: int, body: dict[str, Any]) -> None:
+        self.execution.on_pmi_init(body)
+
     def _on_abort(self, rank: int, body: dict[str, Any]) -> None:
         self.execution.on_abort(rank, body)
 
@@ -300,6 +303,7 @@ _HANDLERS = {
     "done": Broker._on_done,
     "out": Broker._on_out,
     "pmi-put": Broker._on_pmi_put,
+    "pmi-init": Broker._on_pmi_init,
     "abort": Broker._on_abort,
     "error": Broker._on_error,
 }

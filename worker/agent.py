@@ -18,6 +18,7 @@ from minicluster.config import InstanceConfig
 from minicluster.proto import topology
 from minicluster.proto.envelope import Message
 from worker.executor import STATUS_CANNOT_RUN, TaskExecutor, TaskResult, TaskSpec, TestExecutor
+from worker.lines import LineBuffers
 from worker.pmi_jobs import PMIJobs
 from worker.resources import NodeResources
 
@@ -41,7 +42,8 @@ class WorkerAgent:
         self.uri = uri
         pidfile = None if config.test_exec else os.path.join(config.state_dir, f"tasks-rank{rank}.pids")
         executor_class = TestExecutor if config.test_exec else TaskExecutor
-        self.executor = executor_class(self._on_output, self._on_exit, pidfile=pidfile)
+        self.lines = LineBuffers(self._on_output)
+        self.executor = executor_class(self.lines.feed, self._on_exit, pidfile=pidfile)
         self.pmi = PMIJobs(rank, send)
         # With a resource override (tests, benchmarks) there may be more logical cores than real ones:
         # logical core i is bound to real core i mod n, so oversubscription still binds somewhere valid.
@@ -88,6 +90,7 @@ class WorkerAgent:
 
     async def shutdown(self) -> None:
         await self.executor.shutdown(self.config.kill_grace)
+        self.lines.close()
         self._flush()
         self.pmi.close_all()
         self.stopped.set()
@@ -203,6 +206,7 @@ class WorkerAgent:
     # --- executor callbacks --------------------------------------------------------------------------------
 
     def _on_output(self, key: Key, stream: str, data: bytes) -> None:
+        """Whole lines (or a partial one, by the flush rules of worker/lines.py) of one task's stream."""
         # Rank 0 keeps at most output_cap bytes per job; forwarding more (one byte more, so it can tell)
         # would only grow this rank's send queue.
         sent = self.output_sent.get(key[0], 0)
@@ -219,6 +223,7 @@ class WorkerAgent:
 
     def _on_exit(self, result: TaskResult) -> None:
         key = result.key
+        self.lines.flush(key)
         if self.running.pop(key, None) is not None:
             left = self.job_running[key[0]] - 1
             if left:

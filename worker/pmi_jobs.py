@@ -81,6 +81,8 @@ class PMIJobs:
             process_mapping=process_mapping([n for _, n in layout]), exchange=exchange,
             on_abort=lambda task, code, message: self.send(
                 "abort", 0, {"job": job, "task": task, "code": code, "message": message}),
+            # The job is an MPI job: rank 0 then ends it when a task fails (protocol.md §3.6).
+            on_init=lambda: self.send("pmi-init", 0, {"job": job}),
         )
         self._servers[job] = (server, exchange)
         out: TaskEnv = {}

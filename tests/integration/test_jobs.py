@@ -110,12 +110,27 @@ def test_tasks_are_bound_to_distinct_allocated_cores(client4: Client) -> None:
     assert sorted(c for group in cores for c in group) == [0, 1]
 
 
-def test_mpi_default_ends_job_when_one_task_fails(client4: Client) -> None:
-    job_id = client4.submit(job(["sh", "-c", '[ "$MC_TASK_RANK" = 1 ] && exit 7; sleep 30'], ntasks=2))
+def test_plain_multi_task_job_runs_on_after_a_failure_and_takes_the_largest_status(client4: Client) -> None:
+    # No --mpi and no PMI used: independent tasks, as under srun.
+    script = 'echo "$MC_TASK_RANK starts"; [ "$MC_TASK_RANK" = 1 ] && exit 7; sleep 0.5; exit $MC_TASK_RANK'
+    job_id = client4.submit(job(["sh", "-c", script], ntasks=4, nnodes=2))
     result = wait_for(client4, job_id)
-    assert result["exception"] == "abort"
-    note = [e[3]["note"] for e in client4.eventlog(job_id) if e[2] == "exception"][0]
-    assert "task 1" in note and "status 7" in note
+    assert result["exception"] is None and result["status"] == 7
+    assert sorted(row[3] for row in client4.task_results(job_id)) == [0, 2, 3, 7]
+    summary = client4.job(job_id)
+    assert summary["counts"]["failed"] == 3 and summary["counts"]["succeeded"] == 1
+
+
+def test_gang_ends_with_the_status_of_the_task_that_failed(client4: Client) -> None:
+    script = '[ "$MC_TASK_RANK" = 1 ] && { sleep 0.3; exit 7; }; sleep 30'
+    job_id = client4.submit(job(["sh", "-c", script], ntasks=4, nnodes=2, mpi="pmi1"))
+    result = wait_for(client4, job_id)
+    # Not 143, the status of the siblings the failure killed.
+    assert result["exception"] == "abort" and result["status"] == 7
+    note = [e[3] for e in client4.eventlog(job_id) if e[2] == "exception"][0]
+    assert note["note"] == "task 1 on rank 0 exited with status 7" and note["status"] == 7
+    assert sorted(row[3] for row in client4.task_results(job_id)) == [7, 143, 143, 143]
+    assert client4.job(job_id)["reason"] == "task 1 on rank 0 exited with status 7"
 
 
 def test_invalid_and_infeasible_jobspecs_are_refused(client4: Client) -> None:

@@ -96,6 +96,25 @@ def exception_of(client: Client, job_id: int) -> tuple[dict[str, Any], float]:
     return raised[3], finished[1] - raised[1]
 
 
+# Rank 1 dies before MPI_Init while its node-mate waits in MPI_Init's barrier.
+DIES_BEFORE_INIT = """
+import os, sys, time
+if os.environ["MC_TASK_RANK"] == "1":
+    os._exit(5)
+time.sleep(0.5)
+from mpi4py import MPI
+MPI.COMM_WORLD.Barrier()
+"""
+
+
+def test_rank_dying_before_mpi_init_ends_the_job(client4: Client) -> None:
+    # No --mpi: the job counts as MPI once its tasks use PMI; the barrier no longer waits for the dead rank.
+    job_id = client4.submit(python_job(DIES_BEFORE_INIT, nnodes=1, ntasks=2, time_limit=60))
+    result = wait_for(client4, job_id)
+    assert result["exception"] == "abort" and result["status"] == 5
+    assert client4.job(job_id)["reason"] == "task 1 on rank 0 exited with status 5"
+
+
 def test_world_of_eight_ranks_on_four_nodes(client4: Client) -> None:
     job_id = client4.submit(python_job(HELLO, nnodes=4, ntasks=8))
     assert wait_for(client4, job_id)["status"] == 0
@@ -125,13 +144,15 @@ def test_barriers_and_collectives_across_the_tree(client4: Client) -> None:
         assert r["total"] == (28 if me == 7 else None)
 
 
-@pytest.mark.parametrize(("how", "note"), [("exit", "task 7 on rank 3 exited with status 4"),
-                                           ("abort", "task 7 on rank 3 called abort(3)")])
-def test_failing_rank_ends_the_job(client4: Client, cluster4: LocalCluster, how: str, note: str) -> None:
+@pytest.mark.parametrize(("how", "note", "status"), [("exit", "task 7 on rank 3 exited with status 4", 4),
+                                                     ("abort", "task 7 on rank 3 called abort(3)", 3)])
+def test_failing_rank_ends_the_job(client4: Client, cluster4: LocalCluster, how: str, note: str,
+                                   status: int) -> None:
     # Task 7 runs on rank 3, two hops from rank 0; the other ranks are left spinning in a barrier.
     job_id = client4.submit(python_job(FAILING, "7", how, nnodes=4, ntasks=8))
     result = wait_for(client4, job_id)
-    assert result["exception"] == "abort"
+    # As mpiexec: the failing rank's status, or MPI_Abort's code; not 143 of the ranks it took down.
+    assert result["exception"] == "abort" and result["status"] == status
     context, ending = exception_of(client4, job_id)
     assert context["type"] == "abort" and context["note"].startswith(note)
     assert ending < cluster4.config.kill_grace + 1.0

@@ -54,6 +54,7 @@ class PMIJobServer:
         process_mapping: str,
         exchange: PMIExchange,
         on_abort: AbortCallback,
+        on_init: Callable[[], None] | None = None,
         appnum: int = 0,
     ) -> None:
         bad = [r for r in local_ranks if not 0 <= r < universe_size]
@@ -63,6 +64,8 @@ class PMIJobServer:
         self.kvs: dict[str, str] = {PROCESS_MAPPING_KEY: process_mapping}
         self.barrier = JobBarrier(kvsname, local_ranks, exchange, self.kvs)
         self._on_abort = on_abort
+        # Called once, when the first local task initializes PMI.
+        self._on_init = on_init
         self._child_fds: dict[int, socket.socket] = {}
         self._unserved: set[socket.socket] = set()  # parent ends whose handler has not started
         self._connected: set[int] = set()
@@ -219,7 +222,11 @@ class PMIJobServer:
         while True:
             raw = await reader.readuntil(b"\n")
             log.debug("rank %d PMI <- %r", engine.rank, raw[:200])
-            for effect in engine.handle(decode(raw)):
+            effects = engine.handle(decode(raw))
+            if self._on_init is not None and engine.phase is not Phase.NEW:
+                on_init, self._on_init = self._on_init, None
+                on_init()
+            for effect in effects:
                 if isinstance(effect, Reply):
                     writer.write(encode(effect.text))
                 elif isinstance(effect, EnterBarrier):
