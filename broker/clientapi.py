@@ -12,8 +12,8 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from broker.jobmanager import JobError
@@ -29,6 +29,8 @@ class Peer:
     pid: int
     uid: int
     gid: int
+    # Called when the connection closes, once each (e.g. end a job's stdin this client was feeding).
+    closers: dict[Any, Callable[[], None]] = field(default_factory=dict, compare=False)
 
 
 class Connection:
@@ -98,6 +100,8 @@ class ClientServer:
             self.connections.discard(conn)
             for task in conn.streams.values():
                 task.cancel()
+            for closer in conn.peer.closers.values():
+                closer()
             writer.close()
 
     async def _read_requests(self, reader: asyncio.StreamReader, conn: Connection) -> None:

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from broker import sched
 from broker.job import Job, State
 from broker.jobmanager import JobManager
+from broker.stdin import StdinRelay
 from minicluster.config import InstanceConfig
 from minicluster.model.idset import IdSet
 
@@ -51,7 +52,12 @@ class Execution:
         self._aborts: dict[int, tuple[dict[int, tuple[int, str]], asyncio.TimerHandle]] = {}
         # Plain jobs whose `run` waits for their alloc event to be durable.
         self._undispatched: set[int] = set()
+        self.stdin = StdinRelay(send)
+        # Since this broker started, for rates (`mc top`).
+        self.tasks_started = 0
+        self.tasks_ended = 0
         manager.kill_tasks = self.kill_job
+        manager.job_finished = lambda job: self.stdin.ended(job.id)
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
@@ -78,6 +84,7 @@ class Execution:
         self.by_rank[rank].add(key)
         self.by_job[job.id].add(key)
         job.running += 1
+        self.tasks_started += 1
         job.ranks.add(rank)
         assert job.spec is not None
         heapq.heappush(self._deadlines, (now + self.manager.time_limit(job.spec), job.id, task))
@@ -120,6 +127,7 @@ class Execution:
     def _dispatch_gangs(self, gangs: list[tuple[Job, list[tuple[int, sched.Slot]], dict[str, Any]]]) -> None:
         """Send the `run`s of plain jobs whose alloc is durable, one message per rank for all of them."""
         per_rank: dict[int, dict[str, Any]] = {}
+        readers: dict[int, dict[int, list[int]]] = {}
         for job, slots, info in gangs:
             # A cancel that came before the alloc was durable already ended these tasks.
             if job.id not in self._undispatched:
@@ -129,8 +137,17 @@ class Execution:
                 body = per_rank.setdefault(rank, {"jobs": {}, "tasks": []})
                 body["jobs"][job.id] = info
                 body["tasks"].append([job.id, task, task, list(slot.cores), list(slot.gpus)])
+            if info["stdin"]:
+                reading = set(info["stdin"])
+                targets: dict[int, list[int]] = {}
+                for task, (rank, _slot) in enumerate(slots):
+                    if task in reading:
+                        targets.setdefault(rank, []).append(task)
+                readers[job.id] = targets
         for rank, body in per_rank.items():
             self.send("run", rank, body)
+        for job_id, targets in readers.items():
+            self.stdin.dispatched(job_id, targets)
 
     def _jobinfo(self, job: Job, layout: list[list[int]]) -> dict[str, Any]:
         spec = job.spec
@@ -143,7 +160,8 @@ class Execution:
         return {
             "argv": list(spec.argv), "env": env, "cwd": spec.cwd, "ntasks": job.total_tasks,
             "output": spec.output, "mpi": mpi, "layout": layout,
-            "uid": job.uid, "gid": job.gid,
+            "uid": job.uid, "gid": job.gid, "array": job.is_array, "stdin": spec.stdin_tasks,
+            "mem_per_task": spec.mem_per_task,
         }
 
     # --- results and output --------------------------------------------------------------------------------
@@ -176,6 +194,7 @@ class Execution:
             if job is None or job.state == State.INACTIVE or not job.mark_done(task):
                 continue  # a duplicate (re-sent after a restart) or a purged job: acknowledge only
             running = self._untrack((job_id, task))
+            self.tasks_ended += 1
             statements.append(("INSERT OR REPLACE INTO tasks VALUES (?,?,?,?,?,?,?,?,?,?)",
                                (job_id, task, job.index_of(task), rank, status, exit_code, sig, error,
                                 started, ended)))
@@ -224,9 +243,15 @@ class Execution:
             if room <= 0:
                 continue
             if len(data) > room:
-                data = data[:room]
+                data = _cut_at_line_end(data, room, whole_output=job.output_bytes == 0)
+                # Nothing after the cut is kept, not even a later line short enough to fit.
+                job.output_bytes = self.config.output_cap
+                job.truncated = True
                 self.manager.post(job, "output-truncated", {"cap": self.config.output_cap})
-            job.output_bytes += len(data)
+                if not data:
+                    continue
+            else:
+                job.output_bytes += len(data)
             oseq = job.oseq
             job.oseq += 1
             statements.append(("INSERT INTO output VALUES (?,?,?,?,?)", (job_id, oseq, task, stream, data)))
@@ -375,3 +400,12 @@ class Execution:
             if task in pending[0]:
                 return pending[0][task]
         return status, job.failure_note(task, rank, status, error)
+
+
+def _cut_at_line_end(data: bytes, room: int, whole_output: bool) -> bytes:
+    """The longest prefix of `data` that fits `room` and ends a line; a job whose first line alone exceeds the
+    cap keeps the cap's worth of it rather than nothing."""
+    end = data.rfind(b"\n", 0, room) + 1
+    if end == 0 and whole_output:
+        return data[:room]
+    return data[:end]

@@ -81,6 +81,8 @@ class JobManager:
         self.wake_scheduler: Callable[[], None] = lambda: None
         # Set by the broker: ends a job's running tasks (execution.kill_job).
         self.kill_tasks: Callable[[Job, int], None] = lambda job, sig: None
+        # Set by the broker: the job finished (nothing of it runs any more).
+        self.job_finished: Callable[[Job], None] = lambda job: None
         self.all_ranks_seen = False
         self._feasible: dict[sched.Request, str] = {}
         # Inactive job ids in the order they became inactive: purge takes from the front.
@@ -213,6 +215,7 @@ class JobManager:
         counts = {"succeeded": job.succeeded, "failed": job.failed, "cancelled": job.cancelled}
         self.post(job, "finish", {"status": job.status, "counts": counts})
         self.post(job, "release")
+        self.job_finished(job)
         self.clean(job)
 
     def clean(self, job: Job) -> None:

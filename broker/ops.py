@@ -16,6 +16,12 @@ from minicluster.model import jobspec as jobspec_model
 from minicluster.model.idset import IdSet
 
 OPS: dict[str, Callable[..., Any]] = {}
+# Output responses carry at most this much data, whatever the job's output size (frames are 16 MiB at most).
+OUTPUT_RESPONSE_BYTES = 1 << 20
+# Output history is read from the journal in pages of about this size.
+OUTPUT_PAGE_BYTES = 4 << 20
+# Data of one `stdin` request.
+STDIN_MAX_BYTES = 1 << 20
 
 
 def op(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -168,22 +174,102 @@ def output(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[s
     task = None
     if index is not None:
         task = _task_of_index(record, index)
-
-    def history(c: Any) -> list[list[Any]]:
-        rows = c.execute("SELECT oseq, task, stream, data FROM output WHERE job=? ORDER BY oseq", (record.id,))
-        return [list(r) for r in rows]
-
-    def visible(item: list[Any]) -> bool:
-        return task is None or item[1] == task
-
-    stream = _follow(broker, record, follow, history, broker.watchers.follow_output, "chunks",
-                     lambda item: item[0], 0, visible)
-    return _strip_oseq(stream)
+    return _output(broker, record, follow, task)
 
 
-async def _strip_oseq(stream: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    async for body in stream:
-        yield {"chunks": [c[1:] for c in body["chunks"]]}
+async def _output(broker: Any, record: Any, follow: bool, task: int | None) -> AsyncIterator[dict[str, Any]]:
+    """History read in pages, then live chunks; responses of at most OUTPUT_RESPONSE_BYTES (protocol.md §3.3)."""
+    follower = broker.watchers.follow_output(record.id) if follow and not record.closed else None
+    batch = _Chunks(task)
+    try:
+        files = await _output_files(broker, record)
+        if files is not None:
+            batch.extra["files"] = files
+        next_seq = 0
+        while True:
+            page = await broker.journal.read(lambda c, start=next_seq: _output_page(c, record.id, start))
+            for item in page:
+                if batch.add(item):
+                    yield batch.take()
+            if not page:
+                break
+            next_seq = page[-1][0] + 1
+        yield batch.take()
+        while follower is not None:
+            item = await follower.queue.get()
+            while item is not None:
+                if follower.overflowed:
+                    raise JobError("bad-request", "client fell too far behind; re-read the output")
+                if item[0] >= next_seq:
+                    next_seq = item[0] + 1
+                    batch.add(item)
+                if batch.full or follower.queue.empty():
+                    break
+                item = follower.queue.get_nowait()
+            if batch.chunks:
+                yield batch.take()
+            if item is None:
+                break
+        cap = await _truncated(broker, record)
+        if cap is not None:
+            yield {"chunks": [], "truncated": cap}
+    finally:
+        if follower is not None:
+            broker.watchers.unfollow(record.id, follower)
+
+
+class _Chunks:
+    """Output chunks gathered into one response, up to OUTPUT_RESPONSE_BYTES of data."""
+
+    def __init__(self, task: int | None) -> None:
+        self.task = task
+        self.chunks: list[list[Any]] = []
+        self.size = 0
+        self.extra: dict[str, Any] = {}
+
+    @property
+    def full(self) -> bool:
+        return self.size >= OUTPUT_RESPONSE_BYTES
+
+    def add(self, item: list[Any]) -> bool:
+        """Add [oseq, task, stream, data] if it is visible; True once the response is full."""
+        if self.task is None or item[1] == self.task:
+            self.chunks.append(item[1:])
+            self.size += len(item[3]) + 16
+        return self.full
+
+    def take(self) -> dict[str, Any]:
+        body = {"chunks": self.chunks, **self.extra}
+        self.chunks, self.size, self.extra = [], 0, {}
+        return body
+
+
+def _output_page(c: Any, job_id: int, start: int) -> list[list[Any]]:
+    rows, size = [], 0
+    for row in c.execute("SELECT oseq, task, stream, data FROM output WHERE job=? AND oseq>=? ORDER BY oseq",
+                         (job_id, start)):
+        rows.append(list(row))
+        size += len(row[3])
+        if size >= OUTPUT_PAGE_BYTES:
+            break
+    return rows
+
+
+async def _output_files(broker: Any, record: Any) -> str | None:
+    """The output template of a job whose output went to files on the nodes."""
+    if record.spec is not None:
+        return record.spec.output
+    rows = await broker.journal.read(lambda c: c.execute("SELECT spec FROM jobs WHERE id=?", (record.id,)).fetchall())
+    return unpack(rows[0][0]).get("output") if rows else None
+
+
+async def _truncated(broker: Any, record: Any) -> int | None:
+    """The cap, if the job's output reached it (after a restart, its `output-truncated` event says so)."""
+    if record.truncated:
+        return broker.config.output_cap
+    rows = await broker.journal.read(lambda c: c.execute(
+        "SELECT context FROM events WHERE job=? AND name='output-truncated' LIMIT 1", (record.id,)).fetchall())
+    return unpack(rows[0][0]).get("cap") if rows else None
 
 
 def _task_of_index(record: Any, index: int) -> int:
@@ -198,13 +284,13 @@ def _task_of_index(record: Any, index: int) -> int:
 
 
 async def _follow(broker: Any, record: Any, follow: bool, history: Callable[[Any], list[list[Any]]],
-                  subscribe: Callable[[int], Any], key: str, seq_of: Callable[[list[Any]], int], start: int,
-                  visible: Callable[[list[Any]], bool] = lambda item: True) -> AsyncIterator[dict[str, Any]]:
+                  subscribe: Callable[[int], Any], key: str, seq_of: Callable[[list[Any]], int],
+                  start: int) -> AsyncIterator[dict[str, Any]]:
     """History from sqlite, then live items, skipping sequence numbers already sent (no gaps, no repeats)."""
     follower = subscribe(record.id) if follow and not record.closed else None
     try:
         past = await broker.journal.read(history)
-        yield {key: [i for i in past if visible(i)]}
+        yield {key: past}
         next_seq = (seq_of(past[-1]) + 1) if past else start
         while follower is not None:
             item = await follower.queue.get()
@@ -214,8 +300,7 @@ async def _follow(broker: Any, record: Any, follow: bool, history: Callable[[Any
                 raise JobError("bad-request", "client fell too far behind; re-read from the last sequence")
             if seq_of(item) >= next_seq:
                 next_seq = seq_of(item) + 1
-                if visible(item):
-                    yield {key: [item]}
+                yield {key: [item]}
     finally:
         if follower is not None:
             broker.watchers.unfollow(record.id, follower)
@@ -245,7 +330,8 @@ def task_results(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
     record = broker.manager.get(_field(req, "job", int))
     start = _field(req, "from", int, 0)
     limit = _field(req, "limit", int, 10_000)
-    sql = ("SELECT task, idx, rank, status, exit_code, signal, error FROM tasks WHERE job=? AND task>=? "
+    errors_only = " AND error IS NOT NULL" if _field(req, "errors", bool, False) else ""
+    sql = (f"SELECT task, idx, rank, status, exit_code, signal, error FROM tasks WHERE job=? AND task>=?{errors_only} "
            "ORDER BY task LIMIT ?")
     fut = broker.journal.read(lambda c: [list(r) for r in c.execute(sql, (record.id, start, limit))])
     return asyncio.ensure_future(_wrap(fut, "tasks"))
@@ -253,6 +339,25 @@ def task_results(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
 
 async def _wrap(awaitable: Any, key: str) -> dict[str, Any]:
     return {key: await awaitable}
+
+
+@op("stdin")
+def stdin(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+    record = broker.manager.get(_field(req, "job", int))
+    data = _field(req, "data", bytes, b"")
+    eof = _field(req, "eof", bool, False)
+    if peer.uid != record.uid:
+        raise JobError("permission", f"only the owner of job {record.id} may write to its stdin")
+    if len(data) > STDIN_MAX_BYTES:
+        raise JobError("bad-request", f"stdin data of {len(data)} bytes exceeds {STDIN_MAX_BYTES}")
+    if record.state == State.INACTIVE:
+        return {"open": False}
+    if record.spec is None or record.spec.stdin is None:
+        raise JobError("bad-request", f"job {record.id} was not submitted with stdin")
+    relay = broker.execution.stdin
+    # When this client goes away, the tasks read end-of-file rather than wait for it forever.
+    peer.closers.setdefault(("stdin", record.id), lambda: relay.close(record.id))
+    return relay.write(record.id, data, eof)
 
 
 @op("resources")
@@ -263,8 +368,10 @@ def resources(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 @op("status")
 def status(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     cfg = broker.config
+    execution = broker.execution
     return {"name": cfg.name, "size": cfg.size, "fanout": cfg.fanout, "epoch": broker.epoch,
-            "ranks": broker.ranks.rows(), "queue": broker.manager.queue_counts()}
+            "ranks": broker.ranks.rows(), "queue": broker.manager.queue_counts(),
+            "tasks": {"started": execution.tasks_started, "ended": execution.tasks_ended}}
 
 
 @op("drain")

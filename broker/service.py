@@ -115,9 +115,14 @@ class Broker:
         await self.overlay.close()
 
     async def _run_command(self, argv: list[str]) -> int:
-        """Batch mode: once every rank joined, run the command with MC_URI set; its status is ours."""
+        """Batch mode: once every rank joined, run the command with MC_URI set; its status is ours.
+
+        A stop request (SIGTERM, `mc shutdown`) ends the command too: SIGTERM, then SIGKILL after kill_grace.
+        """
         while not self.ranks.all_up() and not self._stop.is_set():
             await asyncio.sleep(0.02)
+        if self._stop.is_set():
+            return 128 + signal.SIGTERM
         env = dict(os.environ, MC_URI=self.uri)
         try:
             proc = await asyncio.create_subprocess_exec(*argv, env=env)
@@ -126,7 +131,17 @@ class Broker:
             self.command_state = {"state": "exited", "status": 127}
             return 127
         self.command_state = {"state": "running", "status": None}
-        code = await proc.wait()
+        exited = asyncio.ensure_future(proc.wait())
+        stopping = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait((exited, stopping), return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not exited.done():
+            proc.terminate()
+            try:
+                await asyncio.wait_for(asyncio.shield(exited), self.config.kill_grace)
+            except asyncio.TimeoutError:
+                proc.kill()
+        code = await exited
         status = code if code >= 0 else 128 - code
         self.command_state = {"state": "exited", "status": status}
         return status
@@ -200,6 +215,9 @@ class Broker:
 
     def _on_pmi_put(self, rank: int, body: dict[str, Any]) -> None:
         self.execution.on_pmi_put(rank, body)
+
+    def _on_stdin_ack(self, rank: int, body: dict[str, Any]) -> None:
+        self.execution.stdin.on_ack(rank, body)
 
     def _on_pmi_init(self, rank: int, body: dict[str, Any]) -> None:
         self.execution.on_pmi_init(body)
@@ -304,6 +322,7 @@ _HANDLERS = {
     "out": Broker._on_out,
     "pmi-put": Broker._on_pmi_put,
     "pmi-init": Broker._on_pmi_init,
+    "stdin-ack": Broker._on_stdin_ack,
     "abort": Broker._on_abort,
     "error": Broker._on_error,
 }

@@ -110,9 +110,10 @@ class Client:
         assert got is not None
         return got[1]
 
-    def next_response(self, rids: Collection[int], timeout: float | None = None
-                      ) -> tuple[int, dict[str, Any]] | None:
-        """The next response of any request in `rids`, or None after `timeout` seconds.
+    def next_response(self, rids: Collection[int], timeout: float | None = None,
+                      wake: Collection[int] = ()) -> tuple[int, dict[str, Any]] | None:
+        """The next response of any request in `rids`, or None after `timeout` seconds or once a file
+        descriptor in `wake` is readable.
 
         Responses of other requests that arrive meanwhile are kept for later. A response with
         `more` true means the stream goes on; any other response is the request's last.
@@ -129,9 +130,10 @@ class Client:
                     if not box and rid not in self._open:
                         del self._inbox[rid]
                     return rid, _checked(msg)
-            if deadline is not None:
-                readable, _, _ = select.select([self._sock], [], [], max(0.0, deadline - time.monotonic()))
-                if not readable:
+            if deadline is not None or wake:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                readable, _, _ = select.select([self._sock, *wake], [], [], left)
+                if self._sock not in readable:
                     return None
             self._receive()
 
@@ -280,7 +282,10 @@ class Client:
 
     def output(self, job_id: int, follow: bool = False,
                index: int | None = None) -> Iterator[tuple[int, int, bytes]]:
-        """Output chunks `(task, stream, data)`, stream 1 = stdout, 2 = stderr."""
+        """Output chunks `(task, stream, data)`, stream 1 = stdout, 2 = stderr.
+
+        `stream("output", ...)` gives the responses themselves, with `files` and `truncated` (protocol.md §3.3).
+        """
         fields: dict[str, Any] = {"job": job_id, "follow": follow}
         if index is not None:
             fields["index"] = index
@@ -288,12 +293,18 @@ class Client:
             for task, stream, data in msg.get("chunks", []):
                 yield task, stream, data
 
-    def task_results(self, job_id: int, from_: int = 0, limit: int | None = None) -> list[list[Any]]:
-        """`[task, index, rank, status, exit_code, signal, error]` per ended task."""
-        fields: dict[str, Any] = {"job": job_id, "from": from_}
+    def task_results(self, job_id: int, from_: int = 0, limit: int | None = None,
+                     errors: bool = False) -> list[list[Any]]:
+        """`[task, index, rank, status, exit_code, signal, error]` per ended task (`errors`: only those with
+        an error, such as a command not found)."""
+        fields: dict[str, Any] = {"job": job_id, "from": from_, "errors": errors}
         if limit is not None:
             fields["limit"] = limit
         return self.call("task-results", **fields)["tasks"]
+
+    def stdin(self, job_id: int, data: bytes, eof: bool = False) -> bool:
+        """Write to the job's standard input (protocol.md §3.8); False once no task reads it any more."""
+        return bool(self.call("stdin", job=job_id, data=data, eof=eof).get("open"))
 
     # ------------------------------------------------------------ instance
 

@@ -19,8 +19,10 @@ from minicluster.proto import topology
 from minicluster.proto.envelope import Message
 from worker.executor import STATUS_CANNOT_RUN, TaskExecutor, TaskResult, TaskSpec, TestExecutor
 from worker.lines import LineBuffers
+from worker.memlimit import MemoryLimits, TaskMemoryGroup
 from worker.pmi_jobs import PMIJobs
 from worker.resources import NodeResources
+from worker.stdin import StdinPipes
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,10 @@ class WorkerAgent:
         self.lines = LineBuffers(self._on_output)
         self.executor = executor_class(self.lines.feed, self._on_exit, pidfile=pidfile)
         self.pmi = PMIJobs(rank, send)
+        self.stdin = StdinPipes()
+        # --mem is a limit where this worker may make memory cgroups, else a scheduling hint.
+        self.memory = None if config.test_exec else MemoryLimits.detect()
+        self.memory_groups: dict[Key, TaskMemoryGroup] = {}
         # With a resource override (tests, benchmarks) there may be more logical cores than real ones:
         # logical core i is bound to real core i mod n, so oversubscription still binds somewhere valid.
         self._real_cores = sorted(os.sched_getaffinity(0)) if config.resources else None
@@ -90,6 +96,7 @@ class WorkerAgent:
 
     async def shutdown(self) -> None:
         await self.executor.shutdown(self.config.kill_grace)
+        self.stdin.close_all()
         self.lines.close()
         self._flush()
         self.pmi.close_all()
@@ -108,6 +115,8 @@ class WorkerAgent:
         epoch = int(body.get("epoch", 0))
         if epoch != self.epoch:
             self.epoch = epoch
+            # A new broker relays no stdin for tasks started under the old one: give them end-of-file.
+            self.stdin.close_all()
             self._resend_results()
         self.welcomed.set()
 
@@ -142,9 +151,12 @@ class WorkerAgent:
 
     def _start(self, job: int, task: int, index: int, cores: list[int], gpus: list[int], info: dict[str, Any],
                pmi_env: dict[int, tuple[dict[str, str], tuple[int, ...]]] | None) -> None:
+        key = (job, task)
         env = dict(info["env"])
         env.update(MC_JOB_ID=str(job), MC_TASK_RANK=str(task), MC_TASK_COUNT=str(info["ntasks"]),
-                   MC_NODE_RANK=str(self.rank), MC_TASK_INDEX=str(index), MC_URI=self.uri)
+                   MC_NODE_RANK=str(self.rank), MC_URI=self.uri)
+        if info.get("array"):
+            env["MC_TASK_INDEX"] = str(index)
         fds: tuple[int, ...] = ()
         if pmi_env is not None:
             extra, fds = pmi_env[task]
@@ -156,13 +168,31 @@ class WorkerAgent:
             argv = ("setpriv", f"--reuid={uid}", f"--regid={info.get('gid', uid)}", "--clear-groups", "--", *argv)
         out = info.get("output")
         path = out.format(id=job, task=task, index=index) if out else None
-        self.running[(job, task)] = (cores, gpus)
+        self.running[key] = (cores, gpus)
         bind = tuple(cores)
         if self._real_cores is not None:
             bind = tuple(sorted({self._real_cores[c % len(self._real_cores)] for c in cores}))
         self.job_running[job] = self.job_running.get(job, 0) + 1
-        self.executor.start(TaskSpec(key=(job, task), argv=argv, env=env, cwd=info.get("cwd"), cores=bind,
-                                     gpus=tuple(gpus), stdout_path=path, stderr_path=path, pass_fds=fds))
+        stdin_fd = self.stdin.open(key) if task in info.get("stdin", ()) else None
+        try:
+            self.executor.start(TaskSpec(key=key, argv=argv, env=env, cwd=info.get("cwd"), cores=bind,
+                                         gpus=tuple(gpus), stdout_path=path, stderr_path=path, pass_fds=fds,
+                                         stdin_fd=stdin_fd, memory_group=self._memory_group(key, info)))
+        finally:
+            if stdin_fd is not None:
+                os.close(stdin_fd)
+
+    def _memory_group(self, key: Key, info: dict[str, Any]) -> TaskMemoryGroup | None:
+        limit = int(info.get("mem_per_task") or 0)
+        if not limit or self.memory is None:
+            return None
+        try:
+            group = self.memory.create(key[0], key[1], limit)
+        except OSError as exc:
+            log.warning("job %d task %d runs without its --mem limit: %s", key[0], key[1], exc)
+            return None
+        self.memory_groups[key] = group
+        return group
 
     def _fail_unstarted(self, job: int, tasks: list[int], error: str) -> None:
         now = time.time()
@@ -224,6 +254,13 @@ class WorkerAgent:
     def _on_exit(self, result: TaskResult) -> None:
         key = result.key
         self.lines.flush(key)
+        self.stdin.close(key)
+        error = result.error
+        group = self.memory_groups.pop(key, None)
+        if group is not None:
+            if error is None and result.signal == signal.SIGKILL and group.oom_killed():
+                error = f"out of memory: exceeded --mem {group.limit_mb} MiB"
+            self._remove_group(group)
         if self.running.pop(key, None) is not None:
             left = self.job_running[key[0]] - 1
             if left:
@@ -234,11 +271,34 @@ class WorkerAgent:
                 self.jobs.pop(key[0], None)
                 self.output_sent.pop(key[0], None)
                 self.pmi.finished(key[0])
-        row = [key[0], key[1], result.status, result.exit_code, result.signal, result.error,
+        row = [key[0], key[1], result.status, result.exit_code, result.signal, error,
                result.started, result.ended]
         self.unacked[key] = row
         self._done.append(row)
         self._schedule_flush()
+
+    def _remove_group(self, group: TaskMemoryGroup, tries: int = 20) -> None:
+        # The task's leftover processes were just SIGKILLed; the group empties once they are gone.
+        if not group.remove() and tries:
+            asyncio.get_running_loop().call_later(0.5, self._remove_group, group, tries - 1)
+
+    def _on_stdin(self, body: dict[str, Any]) -> None:
+        job, seq = int(body["job"]), int(body["seq"])
+        tasks = [int(t) for t in body.get("tasks", ())]
+        data, eof = bytes(body.get("data") or b""), bool(body.get("eof"))
+        left = [len(tasks)]
+        reading = [False]
+
+        def written(still_reading: bool) -> None:
+            reading[0] = reading[0] or still_reading
+            left[0] -= 1
+            if left[0] == 0:
+                self.send("stdin-ack", 0, {"job": job, "seq": seq, "open": reading[0]})
+
+        if not tasks:
+            self.send("stdin-ack", 0, {"job": job, "seq": seq, "open": False})
+        for task in tasks:
+            self.stdin.write((job, task), data, eof, written)
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -272,6 +332,7 @@ _HANDLERS: dict[str, Callable[[WorkerAgent, dict[str, Any]], None]] = {
     "pmi-kvs": WorkerAgent._on_pmi_kvs,
     "pmix-dmodex": WorkerAgent._on_pmix_dmodex,
     "pmix-dmodex-data": WorkerAgent._on_pmix_dmodex_data,
+    "stdin": WorkerAgent._on_stdin,
     "shutdown": WorkerAgent._on_shutdown,
     "error": WorkerAgent._on_error,
 }

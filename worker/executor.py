@@ -12,6 +12,7 @@ control plane can be benchmarked at rates real processes cannot reach.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import logging
@@ -22,6 +23,9 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+from worker.jobenv import accelerator_env
+from worker.memlimit import TaskMemoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,10 @@ class TaskSpec:
     stdout_path: str | None = None
     stderr_path: str | None = None
     pass_fds: tuple[int, ...] = ()
+    # The read end of a pipe to use as stdin (the caller writes and closes the rest); None: /dev/null.
+    stdin_fd: int | None = None
+    # The memory cgroup to spawn the task in (worker/memlimit.py), if `--mem` is enforced here.
+    memory_group: TaskMemoryGroup | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,15 +218,15 @@ class TaskExecutor(_Executor):
                               f" allowed set {sorted(self._allowed_cores)}")
         if any(fd < 3 for fd in spec.pass_fds):
             raise _SpawnError(STATUS_CANNOT_RUN, f"pass_fds {spec.pass_fds}: 0-2 are taken")
-        env = spec.env
-        if spec.gpus:
-            env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus))}
+        env = accelerator_env(spec.env, spec.gpus)
         pipes: dict[int, str] = {}
         child_fds: list[int] = []
         try:
             for name, out_path in (("stdout", spec.stdout_path), ("stderr", spec.stderr_path)):
                 child_fds.append(_open_output(name, out_path, pipes))
-            actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+            stdin = ((os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0) if spec.stdin_fd is None
+                     else (os.POSIX_SPAWN_DUP2, spec.stdin_fd, 0))
+            actions = [stdin,
                        (os.POSIX_SPAWN_DUP2, child_fds[0], 1),
                        (os.POSIX_SPAWN_DUP2, child_fds[1], 2)]
             # dup2 onto itself clears close-on-exec in the child only.
@@ -250,8 +258,9 @@ class TaskExecutor(_Executor):
                 self._make_cwd_private()
                 saved_cwd = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
                 _chdir(spec.cwd)
-            return os.posix_spawn(path, list(spec.argv), env, file_actions=actions,
-                                  setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+            with spec.memory_group.spawning() if spec.memory_group else contextlib.nullcontext():
+                return os.posix_spawn(path, list(spec.argv), env, file_actions=actions,
+                                      setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
         except OSError as e:
             status = STATUS_NOT_FOUND if e.errno == errno.ENOENT else STATUS_CANNOT_RUN
             raise _SpawnError(status, f"{spec.argv[0]}: {e.strerror}") from None

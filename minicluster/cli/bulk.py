@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from minicluster.cli.common import Parser, UsageError
-from minicluster.cli.options import add_job_options, jobspec_from_args
+from minicluster.cli.options import add_job_options, jobspec_from_args, parse_job_args
 from minicluster.cli.watch import wait
 from minicluster.client import Client, ClientError
 from minicluster.model.jobspec import InvalidJobspec
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--wait", action="store_true",
                         help="wait for all the jobs; exit with the largest status")
     parser.add_argument("file", nargs="?", default="-", metavar="FILE|-", help="commands (default: stdin)")
-    args = parser.parse_args(argv)
+    args = parse_job_args(parser, argv)
     if args.file == "-":
         commands = parse_lines(sys.stdin)
     else:
@@ -57,5 +57,7 @@ def main(argv: list[str]) -> int:
                 submitted.append(outcome)
                 print(outcome)
         sys.stdout.flush()
-        status = wait(client, submitted, progress=sys.stderr.isatty()) if args.wait and submitted else 0
+        status = 0
+        if args.wait and submitted:
+            status = wait(client, submitted, progress=sys.stderr.isatty(), prog="mc bulksubmit")
     return max(status, 1 if failed else 0)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from minicluster.cli.options import int_at_least
+from minicluster.config import ConfigError
 from minicluster.client import ClientError
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobspec import InvalidJobspec
@@ -42,7 +43,7 @@ def guarded(prog: str, func: Callable[[], int]) -> int:
         # The reader went away (`mc jobs | head`); don't let the final flush complain again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (UsageError, InvalidJobspec) as exc:
+    except (UsageError, InvalidJobspec, ConfigError) as exc:
         _report(prog, exc)
         return EXIT_USAGE
     except (ClientError, FrameError, OSError) as exc:

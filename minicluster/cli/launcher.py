@@ -9,6 +9,7 @@ Nothing is left behind: ranks that do not exit are killed, and so are tasks reco
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -19,15 +20,20 @@ import time
 from pathlib import Path
 
 from minicluster import config as config_mod
+from minicluster.cli.common import Parser, UsageError
+from minicluster.cli.options import positive_int
 from minicluster.overlay import curve
 
 EXIT_GRACE = 10.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mc start", description="start a local MiniCluster")
-    p.add_argument("--size", type=int, default=1, help="number of ranks, broker included (default 1)")
-    p.add_argument("--fanout", type=int, default=32, help="tree fanout (default 32)")
+    p = Parser(prog="mc start", description="start a local MiniCluster", epilog=(
+        "Without a command, mc start runs in the foreground until `mc shutdown`, SIGTERM, SIGHUP or a second "
+        "Ctrl-C; `mc start --size 4 -- bash` gives a shell inside the instance instead. The broker is not "
+        "restarted if it dies: the instance stops (in Kubernetes, its pod is restarted)."))
+    p.add_argument("--size", type=positive_int, default=1, help="number of ranks, broker included (default 1)")
+    p.add_argument("--fanout", type=positive_int, default=32, help="tree fanout (default 32)")
     p.add_argument("--state-dir", help="keep the journal here; an existing one is resumed (default: temporary)")
     p.add_argument("--test-exec", action="store_true", help="complete tasks without running them (benchmarks)")
     p.add_argument("--resources", default="", help="override discovered resources, e.g. cores=64,gpus=4")
@@ -92,6 +98,12 @@ def _overrides(pairs: list[str]) -> dict[str, object]:
 
 
 def build_config(args: argparse.Namespace, state_dir: Path) -> config_mod.InstanceConfig:
+    from worker.resources import parse_override
+
+    try:
+        parse_override(args.resources)
+    except ValueError as exc:  # found now rather than by every rank once forked
+        raise UsageError(f"--resources: {exc}") from None
     path = state_dir / "config.toml"
     if path.exists():
         base = config_mod.load(path)
@@ -105,7 +117,7 @@ def build_config(args: argparse.Namespace, state_dir: Path) -> config_mod.Instan
         lost_after=5.0, reattach_timeout=5.0,
     )
     values.update(_overrides(args.set))
-    return config_mod.from_mapping(values, source="mc start")
+    return config_mod.from_mapping(values, source="--set")
 
 
 def _fork_rank(config_path: str, rank: int, command: list[str] | None) -> int:
@@ -166,10 +178,10 @@ def main(argv: list[str]) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    if args.size < 1:
-        raise config_mod.ConfigError("--size must be at least 1")
     temporary = args.state_dir is None
     state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="mc-")).resolve()
+    if state_dir.exists() and not state_dir.is_dir():
+        raise UsageError(f"--state-dir {args.state_dir}: not a directory")
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         config = build_config(args, state_dir)
@@ -185,27 +197,46 @@ def main(argv: list[str]) -> int:
 def _run(config: config_mod.InstanceConfig, config_path: str, command: list[str] | None, state_dir: Path) -> int:
     uri = f"unix://{config.socket_path}"
     pids: dict[int, int] = {}
-    stop_requested = False
+    stop_signal: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
-        nonlocal stop_requested
         # With a command, Ctrl-C belongs to it (mc run cancels its job); a second one stops everything.
-        if command and signum == signal.SIGINT and not stop_requested:
-            stop_requested = True
+        if command and signum == signal.SIGINT and not stop_signal:
+            stop_signal.append(signum)
             return
-        stop_requested = True
+        stop_signal.append(signum)
         if 0 in pids:
-            os.kill(pids[0], signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pids[0], signal.SIGTERM)
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     os.environ["MC_URI"] = uri
     pids[0] = _fork_rank(config_path, 0, command)
     for rank in range(1, config.size):
         pids[rank] = _fork_rank(config_path, rank, None)
     if not command:
         print(f"MiniCluster {config.name}: {config.size} rank(s); state in {state_dir}\n"
-              f"connect with:  export MC_URI={uri}\nstop with:     mc shutdown", file=sys.stderr, flush=True)
-    status = _wait(pids.pop(0), None)
+              f"connect with:  export MC_URI={uri}\nstop with:     mc shutdown (or Ctrl-C, SIGTERM)",
+              file=sys.stderr, flush=True)
+    # Rank 0 stays in `pids` while it runs, so a signal can still reach it.
+    status = _wait(pids[0], None)
+    del pids[0]
+    if status is not None and status < 0:
+        print(f"mc start: the broker (rank 0) was killed by {signal.Signals(-status).name}; a local instance does "
+              f"not restart its broker, stopping the workers", file=sys.stderr, flush=True)
+        _signal_all(pids, signal.SIGTERM)
     _stop_all(pids, state_dir)
-    return 1 if status is None else status
+    if status is None:
+        return 1
+    if status < 0:
+        return 128 - status
+    late = [s for s in stop_signal if s != signal.SIGINT]
+    # Stopped by a signal and nothing else to report: exit as a process that signal ended would.
+    return 128 + late[0] if late and status == 0 and not command else status
+
+
+def _signal_all(pids: dict[int, int], sig: int) -> None:
+    for pid in pids.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)

@@ -6,23 +6,42 @@ import sys
 from minicluster.cli.common import Parser, job_id
 from minicluster.cli.format import eventlog_json, eventlog_line
 from minicluster.cli.options import non_negative_int
-from minicluster.cli.watch import follow, write_chunk
+from minicluster.cli.output import OutputWriter, task_labels
+from minicluster.cli.reasons import report, task_errors
+from minicluster.cli.watch import follow, output_files_note, truncated_note
 from minicluster.client import Client
 
 LOGS_HELP = "print a job's output so far (stdout to stdout, stderr to stderr); --follow for more"
 EVENTLOG_HELP = "print a job's event log, one `SEQ TIME NAME key=value...` line per event (TIME is local)"
 ATTACH_HELP = "replay and follow a job's output and events; exit with its status (Ctrl-C detaches)"
+LABEL_HELP = "put the task rank (array: the index) before each output line"
 
 
 def logs(argv: list[str]) -> int:
-    parser = Parser(prog="mc logs", description=LOGS_HELP)
+    parser = Parser(prog="mc logs", description=LOGS_HELP, epilog=(
+        "Afterwards, on stderr: the tasks that could not run and why, where the output went for a job "
+        "submitted with --output, and whether the output was truncated at the instance's output_cap."))
     parser.add_argument("-f", "--follow", action="store_true", help="keep streaming until the job ends")
     parser.add_argument("--index", type=non_negative_int, metavar="N", help="only array index N")
+    parser.add_argument("-l", "--label", action="store_true", help=LABEL_HELP)
     parser.add_argument("id", type=job_id, metavar="ID")
     args = parser.parse_args(argv)
     with Client() as client:
-        for _task, stream, data in client.output(args.id, follow=args.follow, index=args.index):
-            write_chunk(stream, data, sys.stdout.buffer, sys.stderr.buffer)
+        summary = client.job(args.id)
+        array = summary.get("array")
+        writer = OutputWriter(sys.stdout.buffer, sys.stderr.buffer, task_labels(array) if args.label else None)
+        notes = []
+        fields = {"job": args.id, "follow": args.follow}
+        if args.index is not None:
+            fields["index"] = args.index
+        for msg in client.stream("output", **fields):
+            for task, stream, data in msg.get("chunks", ()):
+                writer.write(task, stream, data)
+            if msg.get("files"):
+                notes.append(output_files_note(args.id, msg["files"]))
+            if msg.get("truncated"):
+                notes.append(truncated_note(msg["truncated"]))
+        report("mc logs", args.id, notes + task_errors(client, args.id, array is not None, args.index))
     return 0
 
 
@@ -45,7 +64,10 @@ def eventlog(argv: list[str]) -> int:
 def attach(argv: list[str]) -> int:
     parser = Parser(prog="mc attach", description=ATTACH_HELP)
     parser.add_argument("-q", "--quiet", action="store_true", help="output only, no events")
+    parser.add_argument("-l", "--label", action="store_true", help=LABEL_HELP)
     parser.add_argument("id", type=job_id, metavar="ID")
     args = parser.parse_args(argv)
     with Client() as client:
-        return follow(client, args.id, events=not args.quiet, ctrl_c_cancels=False)
+        array = client.job(args.id).get("array")
+        return follow(client, args.id, prog="mc attach", events=not args.quiet, ctrl_c_cancels=False,
+                      label=args.label, array=array)

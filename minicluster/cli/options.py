@@ -87,6 +87,37 @@ def idset(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def stdin_tasks(text: str) -> str:
+    """`-i/--input`: `none`, `all` or an idset of task ranks."""
+    if text in ("none", "all"):
+        return text
+    return idset(text)
+
+
+def parse_job_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """parse_args, but a long option's value may start with `-` (`--env -FOO` drops FOO, as documented).
+
+    argparse would take `-FOO` for an option. Only the options before the command are looked at: what follows
+    belongs to the command untouched.
+    """
+    valued = {opt for action in parser._actions if action.nargs != 0 for opt in action.option_strings}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--" or not arg.startswith("-"):
+            out.extend(argv[i:])
+            break
+        if arg in valued and i + 1 < len(argv):
+            value = argv[i + 1]
+            out.extend([f"{arg}={value}"] if arg.startswith("--") and value.startswith("-") else [arg, value])
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return parser.parse_args(out)
+
+
 def add_job_options(parser: argparse.ArgumentParser) -> None:
     """Options describing one job's shape and environment (not the command itself)."""
     g = parser.add_argument_group("job shape")
@@ -152,7 +183,7 @@ def build_env(settings: Sequence[str], clear: bool, environ: Mapping[str, str]) 
 
 def jobspec_from_args(args: argparse.Namespace, command: Sequence[str],
                       environ: Mapping[str, str] | None = None,
-                      cwd: str | None = None) -> dict[str, Any]:
+                      cwd: str | None = None, stdin: str | None = None) -> dict[str, Any]:
     """The wire jobspec (protocol.md §3.4) for `command` with the parsed job options.
 
     Raises InvalidJobspec with the field name when the combination is invalid.
@@ -177,7 +208,7 @@ def jobspec_from_args(args: argparse.Namespace, command: Sequence[str],
         "urgency": args.urgency,
     }
     optional = {"time_limit": args.time_limit, "name": args.name, "output": args.output,
-                "array": args.cc, "policy": args.policy, "mpi": args.mpi}
+                "array": args.cc, "policy": args.policy, "mpi": args.mpi, "stdin": stdin}
     spec.update({k: v for k, v in optional.items() if v is not None})
     from_wire(spec)
     return spec

@@ -1,10 +1,12 @@
 """mc-submit (`mc submit`) and `mc run`: submit one job; optionally wait for it or follow it."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 from minicluster.cli.common import Parser, guarded
-from minicluster.cli.options import add_command_argument, add_job_options, command_of, jobspec_from_args
+from minicluster.cli.options import (add_command_argument, add_job_options, command_of, jobspec_from_args,
+                                     parse_job_args, stdin_tasks)
 from minicluster.client import Client
 
 SUBMIT_HELP = "submit a job and print its id (--wait / --watch to stay with it)"
@@ -22,12 +24,16 @@ def _parser(prog: str, description: str, run: bool) -> Parser:
                           help="stream the job's output and events until it ends; exit with its status")
     else:
         parser.add_argument("-v", "--events", action="store_true", help="also show the job's events")
+        parser.add_argument("-i", "--input", type=stdin_tasks, default="0", metavar="TASKS",
+                            help="send our stdin to these task ranks: 0 (default), all, an idset (0-3), or none")
+    parser.add_argument("-l", "--label", action="store_true",
+                        help="put the task rank (array: the index) before each output line")
     add_command_argument(parser)
     return parser
 
 
 def submit(argv: list[str], prog: str = "mc submit") -> int:
-    args = _parser(prog, SUBMIT_HELP, run=False).parse_args(argv)
+    args = parse_job_args(_parser(prog, SUBMIT_HELP, run=False), argv)
     spec = jobspec_from_args(args, command_of(args))
     with Client() as client:
         job = client.submit(spec)
@@ -38,18 +44,27 @@ def submit(argv: list[str], prog: str = "mc submit") -> int:
         from minicluster.cli.watch import follow, wait
 
         if args.watch:
-            return follow(client, job, events=True, ctrl_c_cancels=False)
-        return wait(client, [job], progress=bool(args.cc) and sys.stderr.isatty())
+            return follow(client, job, prog=prog, events=True, ctrl_c_cancels=False, label=args.label,
+                          array=spec.get("array"))
+        return wait(client, [job], progress=bool(args.cc) and sys.stderr.isatty(), prog=prog)
 
 
 def run(argv: list[str]) -> int:
-    args = _parser("mc run", RUN_HELP, run=True).parse_args(argv)
-    spec = jobspec_from_args(args, command_of(args))
+    args = parse_job_args(_parser("mc run", RUN_HELP, run=True), argv)
+    spec = jobspec_from_args(args, command_of(args), stdin=_stdin_of(args))
     from minicluster.cli.watch import follow
 
     with Client() as client:
         job = client.submit(spec)
-        return follow(client, job, events=args.events, ctrl_c_cancels=True)
+        return follow(client, job, prog="mc run", events=args.events, ctrl_c_cancels=True, label=args.label,
+                      stdin_fd=sys.stdin.fileno() if "stdin" in spec else None, array=spec.get("array"))
+
+
+def _stdin_of(args: argparse.Namespace) -> str | None:
+    """Which tasks read our stdin: none for arrays (each element reads /dev/null) or `--input none`."""
+    if args.input == "none" or args.cc or sys.stdin is None:
+        return None
+    return str(args.input)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,10 +6,13 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, BinaryIO
+from typing import Any
 
 from minicluster.cli.common import EXIT_INTERRUPTED, exit_status
+from minicluster.cli.feed import StdinFeeder
 from minicluster.cli.format import console, event_line
+from minicluster.cli.output import OutputWriter, task_labels
+from minicluster.cli.reasons import SHOWN, explain, report, task_errors
 from minicluster.client import Client
 
 # How often a follower wakes up to notice Ctrl-C or to refresh a progress bar.
@@ -31,20 +34,17 @@ def _counting_sigint() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def write_chunk(stream: int, data: bytes, stdout: BinaryIO, stderr: BinaryIO) -> None:
-    out = stderr if stream == 2 else stdout
-    out.write(data)
-    out.flush()
-
-
-def follow(client: Client, job: int, *, events: bool, ctrl_c_cancels: bool) -> int:
+def follow(client: Client, job: int, *, prog: str, events: bool, ctrl_c_cancels: bool, label: bool = False,
+           stdin_fd: int | None = None, array: str | None = None) -> int:
     """Stream a job's output (all of it, from the start) and events until it is inactive.
 
     Returns the exit code: the job's status. With `events`, every event goes to stderr; otherwise
-    only the ones a user must know about (exceptions, truncated output). Ctrl-C cancels the job
-    first if `ctrl_c_cancels`, then detaches.
+    only the ones a user must know about (exceptions). `label` puts the task rank (array: index) before each
+    line; `stdin_fd` is forwarded to the job's stdin. Ctrl-C cancels the job first if `ctrl_c_cancels`, then
+    detaches. A failed job's tasks that could not run are named at the end.
     """
-    stdout, stderr = sys.stdout.buffer, sys.stderr.buffer
+    writer = OutputWriter(sys.stdout.buffer, sys.stderr.buffer, task_labels(array) if label else None)
+    feeder = StdinFeeder(client, job, stdin_fd) if stdin_fd is not None else None
     streams = {client.request("output", job=job, follow=True),
                client.request("eventlog", job=job, **{"from": 0}, follow=True)}
     waiter = client.request("wait", jobs=[job])
@@ -57,43 +57,81 @@ def follow(client: Client, job: int, *, events: bool, ctrl_c_cancels: bool) -> i
             while interrupts_seen < interrupts[0]:
                 interrupts_seen += 1
                 if ctrl_c_cancels and interrupts_seen == 1:
-                    sys.stderr.write(f"mc: cancelling job {job} (Ctrl-C again to detach)\n")
+                    sys.stderr.write(f"{prog}: cancelling job {job} (Ctrl-C again to detach)\n")
                     streams.add(client.request("cancel", jobs=[job]))
                 else:
                     for rid in streams:
                         client.discard(rid)
-                    sys.stderr.write(f"mc: detached from job {job}; `mc attach {job}` to resume\n")
+                    sys.stderr.write(f"{prog}: detached from job {job}; `mc attach {job}` to resume\n")
                     return EXIT_INTERRUPTED
-            got = client.next_response(streams, timeout=_TICK)
+            wake = feeder.wake_fds() if feeder is not None and not result else ()
+            got = client.next_response(streams, timeout=_TICK, wake=wake)
+            if feeder is not None:
+                if wake and got is None:
+                    feeder.read_and_send()
+                feeder.answered()
             if got is None:
                 continue
             rid, msg = got
             if not msg.get("more"):
                 streams.discard(rid)
-            for _task, stream, data in msg.get("chunks", ()):
-                write_chunk(stream, data, stdout, stderr)
+            for task, stream, data in msg.get("chunks", ()):
+                writer.write(task, stream, data)
+            _notes(prog, job, msg)
             for event in msg.get("events", ()):
                 t0 = event[1] if t0 is None else t0
-                if events or event[2] in ("exception", "output-truncated"):
-                    sys.stderr.write(f"mc: job {job}: {event_line(event, t0)}\n")
+                if events or event[2] == "exception":
+                    sys.stderr.write(f"{prog}: job {job}: {event_line(event, t0)}\n")
                     sys.stderr.flush()
             for cancelled_job, reason in (msg.get("errors") or {}).items():
-                sys.stderr.write(f"mc: cannot cancel job {cancelled_job}: {reason}\n")
+                sys.stderr.write(f"{prog}: cannot cancel job {cancelled_job}: {reason}\n")
             if rid == waiter and "job" in msg:
                 result = msg
-    return exit_status(result.get("status"), result.get("exception"))
+    code = exit_status(result.get("status"), result.get("exception"))
+    if code:
+        report(prog, job, task_errors(client, job, array=array is not None))
+    return code
 
 
-def wait(client: Client, jobs: Sequence[int], progress: bool) -> int:
-    """Wait for jobs to be inactive; the largest exit code. `progress` draws one bar of their tasks."""
-    if not progress:
-        return max((exit_status(r.get("status"), r.get("exception")) for r in client.wait(jobs)),
-                   default=0)
+def _notes(prog: str, job: int, msg: dict[str, Any]) -> None:
+    """What an `output` response says besides the data: where the output went instead, that some was dropped."""
+    if msg.get("files"):
+        report(prog, job, [output_files_note(job, msg["files"])])
+    if msg.get("truncated"):
+        report(prog, job, [truncated_note(msg["truncated"])])
+
+
+def output_files_note(job: int, template: str) -> str:
+    return f"output went to {template.replace('{id}', str(job))} on the nodes that ran it (--output), not to mc"
+
+
+def truncated_note(cap: int) -> str:
+    return f"output truncated at {cap} bytes (output_cap); the rest was not kept"
+
+
+def wait(client: Client, jobs: Sequence[int], progress: bool, prog: str) -> int:
+    """Wait for jobs to be inactive; the largest exit code. `progress` draws one bar of their tasks.
+
+    The first failed jobs are explained at the end (the exception that ended them, tasks that could not run).
+    """
+    if progress:
+        results = _wait_with_progress(client, jobs)
+    else:
+        results = [(r["job"], exit_status(r.get("status"), r.get("exception"))) for r in client.wait(jobs)]
+    failed = [job for job, code in results if code]
+    for job in failed[:SHOWN]:
+        explain(client, prog, job, with_exception=True)
+    if len(failed) > SHOWN:
+        sys.stderr.write(f"{prog}: {len(failed) - SHOWN} more job(s) failed\n")
+    return max((code for _job, code in results), default=0)
+
+
+def _wait_with_progress(client: Client, jobs: Sequence[int]) -> list[tuple[int, int]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
-    worst = 0
+    results: list[tuple[int, int]] = []
     remaining = set(jobs)
     counts: dict[int, dict[str, int]] = {job: {"pending": 1} for job in jobs}
     waiter = client.request("wait", jobs=list(jobs))
@@ -111,14 +149,14 @@ def wait(client: Client, jobs: Sequence[int], progress: bool) -> int:
             if got is not None and "job" in got[1]:
                 msg = got[1]
                 remaining.discard(msg["job"])
-                worst = max(worst, exit_status(msg.get("status"), msg.get("exception")))
+                results.append((msg["job"], exit_status(msg.get("status"), msg.get("exception"))))
                 # Its last polled counts may be stale: whatever was not seen to fail has ended too.
                 last = counts[msg["job"]]
                 bad = {k: last.get(k, 0) for k in ("failed", "cancelled")}
                 counts[msg["job"]] = {"succeeded": sum(last.values()) - sum(bad.values()), **bad}
             _show(bar, task, counts.values())
             if got is not None and not got[1].get("more"):
-                return worst
+                return results
 
 
 def _show(bar: Any, task: Any, counts: Iterable[dict[str, int]]) -> None:

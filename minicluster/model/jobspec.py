@@ -35,6 +35,16 @@ class Jobspec:
     array: str | None = None
     policy: str | None = None
     mpi: str | None = None
+    stdin: str | None = None
+
+    @property
+    def stdin_tasks(self) -> list[int]:
+        """The task ranks whose standard input the client feeds (protocol.md §3.8)."""
+        if self.stdin is None:
+            return []
+        if self.stdin == "all":
+            return list(range(self.ntasks))
+        return list(IdSet.parse(self.stdin))
 
     @property
     def array_ids(self) -> IdSet | None:
@@ -100,7 +110,7 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise InvalidJobspec("env: must be a map of strings to strings")
     out["env"] = env
-    for name in ("cwd", "output", "array", "policy", "mpi"):
+    for name in ("cwd", "output", "array", "policy", "mpi", "stdin"):
         value = data.get(name)
         if value is not None and (not isinstance(value, str) or not value):
             raise InvalidJobspec(f"{name}: must be a non-empty string or absent")
@@ -143,8 +153,24 @@ def _check_consistency(spec: Jobspec) -> None:
             raise InvalidJobspec("array: the idset is empty")
         if spec.ntasks != 1 or spec.nnodes > 1:
             raise InvalidJobspec("array: each array element is one task; drop -n/-N")
+    if spec.stdin is not None:
+        _check_stdin(spec)
     if spec.cwd is not None and not spec.cwd.startswith("/"):
         raise InvalidJobspec(f"cwd: must be an absolute path, got {spec.cwd!r}")
+
+
+def _check_stdin(spec: Jobspec) -> None:
+    if spec.array is not None:
+        raise InvalidJobspec("stdin: array elements read /dev/null; drop stdin or --cc")
+    if spec.stdin == "all":
+        return
+    try:
+        tasks = IdSet.parse(spec.stdin or "")
+    except IdSetError as exc:
+        raise InvalidJobspec(f"stdin: {exc}; use task ranks (0, 0-3) or all") from None
+    beyond = [t for t in tasks if t >= spec.ntasks]
+    if beyond:
+        raise InvalidJobspec(f"stdin: task {beyond[0]} does not exist, the job has {spec.ntasks} task(s)")
 
 
 def _int(data: dict[str, Any], name: str, minimum: int) -> int:
