@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from minicluster.model.idset import IdSet
@@ -17,7 +18,7 @@ from minicluster.model.idset import IdSet
 # Keys of one job in `mc jobs --json`, in order. Adding keys is allowed; removing or renaming is not.
 JOB_KEYS = ("id", "name", "uid", "user", "state", "result", "urgency", "t_submit", "t_run",
             "t_inactive", "runtime", "ntasks", "nnodes", "ranks", "status", "exception", "counts",
-            "est_start")
+            "est_start", "reason")
 COUNT_KEYS = ("pending", "running", "succeeded", "failed", "cancelled")
 _COUNT_LABELS = {"pending": "pending", "running": "running", "succeeded": "ok", "failed": "failed",
                  "cancelled": "cancelled"}
@@ -122,11 +123,13 @@ def jobs_table(summaries: list[dict[str, Any]], now: float) -> Table:
             info.append(counts_text(counts))
         if s.get("est_start") and s.get("state") != "RUN":
             info.append(f"starts in ~{duration(max(0.0, s['est_start'] - now))}")
+        if s.get("reason"):
+            info.append(s["reason"])
         status = s.get("status")
         t.add_row(str(s.get("id")), str(s.get("name", "")), user_name(s.get("uid")),
                   f"[{style}]{state}[/]" if style else state, str(s.get("ntasks", "")),
                   _nodes(s), s.get("ranks") or "-", duration(runtime(s, now)),
-                  "-" if status is None else str(status), "; ".join(i for i in info if i))
+                  "-" if status is None else str(status), escape("; ".join(i for i in info if i)) or "-")
     return t
 
 

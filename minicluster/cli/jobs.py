@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     parser = Parser(prog="mc jobs", description=HELP, epilog=(
         "--json prints {\"jobs\": [JOB, ...]}, JOB being {id, name, uid, user, state, result, urgency, "
         "t_submit, t_run, t_inactive, runtime, ntasks, nnodes, ranks, status, exception, counts: "
-        "{pending, running, succeeded, failed, cancelled}, est_start}; with --failed: "
+        "{pending, running, succeeded, failed, cancelled}, est_start, reason}; with --failed: "
         "{\"jobs\": [{id, failed}]}, failed being an idset of array indices."))
     parser.add_argument("-a", "--all", action="store_true", help="include inactive jobs")
     parser.add_argument("--json", action="store_true", help="machine-readable output (shape below)")

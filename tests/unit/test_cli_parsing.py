@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from minicluster.cli.bulk import parse_lines
 from minicluster.cli.common import UsageError, exit_status, guarded, ranks
 from minicluster.cli.main import COMMANDS, main as mc_main
 from minicluster.cli.options import (add_command_argument, add_job_options, build_env, command_of,
-                                     jobspec_from_args, memory_mb, time_limit)
+                                     jobspec_from_args, memory_mb, parse_job_args, time_limit)
 from minicluster.client import ClientError, socket_path
 from minicluster.model.jobspec import InvalidJobspec, from_wire
 
@@ -122,6 +123,32 @@ def test_env_is_the_submitters_then_each_setting_in_order() -> None:
         build_env(["=1"], True, here)
 
 
+@pytest.mark.parametrize("argv", [["--env", "-SECRET", "true"], ["--env=-SECRET", "true"]])
+def test_env_minus_drops_a_variable_as_documented(argv: list[str]) -> None:
+    from minicluster.cli.submit import _parser
+
+    args = parse_job_args(_parser("mc run", "", run=True), argv)
+    assert args.env == ["-SECRET"] and command_of(args) == ["true"]
+    spec = jobspec_from_args(args, command_of(args), environ={"SECRET": "x", "KEEP": "1"}, cwd="/tmp")
+    assert spec["env"] == {"KEEP": "1"}
+
+
+def test_values_after_the_command_are_the_commands() -> None:
+    from minicluster.cli.submit import _parser
+
+    args = parse_job_args(_parser("mc run", "", run=True), ["-n", "2", "env", "--env", "-x"])
+    assert args.ntasks == 2 and args.env == [] and command_of(args) == ["env", "--env", "-x"]
+
+
+def test_negative_counts_say_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
+    from minicluster.cli.submit import main as submit_main
+
+    with pytest.raises(SystemExit):
+        submit_main(["-n", "-1", "true"])
+    assert capsys.readouterr().err == (
+        "mc-submit: error: argument -n/--ntasks: must be an integer of at least 1, got -1 (see --help)\n")
+
+
 def test_env_clear_sends_nothing_by_default() -> None:
     assert spec("--env-clear", "true", environ={"X": "1"})["env"] == {}
     assert spec("--env", "Y=2", "true", environ={"X": "1"})["env"] == {"X": "1", "Y": "2"}
@@ -191,6 +218,17 @@ def test_mc_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> N
     assert mc_main(["nope"]) == 2
 
 
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert mc_main(["--version"]) == 0
+    assert capsys.readouterr().out == "mc (minicluster) 0.1.0\n"
+
+
+def test_errors_name_the_subcommand(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MC_URI", "unix:///nonexistent/broker.sock")
+    assert mc_main(["jobs"]) == 1
+    assert capsys.readouterr().err.startswith("mc jobs: error: cannot reach the MiniCluster")
+
+
 def test_missing_subcommand_module_fails_alone(capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(COMMANDS, "ghost", ("minicluster.cli.no_such_module", "main", "x"))
@@ -236,6 +274,10 @@ def test_jobs_table_shows_arrays_on_one_line_and_estimates() -> None:
     assert lines[0].split() == ["ID", "NAME", "USER", "STATE", "NTASKS", "NODES", "RANKS", "TIME", "STATUS", "INFO"]
     assert "3 ok, 1 failed" in lines[1] and "FAILED" in lines[1] and "10.5s" in lines[1]
     assert "starts in ~5m00s" in lines[2] and "SCHED" in lines[2]
+    unknown = {**pending, "est_start": None}
+    assert render(fmt.jobs_table([unknown], now=100.0)).splitlines()[1].split()[-1] == "-"
+    failed = {**SUMMARY, "ntasks": 1, "counts": {"failed": 1}, "reason": "task 0 on rank 1: x: command not found"}
+    assert render(fmt.jobs_table([failed], now=100.0)).splitlines()[1].endswith("task 0 on rank 1: x: command not found")
 
 
 def test_durations() -> None:
@@ -246,7 +288,11 @@ def test_durations() -> None:
 def test_event_lines() -> None:
     event = [3, 105.25, "exception", {"type": "cancel", "severity": 0, "note": "by user"}]
     assert fmt.event_line(event, 100.0) == '+5.250s exception type=cancel severity=0 note="by user"'
-    assert fmt.eventlog_line([0, 100.0, "depend", {}]) == "0 100.000000 depend"
+    when = 1_700_000_000.25
+    stamp = datetime.datetime.fromtimestamp(when).strftime("%Y-%m-%dT%H:%M:%S") + ".250"
+    assert fmt.eventlog_line([0, when, "depend", {}]) == f"0 {stamp} depend"
+    assert json.loads(fmt.eventlog_json([4, when, "finish", {"status": 0}])) == {
+        "seq": 4, "time": when, "name": "finish", "context": {"status": 0}}
 
 
 def test_resources_and_status_tables() -> None:
