@@ -124,8 +124,11 @@ class Broker:
         if self._stop.is_set():
             return 128 + signal.SIGTERM
         env = dict(os.environ, MC_URI=self.uri)
+        # Off a terminal the command leads its own process group, so stopping it reaches what it started too;
+        # on one it stays in ours, which keeps the terminal (an interactive `mc start -- bash`).
+        own_group = not _has_terminal()
         try:
-            proc = await asyncio.create_subprocess_exec(*argv, env=env)
+            proc = await asyncio.create_subprocess_exec(*argv, env=env, process_group=0 if own_group else None)
         except OSError as exc:
             log.error("cannot run %s: %s", argv[0], exc)
             self.command_state = {"state": "exited", "status": 127}
@@ -136,12 +139,14 @@ class Broker:
         await asyncio.wait((exited, stopping), return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
         if not exited.done():
-            proc.terminate()
+            _signal_command(proc.pid, own_group, signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(exited), self.config.kill_grace)
             except asyncio.TimeoutError:
-                proc.kill()
+                _signal_command(proc.pid, own_group, signal.SIGKILL)
         code = await exited
+        if own_group:
+            _signal_command(proc.pid, own_group, signal.SIGKILL)  # what the command left behind
         status = code if code >= 0 else 128 - code
         self.command_state = {"state": "exited", "status": status}
         return status
@@ -326,6 +331,24 @@ _HANDLERS = {
     "abort": Broker._on_abort,
     "error": Broker._on_error,
 }
+
+
+def _has_terminal() -> bool:
+    try:
+        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
+
+
+def _signal_command(pid: int, own_group: bool, sig: int) -> None:
+    try:
+        if own_group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def install_signal_handlers(broker: Broker) -> None:

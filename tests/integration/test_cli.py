@@ -97,7 +97,7 @@ def test_submit_prints_the_id_and_wait_exits_with_the_status() -> None:
 
 
 def test_run_streams_both_streams_and_exits_with_the_status() -> None:
-    out = mc("run", "-N", "2", "-n", "2", "--mpi", "none", "sh", "-c", "echo out $MC_TASK_INDEX; echo err >&2; exit 4")
+    out = mc("run", "-N", "2", "-n", "2", "--mpi", "none", "sh", "-c", "echo out $MC_TASK_RANK; echo err >&2; exit 4")
     assert out.returncode == 4
     assert sorted(out.stdout.splitlines()) == ["out 0", "out 1"]
     assert out.stderr.count("err\n") == 2
@@ -166,7 +166,7 @@ def test_bulksubmit_submits_every_line_and_waits() -> None:
     assert len(ids) == 3 and ids == sorted(ids)
     assert mc("logs", str(ids[1])).stdout == "b c\n"
     bad = mc("bulksubmit", input="echo ok\necho 'unterminated\n")
-    assert bad.returncode == 2 and bad.stderr.startswith("mc: error: line 2:") and bad.stdout == ""
+    assert bad.returncode == 2 and bad.stderr.startswith("mc bulksubmit: error: line 2:") and bad.stdout == ""
 
 
 def test_eventlog_lists_the_job_lifecycle() -> None:
@@ -197,7 +197,7 @@ def test_resources_drain_and_status() -> None:
     (("submit", "-t", "soon", "true"), 2, "mc-submit: error: argument -t/--time-limit: bad time limit"),
     (("submit", "--cc", "0-3", "-n", "2", "true"), 2, "mc-submit: error: array:"),
     (("submit",), 2, "mc-submit: error: no command given"),
-    (("logs", "999999"), 1, "mc: error: job 999999"),
+    (("logs", "999999"), 1, "mc logs: error: job 999999"),
     (("cancel", "999999"), 1, "mc cancel: error: job 999999"),
     (("jobs", "abc"), 2, "mc jobs: error: argument ID: 'abc' is not a job id"),
     (("frobnicate",), 2, "mc: error: unknown command 'frobnicate'"),

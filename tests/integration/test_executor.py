@@ -164,8 +164,10 @@ async def test_env_passed_exactly_and_gpus():
     env = {"PATH": ENV["PATH"], "FOO": "bar baz", "EMPTY": ""}
     r, out, _ = await h.run("env", env=env)
     assert r.status == 0
-    assert sorted(out.decode().splitlines()) == sorted(f"{k}={v}" for k, v in env.items())
-    r, out, _ = await h.run("env", env=env, gpus=(0, 2))
+    # A task without GPUs sees none (worker/jobenv.py), whatever the submitter's environment said.
+    no_gpus = {"CUDA_VISIBLE_DEVICES": "-1", "ROCR_VISIBLE_DEVICES": "-1", "HIP_VISIBLE_DEVICES": "-1"}
+    assert sorted(out.decode().splitlines()) == sorted(f"{k}={v}" for k, v in {**env, **no_gpus}.items())
+    r, out, _ = await h.run("env", env={**env, "CUDA_VISIBLE_DEVICES": "5"}, gpus=(0, 2))
     assert "CUDA_VISIBLE_DEVICES=0,2" in out.decode().splitlines()
     assert "CUDA_VISIBLE_DEVICES" not in env  # the spec's dict is not modified
 

@@ -3,9 +3,15 @@ leaves no process behind."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
+
+from minicluster import Client, ClientError, config
 
 
 def mc_start(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -54,8 +60,73 @@ def test_state_dir_is_resumed(tmp_path: Path) -> None:
     assert int(third.stdout.split()[0]) > job_id
 
 
-def test_bad_arguments_are_reported(tmp_path: Path) -> None:
-    bad = mc_start("--size", "0", "--", "true")
-    assert bad.returncode != 0 and "size" in bad.stderr
-    bad = mc_start("--set", "nonsense=1", "--", "true")
-    assert bad.returncode != 0 and "unknown key" in bad.stderr
+@pytest.mark.parametrize("argv, message", [
+    (["--size", "0"], "mc start: error: argument --size: must be an integer of at least 1, got 0 (see --help)"),
+    (["--fanout", "0"], "mc start: error: argument --fanout: must be an integer of at least 1, got 0 (see --help)"),
+    (["--set", "nonsense=1"], "mc start: error: --set: unknown key(s) nonsense"),
+    (["--set", "lost_after"], "mc start: error: --set 'lost_after': expected KEY=VALUE"),
+    (["--set", "fanout=0"], "mc start: error: fanout must be >= 1, got 0"),
+    (["--state-dir", "/etc/passwd"], "mc start: error: --state-dir /etc/passwd: not a directory"),
+    (["--resources", "banana"], "mc start: error: --resources: resources override 'banana': unknown key 'banana'"),
+])
+def test_configuration_errors_are_one_line(argv: list[str], message: str) -> None:
+    bad = mc_start(*argv, "--", "true")
+    assert bad.returncode == 2 and bad.stderr.startswith(message) and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def start_interactive(*argv: str) -> tuple[subprocess.Popen[str], Path]:
+    """An interactive `mc start` (no command) and its state dir, once every rank is up."""
+    proc = subprocess.Popen(["mc", "start", "--size", "3", *argv], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()  # type: ignore[union-attr]
+    state = Path(first.rstrip().rsplit("state in ", 1)[1])
+    deadline = time.time() + 30
+    while True:
+        try:
+            with Client(f"unix://{config.load(state / 'config.toml').socket_path}") as client:
+                if [r["state"] for r in client.status()["ranks"]] == ["up"] * 3:
+                    return proc, state
+        except (ClientError, OSError, config.ConfigError):
+            pass
+        assert time.time() < deadline and proc.poll() is None, "the instance did not come up"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_signals_stop_it_cleanly_and_remove_temporary_state(sig: signal.Signals) -> None:
+    proc, state = start_interactive()
+    ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(ranks) == 3
+    proc.send_signal(sig)
+    proc.communicate(timeout=15)
+    assert proc.returncode == 128 + sig
+    assert not state.exists()
+    time.sleep(0.2)
+    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
+
+
+def test_sigterm_stops_the_command_too(tmp_path: Path) -> None:
+    started, marker = tmp_path / "started", tmp_path / "still-here"
+    proc = subprocess.Popen(["mc", "start", "--size", "2", "--", "sh", "-c", f"touch {started}; sleep 60; touch {marker}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not started.exists():
+        assert time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=15)
+    assert proc.returncode == 143
+    time.sleep(0.3)
+    assert leftovers(f"sleep 60; touch {marker}") == [] and not marker.exists()
+
+
+def test_broker_killed_stops_the_instance_and_says_so(tmp_path: Path) -> None:
+    proc, state = start_interactive("--state-dir", str(tmp_path / "state"))
+    broker = int(subprocess.run(["pgrep", "-o", "-P", str(proc.pid)], capture_output=True, text=True).stdout)
+    started = time.time()
+    os.kill(broker, signal.SIGKILL)
+    _out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert time.time() - started < 5  # the workers are stopped, not left to time out
+    assert "the broker (rank 0) was killed by SIGKILL; a local instance does not restart its broker" in err
+    assert subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True).stdout == b""
