@@ -11,7 +11,9 @@ import time
 import pytest
 
 from minicluster.client import Client, ClientError
+from minicluster.testing import LocalCluster
 from tests.integration.conftest import event_names, job, output_of, wait_for
+from worker.memlimit import MemoryLimits
 
 
 def test_event_log_is_ordered_and_complete(client4: Client) -> None:
@@ -197,3 +199,48 @@ def test_inactive_jobs_are_purged_by_count(tmp_path) -> None:
         assert info.value.code == "not-found"
     with sqlite3.connect(tmp_path / "journal.sqlite") as db:
         assert db.execute("SELECT COUNT(*) FROM events WHERE job=?", (ids[0],)).fetchone() == (0,)
+
+
+def test_stdin_written_before_the_start_waits_and_a_vanished_writer_means_eof(client4: Client,
+                                                                              cluster4: LocalCluster) -> None:
+    blocker = client4.submit(job(["sleep", "1"], nnodes=4, ntasks=8, mpi="none"))
+    reader = client4.submit(job(["sh", "-c", "cat; echo end"], stdin="0"))
+    assert client4.job(reader)["state"] == "SCHED"
+    with cluster4.client() as writer:
+        assert writer.stdin(reader, b"early\n") is True  # answered once the task started and got it
+        assert client4.job(blocker)["state"] == "INACTIVE"
+    # The writer's connection closed without eof: the task reads end-of-file instead of waiting forever.
+    assert wait_for(client4, reader)["status"] == 0
+    assert output_of(client4, reader) == {0: b"early\nend\n"}
+    assert client4.stdin(reader, b"late") is False
+
+
+def test_stdin_is_the_owners_and_only_for_jobs_that_asked(client4: Client) -> None:
+    plain = client4.submit(job(["sleep", "5"]))
+    with pytest.raises(ClientError) as info:
+        client4.stdin(plain, b"x")
+    assert info.value.code == "bad-request" and "not submitted with stdin" in info.value.message
+    with pytest.raises(ClientError) as info:
+        client4.call("stdin", job=plain, data=b"x" * (1 << 20 | 1))
+    assert info.value.code == "bad-request"
+    with pytest.raises(ClientError) as info:
+        client4.submit(job(["cat"], stdin="3"))
+    assert info.value.code == "invalid-jobspec" and "stdin: task 3 does not exist" in info.value.message
+    client4.cancel([plain])
+
+
+@pytest.mark.skipif(MemoryLimits.detect() is None, reason="no writable cgroup v1 memory controller here")
+def test_mem_is_a_limit_where_cgroups_allow(client4: Client) -> None:
+    grab = "import sys; x = bytearray(int(sys.argv[1]) << 20); x[::4096] = b'1' * len(x[::4096]); print('ok')"
+    over = client4.submit(job([sys.executable, "-c", grab, "300"], mem_per_task=64))
+    result = wait_for(client4, over)
+    assert result["status"] == 137
+    assert client4.job(over)["reason"].endswith("out of memory: exceeded --mem 64 MiB")
+    within = client4.submit(job([sys.executable, "-c", grab, "16"], mem_per_task=256))
+    assert wait_for(client4, within)["status"] == 0 and output_of(client4, within) == {0: b"ok\n"}
+    limits = MemoryLimits.detect()
+    assert limits is not None
+    deadline = time.time() + 10
+    while list(limits.parent.glob(f"mc-*-{over}-0")) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not list(limits.parent.glob(f"mc-*-{over}-0")), "the task's memory cgroup was left behind"

@@ -76,3 +76,25 @@ def test_backfill_estimate_for_blocked_head(client: Client) -> None:
     client.cancel([long])
     for j in (head, small):
         assert wait_for(client, j)["status"] == 0
+
+
+def test_no_estimate_rests_on_the_default_time_limit(client: Client) -> None:
+    holder = client.submit(job(["sleep", "5"], nnodes=3, ntasks=6, mpi="none"))  # no -t
+    head = client.submit(job(["true"], nnodes=3, ntasks=3, mpi="none"))
+    summary = client.job(head)
+    assert summary["state"] == "SCHED" and summary["est_start"] is None
+    client.cancel([holder])
+    assert wait_for(client, head)["status"] == 0
+
+
+def test_default_placement_follows_rank_order_not_join_order(tmp_path_factory: pytest.TempPathFactory) -> None:
+    c = LocalCluster(tmp_path_factory.mktemp("order"), size=4, fanout=3, resources="cores=1")
+    try:
+        for rank in (0, 3, 1, 2):  # rank 3 joins before ranks 1 and 2
+            c.start_rank(rank)
+            c.wait_states({rank: "up"})
+        with c.client() as client:
+            assert ranks_of(client, job(["true"], nnodes=3, ntasks=3, mpi="none")) == "0-2"
+            assert ranks_of(client, job(["true"])) == "0"
+    finally:
+        c.stop()
