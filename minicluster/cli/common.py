@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from minicluster.cli.options import int_at_least
 from minicluster.config import ConfigError
@@ -22,12 +22,41 @@ class UsageError(Exception):
     """Bad input noticed after option parsing; exits 2 like an argparse error."""
 
 
+class ParserBuilt(Exception):
+    """Raised instead of parsing while `capture_parser` runs: carries the command's parser."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+_capturing = False
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (`prog: error: ...`) and exit 2."""
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         sys.exit(EXIT_USAGE)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if _capturing:
+            raise ParserBuilt(self)
+        return super().parse_args(args, namespace)
+
+
+def capture_parser(command: Callable[[list[str]], int]) -> argparse.ArgumentParser | None:
+    """The parser a subcommand builds, without running it (shell completion reads its options)."""
+    global _capturing
+    _capturing = True
+    try:
+        command([])
+    except ParserBuilt as built:
+        return built.parser
+    finally:
+        _capturing = False
+    return None
 
 
 def guarded(prog: str, func: Callable[[], int]) -> int:

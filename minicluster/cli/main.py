@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "worker": ("minicluster.cli.boot", "worker_main", "run a worker rank (used by pods and mc start)"),
     "boot": ("minicluster.cli.boot", "boot_main", "run this pod's rank: broker or worker"),
     "operator": ("minicluster.cli.main", "operator", "run the Kubernetes operator"),
+    "top": ("minicluster.cli.top", "main", "live view: queue by state, tasks/s, ranks and their health, busiest jobs"),
+    "completion": ("minicluster.cli.completion", "completion", "print the shell completion script (bash, zsh)"),
 }
 
 
@@ -55,7 +57,7 @@ def _usage() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _resolve(name: str) -> Callable[[list[str]], int]:
+def resolve(name: str) -> Callable[[list[str]], int]:
     module_name, func_name, _help = COMMANDS[name]
     try:
         module = importlib.import_module(module_name)
@@ -80,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mc (minicluster) {version()}")
         return 0
     name, rest = args[0], args[1:]
+    if name == "__complete":  # asked by the completion scripts on TAB; not a user command
+        from minicluster.cli.completion import complete
+
+        return complete(rest)
     if name not in COMMANDS:
         sys.stderr.write(f"mc: error: unknown command {name!r}; `mc --help` lists them\n")
         return EXIT_USAGE
-    return guarded(f"mc {name}", lambda: int(_resolve(name)(rest) or 0))
+    return guarded(f"mc {name}", lambda: int(resolve(name)(rest) or 0))
