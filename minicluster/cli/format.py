@@ -26,6 +26,15 @@ _RESULT_STYLE = {"COMPLETED": "green", "FAILED": "red", "CANCELLED": "yellow", "
                  "RUN": "cyan"}
 
 
+RANK_STYLE = {"up": "green", "drained": "yellow", "down": "red", "unresponsive": "yellow", "lost": "red"}
+
+
+def styled(word: str, styles: dict[str, str]) -> str:
+    """`word` in rich markup with its style, if it has one."""
+    style = styles.get(word, "")
+    return f"[{style}]{word}[/]" if style else word
+
+
 def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     return Console(file=stream, soft_wrap=False)
@@ -116,7 +125,6 @@ def jobs_table(summaries: list[dict[str, Any]], now: float) -> Table:
     t = table("ID", "NAME", "USER", "STATE", "NTASKS", "NODES", "RANKS", "TIME", "STATUS", "INFO")
     for s in summaries:
         state = result(s)
-        style = _RESULT_STYLE.get(state, "")
         counts = s.get("counts") or {}
         info = []
         if sum(counts.values()) > 1 or s.get("array"):
@@ -127,7 +135,7 @@ def jobs_table(summaries: list[dict[str, Any]], now: float) -> Table:
             info.append(s["reason"])
         status = s.get("status")
         t.add_row(str(s.get("id")), str(s.get("name", "")), user_name(s.get("uid")),
-                  f"[{style}]{state}[/]" if style else state, str(s.get("ntasks", "")),
+                  styled(state, _RESULT_STYLE), str(s.get("ntasks", "")),
                   _nodes(s), s.get("ranks") or "-", duration(runtime(s, now)),
                   "-" if status is None else str(status), escape("; ".join(i for i in info if i)) or "-")
     return t
@@ -146,14 +154,13 @@ def resources_table(ranks: list[dict[str, Any]]) -> Table:
     for r in ranks:
         props = ",".join(f"{k}={v}" if v else k for k, v in (r.get("properties") or {}).items())
         state = r.get("state", "?")
-        style = {"up": "green", "drained": "yellow", "down": "red"}.get(state, "")
-        t.add_row(str(r.get("rank")), str(r.get("hostname", "")), f"[{style}]{state}[/]" if style else state,
-                  _free_used(r, "cores"), _free_used(r, "gpus"), _free_used(r, "memory_mb"),
+        t.add_row(str(r.get("rank")), str(r.get("hostname", "")), styled(state, RANK_STYLE),
+                  free_used(r, "cores"), free_used(r, "gpus"), free_used(r, "memory_mb"),
                   props or "-", r.get("reason") or "")
     return t
 
 
-def _free_used(r: dict[str, Any], kind: str) -> str:
+def free_used(r: dict[str, Any], kind: str) -> str:
     free, total = r.get(f"{kind}_free"), r.get(f"{kind}_total")
     if free is None or total is None:
         return "?"

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from minicluster.cli.common import Parser
-from minicluster.cli.format import console, duration, table, user_name
+from minicluster.cli.format import RANK_STYLE, console, duration, free_used, styled, table, user_name
 from minicluster.cli.options import non_negative_int
 from minicluster.client import Client
 
@@ -104,22 +104,13 @@ def _queue_table(queue: dict[str, int]) -> Table:
 def _ranks_table(ranks: list[dict[str, Any]], resources: list[dict[str, Any]]) -> Table:
     by_rank = {r.get("rank"): r for r in resources}
     shown = ranks if len(ranks) <= RANKS_LISTED else [r for r in ranks if r.get("state") != "up"]
-    t = table("RANK", "HOST", "STATE", "CORES used/total", "GPUS used/total", "DRAIN")
+    t = table("RANK", "HOST", "STATE", "CORES free/used", "GPUS free/used", "DRAIN")
     t.title, t.title_justify = "ranks" + ("" if shown is ranks else " (not up)"), "left"
     for r in shown:
         res = by_rank.get(r.get("rank"), {})
-        style = {"up": "green", "unresponsive": "yellow", "lost": "red"}.get(r.get("state", ""), "")
-        state = str(r.get("state", "?"))
-        t.add_row(str(r.get("rank")), str(r.get("hostname") or "-"), f"[{style}]{state}[/]" if style else state,
-                  _used(res, "cores"), _used(res, "gpus"), str(res.get("reason") or ""))
+        t.add_row(str(r.get("rank")), str(r.get("hostname") or "-"), styled(str(r.get("state", "?")), RANK_STYLE),
+                  free_used(res, "cores"), free_used(res, "gpus"), str(res.get("reason") or ""))
     return t
-
-
-def _used(res: dict[str, Any], kind: str) -> str:
-    free, total = res.get(f"{kind}_free"), res.get(f"{kind}_total")
-    if free is None or total is None:
-        return "-"
-    return f"{total - free}/{total}"
 
 
 def _jobs_table(jobs: list[dict[str, Any]], now: float) -> Table:
