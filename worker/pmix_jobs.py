@@ -38,6 +38,7 @@ class _Job:
     tmpdir: str
     fence_seq: int = 0
     fences: dict[int, Complete] = field(default_factory=dict)
+    connected: bool = False
 
 
 class PMIxJobs:
@@ -60,7 +61,8 @@ class PMIxJobs:
             # OpenPMIx allows one server per process: started with the first PMIx job, kept until shutdown.
             tmpdir = tempfile.mkdtemp(prefix=f"mc-pmix-rank{self.rank}-", dir=pmix_tmp_root())
             os.chmod(tmpdir, 0o755)  # tasks run as the job's user must reach the server's files
-            upcalls = Upcalls(fence=self._fence, direct_modex=self._direct_modex, abort=self._abort)
+            upcalls = Upcalls(fence=self._fence, direct_modex=self._direct_modex, abort=self._abort,
+                              connected=self._connected)
             self.host = PMIxHost(tmpdir, node_name(self.rank), self.rank, upcalls, asyncio.get_running_loop())
             log.info("PMIx server (%s) serving from %s", self.host.version, tmpdir)
         return self.host
@@ -153,6 +155,13 @@ class PMIxJobs:
         ident = next(self._ids)
         self._dmodex[ident] = complete
         self.send("pmix-dmodex", owner, {"job": job, "task": rank, "id": ident, "from": self.rank})
+
+    def _connected(self, nspace: str) -> None:
+        """The first task of a job called PMIx_Init here: rank 0 treats the job as MPI from now on (§3.6)."""
+        job = self._by_nspace.get(nspace)
+        if job is not None and not self._jobs[job].connected:
+            self._jobs[job].connected = True
+            self.send("pmi-init", 0, {"job": job})
 
     def _abort(self, nspace: str, rank: int, status: int, message: str) -> None:
         job = self._by_nspace.get(nspace)

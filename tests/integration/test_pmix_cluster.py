@@ -167,6 +167,8 @@ def test_failing_rank_ends_the_job(client4: Client, cluster4: LocalCluster, ompi
         assert [row[3] for row in client4.task_results(job_id) if row[0] == 7] == [4]
     else:
         assert note_of(client4, job_id).startswith(note)
+        # The failing task's status or MPI_Abort's code, not 143 of the ranks it took down.
+        assert result["status"] == {"exit": 4, "abort": 3}[how]
     recs = records(client4, job_id)
     assert [r["size"] for r in recs] == [8] * 8
     assert not any(os.path.exists(r["tmpdir"]) for r in recs)
@@ -174,8 +176,22 @@ def test_failing_rank_ends_the_job(client4: Client, cluster4: LocalCluster, ompi
 
 def test_c_program_aborts(client4: Client, debian_c: str) -> None:
     job_id = client4.submit(ompi_job([debian_c, "2", "abort"]))
-    assert wait_for(client4, job_id, TIMEOUT)["exception"] == "abort"
+    result = wait_for(client4, job_id, TIMEOUT)
+    assert result["exception"] == "abort" and result["status"] == 3
     assert note_of(client4, job_id).startswith("task 2 on rank 1 called abort(3)")
+
+
+def test_pmix_by_default_fails_together_once_initialized(tmp_path: Path, debian_c: str) -> None:
+    # mpi_default = pmix: jobs without --mpi are MPI jobs once a task called PMIx_Init (pmi-init); before, or
+    # without it, their tasks are independent.
+    with LocalCluster(tmp_path, size=2, fanout=2, resources="cores=2", mpi_default="pmix") as cluster:
+        with cluster.client() as client:
+            spec = ompi_job([debian_c, "1", "exit"], nnodes=2, ntasks=4, mpi=None)
+            result = wait_for(client, client.submit(spec), TIMEOUT)
+            assert result["exception"] == "abort" and result["status"] == 4
+            plain = job(["sh", "-c", "sleep 0.3; exit $MC_TASK_RANK"], nnodes=2, ntasks=4)
+            result = wait_for(client, client.submit(plain), TIMEOUT)
+            assert result["exception"] is None and result["status"] == 3
 
 
 def test_auto_serves_both_when_the_program_does_not_tell(client4: Client) -> None:

@@ -35,6 +35,8 @@ class Upcalls:
     fence: Callable[[str, bytes, Complete], None]
     direct_modex: Callable[[str, int, Complete], None]
     abort: Callable[[str, int, int, str], None]
+    # A client of the namespace called PMIx_Init.
+    connected: Callable[[str], None] = lambda nspace: None
 
 
 class PMIxHost:
@@ -123,6 +125,7 @@ class PMIxHost:
     # --- upcalls from the library's thread: copy, hand over, return ----------------------------------------
 
     def _client_connected(self, proc: Any, server_object: Any, cbfunc: Any, cbdata: Any) -> int:
+        self._loop.call_soon_threadsafe(self._upcalls.connected, proc[0].nspace.decode())
         return libpmix.OPERATION_SUCCEEDED
 
     def _client_finalized(self, proc: Any, server_object: Any, cbfunc: Any, cbdata: Any) -> int:
