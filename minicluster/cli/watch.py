@@ -4,7 +4,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,14 +43,13 @@ def follow(client: Client, job: int, *, prog: str, events: bool, ctrl_c_cancels:
     line; `stdin_fd` is forwarded to the job's stdin. Ctrl-C cancels the job first if `ctrl_c_cancels`, then
     detaches. A failed job's tasks that could not run are named at the end.
     """
-    writer = OutputWriter(sys.stdout.buffer, sys.stderr.buffer, task_labels(array) if label else None)
+    display = _Display(prog, job, events, task_labels(array) if label else None)
     feeder = StdinFeeder(client, job, stdin_fd) if stdin_fd is not None else None
     streams = {client.request("output", job=job, follow=True),
                client.request("eventlog", job=job, **{"from": 0}, follow=True)}
     waiter = client.request("wait", jobs=[job])
     streams.add(waiter)
     result: dict[str, Any] = {}
-    t0: float | None = None
     interrupts_seen = 0
     with _counting_sigint() as interrupts:
         while streams:
@@ -75,16 +74,7 @@ def follow(client: Client, job: int, *, prog: str, events: bool, ctrl_c_cancels:
             rid, msg = got
             if not msg.get("more"):
                 streams.discard(rid)
-            for task, stream, data in msg.get("chunks", ()):
-                writer.write(task, stream, data)
-            _notes(prog, job, msg)
-            for event in msg.get("events", ()):
-                t0 = event[1] if t0 is None else t0
-                if events or event[2] == "exception":
-                    sys.stderr.write(f"{prog}: job {job}: {event_line(event, t0)}\n")
-                    sys.stderr.flush()
-            for cancelled_job, reason in (msg.get("errors") or {}).items():
-                sys.stderr.write(f"{prog}: cannot cancel job {cancelled_job}: {reason}\n")
+            display.show(msg)
             if rid == waiter and "job" in msg:
                 result = msg
     code = exit_status(result.get("status"), result.get("exception"))
@@ -93,12 +83,30 @@ def follow(client: Client, job: int, *, prog: str, events: bool, ctrl_c_cancels:
     return code
 
 
-def _notes(prog: str, job: int, msg: dict[str, Any]) -> None:
-    """What an `output` response says besides the data: where the output went instead, that some was dropped."""
-    if msg.get("files"):
-        report(prog, job, [output_files_note(job, msg["files"])])
-    if msg.get("truncated"):
-        report(prog, job, [truncated_note(msg["truncated"])])
+class _Display:
+    """What follow() shows of each response: output, where it went or that it was cut, events, cancel errors."""
+
+    def __init__(self, prog: str, job: int, events: bool, label: Callable[[int], bytes] | None) -> None:
+        self.prog = prog
+        self.job = job
+        self.events = events
+        self.writer = OutputWriter(sys.stdout.buffer, sys.stderr.buffer, label)
+        self.t0: float | None = None
+
+    def show(self, msg: dict[str, Any]) -> None:
+        for task, stream, data in msg.get("chunks", ()):
+            self.writer.write(task, stream, data)
+        if msg.get("files"):
+            report(self.prog, self.job, [output_files_note(self.job, msg["files"])])
+        if msg.get("truncated"):
+            report(self.prog, self.job, [truncated_note(msg["truncated"])])
+        for event in msg.get("events", ()):
+            self.t0 = event[1] if self.t0 is None else self.t0
+            if self.events or event[2] == "exception":
+                sys.stderr.write(f"{self.prog}: job {self.job}: {event_line(event, self.t0)}\n")
+                sys.stderr.flush()
+        for cancelled_job, reason in (msg.get("errors") or {}).items():
+            sys.stderr.write(f"{self.prog}: cannot cancel job {cancelled_job}: {reason}\n")
 
 
 def output_files_note(job: int, template: str) -> str:
