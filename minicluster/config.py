@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-POLICIES = ("first-fit", "pack", "spread", "low-id", "high-id")
+POLICIES = ("first-fit", "pack", "spread", "low-id", "high-id", "locality-first")
 
 
 class ConfigError(ValueError):

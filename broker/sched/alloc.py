@@ -63,18 +63,23 @@ class Allocation(Mapping[int, RankAlloc]):
 
     exclusive=True means every resource of each listed rank is held, not only
     the slots' cores: the worker may still bind tasks to the slot cores.
+    `held` names what is held beyond the slots, from tree requests:
+    rank -> None for a whole node (ranks of an exclusive rack or zone that
+    got no task are only here), or rank -> socket ids held whole.
     """
 
-    __slots__ = ("_ranks", "exclusive", "hint", "_tasks")
+    __slots__ = ("_ranks", "exclusive", "hint", "_tasks", "held")
 
     def __init__(self, ranks: Mapping[int, RankAlloc], exclusive: bool = False,
-                 hint: dict | None = None) -> None:
+                 hint: dict | None = None,
+                 held: Mapping[int, tuple[int, ...] | None] | None = None) -> None:
         self._ranks = dict(ranks) if len(ranks) == 1 else {r: ranks[r] for r in sorted(ranks)}
         self.exclusive = exclusive
         # Set by the matcher: rank -> (node state, hold) so alloc() need not
         # recompute masks core by core.  Not part of equality or the wire form.
         self.hint = hint
         self._tasks: tuple[tuple[int, Slot], ...] | None = None
+        self.held = dict(sorted(held.items())) if held else None
 
     def __getitem__(self, rank: int) -> RankAlloc:
         return self._ranks[rank]
@@ -101,13 +106,21 @@ class Allocation(Mapping[int, RankAlloc]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Allocation):
             return NotImplemented
-        return self.exclusive == other.exclusive and self._ranks == other._ranks
+        return (self.exclusive == other.exclusive and self._ranks == other._ranks
+                and self.held == other.held)
 
     def __hash__(self) -> int:
         return hash((self.exclusive, tuple(self._ranks.items())))
 
     def __repr__(self) -> str:
-        return f"Allocation({self._ranks!r}, exclusive={self.exclusive})"
+        held = f", held={self.held!r}" if self.held else ""
+        return f"Allocation({self._ranks!r}, exclusive={self.exclusive}{held})"
+
+    def all_ranks(self) -> list[int]:
+        """Every rank the allocation holds something on, ascending (tasks or not)."""
+        if not self.held:
+            return list(self._ranks)
+        return sorted(set(self._ranks) | set(self.held))
 
     def task_slots(self) -> list[tuple[int, Slot]]:
         """(rank, slot) for every task, in task-rank order (a new list)."""
@@ -131,14 +144,21 @@ class Allocation(Mapping[int, RankAlloc]):
         return sum(len(ra.slots) for ra in self._ranks.values())
 
     def to_wire(self) -> dict[str, object]:
-        """{"exclusive": bool, "ranks": [[rank, [[cores], [gpus], mem], ...], ...]}."""
-        return {
+        """{"exclusive": bool, "ranks": [[rank, [[cores], [gpus], mem], ...], ...]}.
+
+        Plus "held": [[rank, null | [socket ids]], ...] when something is
+        held beyond the slots.
+        """
+        wire: dict[str, object] = {
             "exclusive": self.exclusive,
             "ranks": [
                 [rank, [[list(s.cores), list(s.gpus), s.memory_mb] for s in ra.slots]]
                 for rank, ra in self._ranks.items()
             ],
         }
+        if self.held:
+            wire["held"] = [[r, None if s is None else list(s)] for r, s in self.held.items()]
+        return wire
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, object]) -> Allocation:
@@ -149,6 +169,8 @@ class Allocation(Mapping[int, RankAlloc]):
                     for cores, gpus, mem in slots))
                 for rank, slots in wire["ranks"]  # type: ignore[union-attr]
             }
-            return cls(ranks, bool(wire["exclusive"]))
+            held = {int(r): None if s is None else tuple(int(i) for i in s)
+                    for r, s in wire.get("held") or ()}  # type: ignore[union-attr]
+            return cls(ranks, bool(wire["exclusive"]), held=held)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed allocation on the wire: {exc}") from exc

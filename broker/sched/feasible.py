@@ -1,39 +1,59 @@
 """Could a request ever fit?  Checked against node shapes, not node vertices.
 
-The graph keeps a count of nodes per Shape (totals + properties); a cluster
-of 16,384 identical nodes is one shape, so checking a submission costs
-microseconds.  Every rank currently known counts, whatever its health:
-drained or down nodes may come back, only removed ranks are gone.
+Every group vertex (and the cluster root) keeps a count of the nodes below
+it per Shape (totals, per-socket totals, properties); a cluster of 16,384
+identical nodes is one shape, so checking a submission costs microseconds,
+and a request with topology levels costs one such check per group.  Every
+rank currently known counts, whatever its health: drained or down nodes may
+come back, only removed ranks are gone.  The answer is exactly "the walk
+would succeed on this instance if it were empty" (property-tested).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
+from . import units
 from .request import Constraint, InfeasibleRequest, Request, format_constraint
 from .state import Shape
+from .topology import GroupState
+
+if TYPE_CHECKING:
+    from .graph import ResourceGraph
 
 
-def check_feasible(shapes: Mapping[Shape, int], req: Request) -> None:
+def check_feasible(graph: ResourceGraph, req: Request) -> None:
     """Raise InfeasibleRequest with a user-facing reason, or return None."""
+    shapes = graph.cluster.shapes
     if not shapes:
         raise InfeasibleRequest("the MiniCluster has no nodes")
-    matching = {s: n for s, n in shapes.items() if _satisfies(s, req.constraints)}
+    matching = _matching(shapes, req)
     if not matching:
         raise InfeasibleRequest(_constraint_reason(shapes, req.constraints))
-    with_ = "".join(f" with {format_constraint(c)}" for c in req.constraints[:1]) + "".join(
-        f", {format_constraint(c)}" for c in req.constraints[1:])
+    with_ = _with(req)
     _check_per_slot(matching, req, with_)
-    caps = {s: _capacity(s, req) for s in matching}
-    counts = req.node_counts()
-    if counts:
-        _check_nodes(matching, caps, counts, req, with_)
-    else:
-        most = sum(caps[s] * n for s, n in matching.items())
-        if most < req.nslots:
-            raise InfeasibleRequest(
-                f"needs {req.nslots} tasks of {_slot_text(req)}, the MiniCluster{with_} can"
-                f" hold at most {most} at once")
+    if not req.groups:
+        reason = _holds(matching, req, "the MiniCluster", with_)
+        if reason:
+            raise InfeasibleRequest(reason)
+        return
+    _check_levels(graph, req)
+    able: dict[tuple[int, int], bool] = {}
+    level, count, _ = req.groups[0]
+    found = sum(1 for g in graph.cluster.below(level) if _able(g, 1, req, able))
+    if found < count:
+        raise InfeasibleRequest(_level_reason(graph.cluster, 0, req, found, with_))
+
+
+def _matching(shapes: Mapping[Shape, int], req: Request) -> dict[Shape, int]:
+    return {s: n for s, n in shapes.items() if _satisfies(s, req.constraints)}
+
+
+def _with(req: Request) -> str:
+    c = req.constraints
+    return "".join(f" with {format_constraint(x)}" for x in c[:1]) + "".join(
+        f", {format_constraint(x)}" for x in c[1:])
 
 
 def _satisfies(shape: Shape, constraints: tuple[Constraint, ...]) -> bool:
@@ -50,30 +70,104 @@ def _constraint_reason(shapes: Mapping[Shape, int], constraints: tuple[Constrain
 
 
 def _check_per_slot(matching: Mapping[Shape, int], req: Request, with_: str) -> None:
-    largest = f"the largest node{with_}"
-    for need, attr, unit in ((req.cores_per_slot, "cores", "cores"),
-                             (req.gpus_per_slot, "gpus", "GPUs"),
-                             (req.mem_per_slot, "memory_mb", "MB of memory")):
-        most = max(getattr(s, attr) for s in matching)
-        if need > most:
-            raise InfeasibleRequest(f"needs {need} {unit} per task, {largest} has {most}")
+    if req.sockets:
+        where, on = f"the largest socket{with_}", " on one socket"
+        sockets = [sock for s in matching for sock in s.sockets]
+        most = {k: max(sock[i] for sock in sockets) for i, k in enumerate(("cores", "gpus", "mem"))}
+    else:
+        where, on = f"the largest node{with_}", ""
+        most = {"cores": max(s.cores for s in matching), "gpus": max(s.gpus for s in matching),
+                "mem": max(s.memory_mb for s in matching)}
+    for need, key, unit in ((req.cores_per_slot, "cores", "cores"),
+                            (req.gpus_per_slot, "gpus", "GPUs"),
+                            (req.mem_per_slot, "mem", "MB of memory")):
+        if need > most[key]:
+            raise InfeasibleRequest(f"needs {need} {unit} per task{on}, {where} has {most[key]}")
 
 
-def _check_nodes(matching: Mapping[Shape, int], caps: Mapping[Shape, int],
-                 counts: tuple[int, ...], req: Request, with_: str) -> None:
-    have = sum(matching.values())
-    if len(counts) > have:
-        raise InfeasibleRequest(f"needs {len(counts)} nodes, the MiniCluster has {have}{with_}")
-    for per_node in sorted(set(counts)):
-        need = sum(1 for c in counts if c >= per_node)
-        able = sum(n for s, n in matching.items() if caps[s] >= per_node)
-        if able < need:
-            raise InfeasibleRequest(
-                f"needs {need} nodes that each hold {per_node} tasks of {_slot_text(req)},"
-                f" the MiniCluster has {able}{with_}")
+def _check_levels(graph: ResourceGraph, req: Request) -> None:
+    names = [name for name, _ in graph.levels]
+    last = -1
+    for level, _count, _excl in req.groups:
+        if level not in names:
+            have = ", ".join(names) if names else "none (set `topology` in the config)"
+            raise InfeasibleRequest(f"no {level} level in this MiniCluster; its levels: {have}")
+        if names.index(level) < last:
+            raise InfeasibleRequest(f"a {names[last]} cannot contain a {level}:"
+                                    f" the levels are {' > '.join(names)}")
+        last = names.index(level)
+
+
+def _able(group: GroupState, i: int, req: Request, memo: dict[tuple[int, int], bool]) -> bool:
+    """Whether one vertex, at level groups[i-1], could hold everything below it."""
+    key = (id(group), i)
+    if key not in memo:
+        if i == len(req.groups):
+            matching = _matching(group.shapes, req)
+            memo[key] = bool(matching) and not _holds(matching, req, "", "")
+        else:
+            level, count, _ = req.groups[i]
+            memo[key] = sum(1 for g in group.below(level) if _able(g, i + 1, req, memo)) >= count
+    return memo[key]
+
+
+def _level_reason(top: GroupState, i: int, req: Request, found: int, with_: str) -> str:
+    level, count, _ = req.groups[i]
+    candidates = top.below(level)
+    text = (f"needs {count} {level}{'s' if count > 1 else ''} that each hold"
+            f" {_describe(req, i + 1)}, the MiniCluster has {found}{with_}")
+    if not candidates:
+        return f"no node is in a {level}" if i == 0 else text
+    largest = max(candidates, key=lambda g: (g.nodes, -g.min_rank()))
+    if i + 1 == len(req.groups):
+        why = _holds(_matching(largest.shapes, req), req, f"{level} {largest.name}", with_)
+    else:
+        inner = req.groups[i + 1]
+        have = sum(1 for g in largest.below(inner[0]) if _able(g, i + 2, req, {}))
+        why = (f"{level} {largest.name} has {have} such {inner[0]}"
+               f"{'s' if have != 1 else ''}")
+    return f"{text} ({why})" if why else text
+
+
+def _describe(req: Request, i: int) -> str:
+    """What one vertex above groups[i] must hold, in words."""
+    inner = ""
+    for level, count, _ in req.groups[i:]:
+        inner += f"{count} {level}{'s' if count > 1 else ''} of "
+    counts = req.node_counts()
+    tasks = f"{req.nslots} task{'s' if req.nslots > 1 else ''} of {_slot_text(req)}"
+    if counts:
+        tasks = f"{len(counts)} node{'s' if len(counts) > 1 else ''} with {tasks}"
+    return inner + tasks
+
+
+def _holds(matching: Mapping[Shape, int], req: Request, where: str, with_: str) -> str | None:
+    """None if nodes of these shapes could hold req's slots, else why not."""
+    caps = {s: _capacity(s, req) for s in matching}
+    unit = req.unit_slots
+    counts = req.node_counts()
+    if counts:
+        have = sum(matching.values())
+        if len(counts) > have:
+            return f"needs {len(counts)} nodes, {where} has {have}{with_}"
+        for per_node in sorted(set(counts)):
+            need = sum(1 for c in counts if c >= per_node)
+            able = sum(n for s, n in matching.items() if caps[s] * unit >= per_node)
+            if able < need:
+                return (f"needs {need} nodes that each hold {per_node} tasks of"
+                        f" {_slot_text(req)}, {where} has {able}{with_}")
+        return None
+    most = sum(caps[s] * n for s, n in matching.items()) * unit
+    if most < req.nslots:
+        return (f"needs {req.nslots} tasks of {_slot_text(req)}, {where}{with_} can hold at"
+                f" most {most} at once")
+    return None
 
 
 def _capacity(shape: Shape, req: Request) -> int:
+    """Units an empty node of this shape holds."""
+    if req.sockets:
+        return units.capacity([(c, g, m, True) for c, g, m in shape.sockets], req)
     cap = shape.cores // req.cores_per_slot
     if req.gpus_per_slot:
         cap = min(cap, shape.gpus // req.gpus_per_slot)
@@ -88,4 +182,7 @@ def _slot_text(req: Request) -> str:
         parts.append(f"{req.gpus_per_slot} GPU{'s' if req.gpus_per_slot > 1 else ''}")
     if req.mem_per_slot:
         parts.append(f"{req.mem_per_slot} MB")
-    return " + ".join(parts)
+    text = " + ".join(parts)
+    if req.sockets:
+        text += " on one socket"
+    return text

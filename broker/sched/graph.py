@@ -1,23 +1,22 @@
-"""ResourceGraph: the networkx containment model plus its pruning indexes.
+"""ResourceGraph: the networkx containment model plus its pruning aggregates.
 
-Vertices: "cluster" -> ("node", rank) -> ("socket", rank, sid) and
-("node", rank) -> ("memory", rank).  Cores and GPUs are id-sets on their
-socket vertex (see state.py).  Every vertex carries the free counts of its
-subtree: sockets their free id-sets, nodes free cores/GPUs/memory, and the
-cluster vertex (ClusterState) the usable totals plus bitmask indexes over
-nodes: ranks by exact free-core count ("buckets"), ranks with any free core,
-with any free GPU, fully idle, usable, and per property.  A match ANDs a few
-of these masks and only then visits node vertices, so a one-core task is
-found without walking the graph and a full cluster is rejected in O(1).
-
-Bit positions are node positions (the order ranks were first added); the
-first-fit policy visits nodes in rank order, which is bit order as long as
-ranks were added in rank order (`positions_follow_ranks`).
+Vertices, top down: "cluster" -> group vertices of the configured levels
+(e.g. zone -> rack; topology.py) -> ("node", rank) -> ("socket", rank, sid)
+-> ("memory", rank, sid).  Cores and GPUs are id-sets on their socket vertex
+(state.py).  Every vertex carries the free counts of its subtree: sockets
+their free id-sets and memory, nodes free cores/GPUs/memory, groups the
+totals over their usable nodes plus counts of idle and usable nodes, and
+the cluster root in addition bitmask indexes over nodes (bit = rank): ranks
+by exact free-core count ("buckets"), with any free core, with any free GPU,
+fully idle, usable, and per property.  All are updated incrementally on
+every alloc/free/health change.  The matcher (match.py, walk.py) descends
+this tree, pruning whole subtrees by their aggregates and ANDing the masks
+before it visits node vertices.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 
 import networkx as nx
 
@@ -25,69 +24,57 @@ from minicluster.model.idset import IdSet
 
 from . import idset, match as matcher
 from .alloc import Allocation
+from .carve import SingleHold
 from .feasible import check_feasible
 from .request import Constraint, Request
-from .state import Hold, NodeState, Shape, SingleHold, hold_ids
+from .state import GpuSpec, Hold, MemSpec, NodeState, Shape, hold_ids
+from .topology import ClusterState, GroupState, Levels, Path, ancestors, path_of
 
 CLUSTER = "cluster"
-
-
-class ClusterState:
-    """Aggregates of the whole graph (usable nodes only) and the node indexes."""
-
-    __slots__ = ("free_cores", "free_gpus", "free_mem", "buckets", "avail", "gpu_avail",
-                 "idle", "usable")
-
-    def __init__(self) -> None:
-        self.free_cores = self.free_gpus = self.free_mem = 0
-        self.buckets: list[int] = [0]  # buckets[c]: mask of nodes with exactly c free cores
-        self.avail = 0      # nodes with >= 1 free core
-        self.gpu_avail = 0  # nodes with >= 1 free gpu
-        self.idle = 0       # nodes with nothing allocated
-        self.usable = 0     # up and not drained
+MAX_RANK = 1 << 20  # bit positions are ranks: bound the index masks
 
 
 class ResourceGraph:
     """Resources of one MiniCluster; see the module docstring for the model."""
 
-    def __init__(self) -> None:
+    def __init__(self, levels: Levels = ()) -> None:
+        self.levels = tuple(levels)
         self.graph = nx.DiGraph()
         self.cluster = ClusterState()
         self.graph.add_node(CLUSTER, kind="cluster", state=self.cluster)
+        self.groups: dict[Path, GroupState] = {(): self.cluster}
         self.nodes: dict[int, NodeState] = {}
-        self.by_pos: list[NodeState | None] = []
-        self.positions_follow_ranks = True  # first-fit order == rank order
-        self._highest_rank = -1
+        self.by_pos: list[NodeState | None] = []  # index = rank
         self._holds: dict[Hashable, dict[int, Hold]] = {}
         self._prop_masks: dict[tuple[str, str], int] = {}
         self._key_masks: dict[str, int] = {}
         self._constraint_cache: dict[tuple[Constraint, ...], int] = {}
-        self._shapes: dict[Shape, int] = {}
         self.version = 0  # bumped on every change; lets the scheduler skip idle cycles
         self.topology_version = 0  # bumped when ranks are added/removed/change health
 
     # ----------------------------------------------------------------- ranks
 
-    def add_rank(self, rank: int, *, hostname: str, sockets: dict[int, tuple[int, ...]],
-                 gpus: tuple[int, ...] = (), memory_mb: int = 0,
-                 properties: dict[str, str] | None = None) -> None:
+    def add_rank(self, rank: int, *, hostname: str, sockets: Mapping[int, tuple[int, ...]],
+                 gpus: GpuSpec = (), memory_mb: MemSpec = 0,
+                 properties: Mapping[str, str] | None = None) -> None:
         """Add a node, or replace a known rank's description and bring it up.
 
-        Allocations still held on a replaced rank keep holding whatever of
-        their ids the new description still has.  A drain survives: it is
-        an operator's decision, not a property of the node's last life.
+        gpus: ids dealt evenly over the sockets, or {socket id: ids} when
+        the affinity is known; memory_mb: a total split evenly over the
+        sockets, or {socket id: MB}.  Allocations still held on a replaced
+        rank keep holding whatever of their ids the new description still
+        has.  A drain survives: it is an operator's decision, not a
+        property of the node's last life.
         """
+        if not 0 <= rank < MAX_RANK:
+            raise ValueError(f"rank {rank} out of range 0..{MAX_RANK - 1}")
         old = self.nodes.get(rank)
-        pos = old.pos if old else len(self.by_pos)
-        node = NodeState(rank, pos, hostname, sockets, tuple(gpus), memory_mb, properties or {})
+        node = NodeState(rank, hostname, sockets, gpus, memory_mb, properties or {})
         if old:
             node.drain_reason = old.drain_reason
             self._detach_node(old)
-        else:
-            self.by_pos.append(None)
-            if rank < self._highest_rank:
-                self.positions_follow_ranks = False
-            self._highest_rank = max(self._highest_rank, rank)
+        elif rank >= len(self.by_pos):
+            self.by_pos.extend([None] * (rank + 1 - len(self.by_pos)))
         self._attach_node(node)
         if old:
             self._carry_holds(node)
@@ -121,60 +108,96 @@ class ResourceGraph:
         except KeyError:
             raise KeyError(f"unknown rank {rank}") from None
 
+    def _group(self, path: Path) -> GroupState:
+        """The group vertex for path, created (with its ancestors) on first use."""
+        group = self.groups.get(path)
+        if group is None:
+            parent = self._group(path[:-1])
+            group = self.groups[path] = GroupState(path[-1][0], path, parent)
+            parent.children[path] = group
+            self.graph.add_node(path, kind=group.level, state=group)
+            self.graph.add_edge(path[:-1] or CLUSTER, path)
+        return group
+
     def _attach_node(self, node: NodeState) -> None:
         g, r = self.graph, node.rank
+        parent = self._group(path_of(self.levels, node.properties))
+        node.parent = parent
+        parent.children[("node", r)] = node
         g.add_node(("node", r), kind="node", state=node)
-        g.add_edge(CLUSTER, ("node", r))
+        g.add_edge(parent.path or CLUSTER, ("node", r))
         for sock in node.sockets:
-            g.add_node(("socket", r, sock.index), kind="socket", state=sock)
-            g.add_edge(("node", r), ("socket", r, sock.index))
-        g.add_node(("memory", r), kind="memory", size_mb=node.total_mem)
-        g.add_edge(("node", r), ("memory", r))
+            key = ("socket", r, sock.index)
+            g.add_node(key, kind="socket", state=sock)
+            g.add_edge(("node", r), key)
+            g.add_node(("memory", r, sock.index), kind="memory", size_mb=sock.mem_all)
+            g.add_edge(key, ("memory", r, sock.index))
         self.nodes[r] = node
         self.by_pos[node.pos] = node
         cl = self.cluster
         while len(cl.buckets) <= node.total_cores:
             cl.buckets.append(0)
         cl.buckets[node.free_cores] |= node.bit
+        shape = Shape.of(node)
+        for group in ancestors(node):
+            group.mask |= node.bit
+            group.nodes += 1
+            group.shapes[shape] += 1
+        parent.forget_order()
         self._flag(node, True)
         for key, value in node.properties.items():
             self._prop_masks[(key, value)] = self._prop_masks.get((key, value), 0) | node.bit
             self._key_masks[key] = self._key_masks.get(key, 0) | node.bit
-        shape = Shape.of(node)
-        self._shapes[shape] = self._shapes.get(shape, 0) + 1
-        self._constraint_cache.clear()
-        self.version += 1
-        self.topology_version += 1
+        self._changed()
 
     def _detach_node(self, node: NodeState) -> None:
         r, cl = node.rank, self.cluster
-        self.graph.remove_nodes_from([("node", r), ("memory", r)]
-                                    + [("socket", r, s.index) for s in node.sockets])
+        self.graph.remove_nodes_from(
+            [("node", r)] + [(kind, r, s.index) for s in node.sockets for kind in ("socket", "memory")])
         cl.buckets[node.free_cores] &= ~node.bit
         self._flag(node, False)
+        shape = Shape.of(node)
+        for group in ancestors(node):
+            group.mask &= ~node.bit
+            group.nodes -= 1
+            group.shapes[shape] -= 1
+            if not group.shapes[shape]:
+                del group.shapes[shape]
+        parent = node.parent
+        del parent.children[("node", r)]
+        parent.forget_order()
+        while parent is not cl and not parent.nodes:  # drop groups left empty
+            del self.groups[parent.path]
+            del parent.parent.children[parent.path]
+            self.graph.remove_node(parent.path)
+            parent = parent.parent
         for key, value in node.properties.items():
             self._prop_masks[(key, value)] &= ~node.bit
             self._key_masks[key] &= ~node.bit
-        shape = Shape.of(node)
-        self._shapes[shape] -= 1
-        if not self._shapes[shape]:
-            del self._shapes[shape]
+        self._changed()
+
+    def _changed(self) -> None:
         self._constraint_cache.clear()
         self.version += 1
         self.topology_version += 1
 
     def _flag(self, node: NodeState, present: bool) -> None:
-        """Add (present) or remove the node from the yes/no indexes and totals."""
+        """Add (present) or remove the node from the yes/no indexes and aggregates."""
         cl, bit, sign = self.cluster, node.bit, 1 if present else -1
         keep = bit if present else 0
+        idle = node.is_idle()
         for name, member in (("avail", node.free_cores > 0), ("gpu_avail", node.free_gpus > 0),
-                             ("idle", node.is_idle()), ("usable", node.usable)):
+                             ("idle", idle), ("usable", node.usable)):
             if member:
-                setattr(self.cluster, name, (getattr(cl, name) & ~bit) | keep)
+                setattr(cl, name, (getattr(cl, name) & ~bit) | keep)
         if node.usable:
-            cl.free_cores += sign * node.free_cores
-            cl.free_gpus += sign * node.free_gpus
-            cl.free_mem += sign * node.free_mem
+            for group in ancestors(node):
+                group.free_cores += sign * node.free_cores
+                group.free_gpus += sign * node.free_gpus
+                group.free_mem += sign * node.free_mem
+                group.usable_nodes += sign
+                if idle:
+                    group.idle_nodes += sign
 
     def _set_health(self, node: NodeState, **change: object) -> None:
         self._flag(node, False)
@@ -190,46 +213,43 @@ class ResourceGraph:
             if node.rank in hold:
                 new = node.hold_from_ids(*hold_ids(hold[node.rank]))
                 hold[node.rank] = new
-                self._take(node, new)
+                self._account(node, new, True)
 
     # ------------------------------------------------------------ accounting
 
-    def _take(self, node: NodeState, hold: Hold) -> None:
-        self._account(node, hold, True)
-
-    def _give(self, node: NodeState, hold: Hold) -> None:
-        self._account(node, hold, False)
-
     def _account(self, node: NodeState, hold: Hold, taking: bool) -> None:
-        """Apply a take/give to a node and move it between the index masks.
+        """Apply a take/give to a node, its ancestors' aggregates and the masks.
 
-        NodeState.take/give are inlined: this runs once per allocation
-        start and once per release, the scheduler's hottest bookkeeping.
+        This runs once per allocation start and once per release, the
+        scheduler's hottest bookkeeping, so it is written out flat.
         """
         cl, bit = self.cluster, node.bit
         fc, fg, fm = node.free_cores, node.free_gpus, node.free_mem
-        tc, tg, tm = node.total_cores, node.total_gpus, node.total_mem
-        idle = fc == tc and fg == tg and fm == tm
-        cores, gpus, mem = hold
-        nfc, nfg = fc, fg
+        idle = fc == node.total_cores and fg == node.total_gpus and fm == node.total_mem
+        cores, gpus, mems = hold
+        nfc, nfg, nfm = fc, fg, fm
         if taking:
-            for s, c, g in zip(node.sockets, cores, gpus):
+            for s, c, g, m in zip(node.sockets, cores, gpus, mems):
                 if c:
                     s.cores_free ^= c
                     nfc -= c.bit_count()
                 if g:
                     s.gpus_free ^= g
                     nfg -= g.bit_count()
-            nfm = fm - mem
+                if m:
+                    s.mem_free -= m
+                    nfm -= m
         else:
-            for s, c, g in zip(node.sockets, cores, gpus):
+            for s, c, g, m in zip(node.sockets, cores, gpus, mems):
                 if c:
                     s.cores_free |= c
                     nfc += c.bit_count()
                 if g:
                     s.gpus_free |= g
                     nfg += g.bit_count()
-            nfm = fm + mem
+                if m:
+                    s.mem_free += m
+                    nfm += m
         node.free_cores, node.free_gpus, node.free_mem = nfc, nfg, nfm
         if nfc != fc:
             buckets = cl.buckets
@@ -239,34 +259,70 @@ class ResourceGraph:
                 cl.avail ^= bit
         if nfg != fg and (not fg or not nfg):
             cl.gpu_avail ^= bit
-        if idle != (nfc == tc and nfg == tg and nfm == tm):
+        now_idle = nfc == node.total_cores and nfg == node.total_gpus and nfm == node.total_mem
+        if idle != now_idle:
             cl.idle ^= bit
         if node.up and node.drain_reason is None:
-            cl.free_cores += nfc - fc
-            cl.free_gpus += nfg - fg
-            cl.free_mem += nfm - fm
+            dc, dg, dm = nfc - fc, nfg - fg, nfm - fm
+            di = 0 if idle == now_idle else (1 if now_idle else -1)
+            group = node.parent
+            while group is not None:
+                group.free_cores += dc
+                group.free_gpus += dg
+                group.free_mem += dm
+                group.idle_nodes += di
+                group = group.parent
         self.version += 1
+
+    def _wanted(self, allocation: Allocation, lenient: bool = False) -> dict[int, Hold]:
+        """What taking the allocation amounts to per rank, from the free state now.
+
+        lenient (reservations): skip ranks that are gone or whose slots no
+        longer fit the node's description instead of raising ValueError.
+        """
+        holds: dict[int, Hold] = {}
+        hint = allocation.hint or {}
+        held = allocation.held or {}
+        for rank in allocation.all_ranks():
+            node = self.nodes.get(rank)
+            if node is None:
+                if lenient:
+                    continue
+                raise ValueError(f"allocation names unknown rank {rank}")
+            hinted = hint.get(rank)
+            sids = held.get(rank)
+            if (allocation.exclusive and rank in allocation) or (rank in held and sids is None):
+                holds[rank] = node.free_hold()
+            elif hinted and hinted[0] is node:
+                holds[rank] = hinted[1]
+            else:
+                try:
+                    hold = node.hold_for(allocation[rank].slots) if rank in allocation else (
+                        node.zero, node.zero, node.zero)
+                except ValueError:
+                    if lenient:
+                        continue
+                    raise
+                holds[rank] = _with_sockets(node, hold, sids) if sids else hold
+        return holds
 
     def alloc(self, key: Hashable, allocation: Allocation) -> None:
         """Take the allocation's resources under key; ValueError if any is not free."""
         if key in self._holds:
             raise ValueError(f"allocation key {key!r} already holds resources")
-        holds: dict[int, Hold] = {}
-        hint = allocation.hint or {}
-        for rank, ralloc in allocation.items():
-            node = self.nodes.get(rank)
-            if node is None:
-                raise ValueError(f"allocation names unknown rank {rank}")
-            if allocation.exclusive:
-                if not node.is_idle():
-                    raise ValueError(f"rank {rank} is not idle, cannot allocate it exclusively")
-                hold = node.free_hold()
-            else:
-                hinted = hint.get(rank)
-                hold = hinted[1] if hinted and hinted[0] is node else node.hold_for(ralloc.slots)
-                if not node.can_take(hold):
-                    raise ValueError(f"resources on rank {rank} are not free for {key!r}")
-            holds[rank] = hold
+        holds = self._wanted(allocation)
+        held = allocation.held or {}
+        for rank, hold in holds.items():
+            node = self.nodes[rank]
+            whole = allocation.exclusive and rank in allocation or rank in held and held[rank] is None
+            if whole and not node.is_idle():
+                raise ValueError(f"rank {rank} is not idle, cannot allocate it exclusively")
+            if held.get(rank) and not all(
+                    s.is_idle() for s in node.sockets if s.index in held[rank]):
+                raise ValueError(f"a socket of rank {rank} is not idle, cannot allocate it"
+                                 " exclusively")
+            if not node.can_take(hold):
+                raise ValueError(f"resources on rank {rank} are not free for {key!r}")
         for rank, hold in holds.items():
             self._account(self.nodes[rank], hold, True)
         self._holds[key] = holds
@@ -280,13 +336,13 @@ class ResourceGraph:
         `alloc(key, ...)` for each key in turn until a match fails, but in
         one pass over the candidate nodes, carving each node's share at
         once and updating its accounting and indexes once.  Returns the
-        allocations of keys[:n] for the n that fit.  Single-slot, CPU-only,
-        non-exclusive requests only (ValueError otherwise).  The returned
-        Allocations are interned per node and ids: immutable, shared with
-        earlier tasks that had the same ids.
+        allocations of keys[:n] for the n that fit.  Flat single-slot,
+        CPU-only, non-exclusive requests only (ValueError otherwise).  The
+        returned Allocations are interned per node and ids: immutable,
+        shared with earlier tasks that had the same ids.
         """
-        if request.nslots != 1 or request.exclusive or request.gpus_per_slot:
-            raise ValueError("alloc_array takes one-slot, CPU-only, non-exclusive requests")
+        if not request.batchable:
+            raise ValueError("alloc_array takes flat one-slot, CPU-only, non-exclusive requests")
         held = self._holds
         if not held.keys().isdisjoint(keys):
             raise ValueError("an allocation key already holds resources")
@@ -306,15 +362,17 @@ class ResourceGraph:
         holds = self._holds.pop(key)
         nodes = self.nodes
         if type(holds) is SingleHold and holds.sock is not None:
-            # An array element's core(s) on one socket: the general give of
-            # _account, specialised (no GPUs, one socket mask, known counts).
+            # An array element's core(s) and memory on one socket: the
+            # general give of _account, specialised (no GPUs, known counts).
             node = holds.node
             if nodes.get(node.rank) is node:
-                holds.sock.cores_free |= holds.mask
+                sock = holds.sock
+                sock.cores_free |= holds.mask
                 fc = node.free_cores
                 nfc = node.free_cores = fc + holds.ncores
                 mem = holds.mem
                 if mem:
+                    sock.mem_free += mem
                     node.free_mem += mem
                 cl, bit = self.cluster, node.bit
                 buckets = cl.buckets
@@ -322,12 +380,19 @@ class ResourceGraph:
                 buckets[nfc] |= bit
                 if not fc:
                     cl.avail |= bit
-                if (nfc == node.total_cores and node.free_mem == node.total_mem
-                        and node.free_gpus == node.total_gpus):
+                idle = (nfc == node.total_cores and node.free_mem == node.total_mem
+                        and node.free_gpus == node.total_gpus)
+                if idle:
                     cl.idle |= bit
                 if node.up and node.drain_reason is None:
-                    cl.free_cores += nfc - fc
-                    cl.free_mem += mem
+                    dc = nfc - fc
+                    group = node.parent
+                    while group is not None:
+                        group.free_cores += dc
+                        group.free_mem += mem
+                        if idle:
+                            group.idle_nodes += 1
+                        group = group.parent
                 self.version += 1
                 return
         for rank, hold in holds.items():
@@ -348,42 +413,35 @@ class ResourceGraph:
             raise KeyError(missing if missing is not None else "duplicate key")
         merged: dict[int, list] = {}
         for key in keys:
-            for rank, (cores, gpus, mem) in held.pop(key).items():
+            for rank, hold in held.pop(key).items():
                 acc = merged.get(rank)
                 if acc is None:
-                    merged[rank] = [list(cores), list(gpus), mem]
-                else:
-                    for j, c in enumerate(cores):
-                        if c:
-                            acc[0][j] |= c
-                    if any(gpus):
-                        for j, g in enumerate(gpus):
-                            acc[1][j] |= g
-                    acc[2] += mem
-        for rank, (cores, gpus, mem) in merged.items():
+                    merged[rank] = [list(part) for part in hold]
+                    continue
+                for j, c in enumerate(hold[0]):
+                    if c:
+                        acc[0][j] |= c
+                if any(hold[1]):
+                    for j, g in enumerate(hold[1]):
+                        acc[1][j] |= g
+                if any(hold[2]):
+                    for j, m in enumerate(hold[2]):
+                        acc[2][j] += m
+        for rank, (cores, gpus, mems) in merged.items():
             node = self.nodes.get(rank)
             if node is not None:
-                self._account(node, (tuple(cores), tuple(gpus), mem), False)
+                self._account(node, (tuple(cores), tuple(gpus), tuple(mems)), False)
 
     def hold_free_part(self, key: Hashable, allocation: Allocation) -> None:
         """Hold whatever of allocation's resources is free now (backfill reservations)."""
         holds: dict[int, Hold] = {}
-        hint = allocation.hint or {}  # a reservation is re-held often: reuse the matcher's masks
-        for rank, ralloc in allocation.items():
-            node = self.nodes.get(rank)
-            if node is None:
-                continue
-            hinted = hint.get(rank)
-            if allocation.exclusive:
-                want = node.free_hold()
-            elif hinted and hinted[0] is node:
-                want = hinted[1]
-            else:
-                want = node.hold_for(ralloc.slots)
+        for rank, want in self._wanted(allocation, lenient=True).items():
+            node = self.nodes[rank]
             cores = tuple(w & s.cores_free for w, s in zip(want[0], node.sockets))
             gpus = tuple(w & s.gpus_free for w, s in zip(want[1], node.sockets))
-            holds[rank] = (cores, gpus, min(want[2], node.free_mem))
-            self._take(node, holds[rank])
+            mems = tuple(min(w, s.mem_free) for w, s in zip(want[2], node.sockets))
+            holds[rank] = (cores, gpus, mems)
+            self._account(node, holds[rank], True)
         self._holds[key] = holds
 
     def holds(self, key: Hashable) -> bool:
@@ -407,7 +465,7 @@ class ResourceGraph:
         for rank, hold in holds.items():
             node = self.nodes.get(rank)
             if node is not None:
-                self._take(node, hold)
+                self._account(node, hold, True)
         self._holds[key] = holds
 
     # -------------------------------------------------------------- matching
@@ -435,7 +493,7 @@ class ResourceGraph:
 
     def check_feasible(self, request: Request) -> None:
         """Raise InfeasibleRequest if request could never fit, even on an empty instance."""
-        check_feasible(self._shapes, request)
+        check_feasible(self, request)
 
     # --------------------------------------------------------------- reports
 
@@ -450,9 +508,8 @@ class ResourceGraph:
         for node in self.iter_nodes():
             free_cores = [c for s in node.sockets for c in idset.iter_ascending(s.cores_free)]
             free_gpus = [g for s in node.sockets for g in idset.iter_ascending(s.gpus_free)]
-            state = "down" if not node.up else "drained" if node.drain_reason is not None else "up"
             rows.append({
-                "rank": node.rank, "hostname": node.hostname, "state": state,
+                "rank": node.rank, "hostname": node.hostname, "state": node_state(node),
                 "reason": node.drain_reason or "",
                 "cores_total": node.total_cores, "cores_free": node.free_cores,
                 "cores_free_ids": str(IdSet.from_ints(free_cores)),
@@ -460,6 +517,7 @@ class ResourceGraph:
                 "gpus_free_ids": str(IdSet.from_ints(free_gpus)),
                 "memory_mb_total": node.total_mem, "memory_mb_free": node.free_mem,
                 "properties": dict(node.properties),
+                "path": node.parent.label if node.parent is not None else "cluster",
             })
         return rows
 
@@ -468,7 +526,21 @@ class ResourceGraph:
         cl = self.cluster
         nodes = tuple(
             (n.rank, n.up, n.drain_reason, n.free_cores, n.free_gpus, n.free_mem,
-             tuple((s.cores_free, s.gpus_free) for s in n.sockets))
+             tuple((s.cores_free, s.gpus_free, s.mem_free) for s in n.sockets))
             for n in self.iter_nodes())
-        return (nodes, cl.free_cores, cl.free_gpus, cl.free_mem, tuple(cl.buckets),
-                cl.avail, cl.gpu_avail, cl.idle, cl.usable)
+        groups = tuple(sorted(
+            (g.path, g.free_cores, g.free_gpus, g.free_mem, g.idle_nodes, g.usable_nodes,
+             g.nodes, g.mask) for g in self.groups.values()))
+        return (nodes, groups, tuple(cl.buckets), cl.avail, cl.gpu_avail, cl.idle, cl.usable)
+
+
+def node_state(node: NodeState) -> str:
+    return "down" if not node.up else "drained" if node.drain_reason is not None else "up"
+
+
+def _with_sockets(node: NodeState, hold: Hold, sids: tuple[int, ...]) -> Hold:
+    """hold, with the sockets whose ids are in sids taken whole (what is free of them)."""
+    whole = tuple(s.index in sids for s in node.sockets)
+    free = node.free_hold()
+    return tuple(tuple(f if w else h for w, f, h in zip(whole, free_part, part))
+                 for free_part, part in zip(free, hold))  # type: ignore[return-value]

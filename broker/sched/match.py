@@ -2,17 +2,23 @@
 
 Three steps: (1) prune with the cluster vertex's aggregates and index masks
 to a candidate bitmask of nodes that could host at least one slot; (2) walk
-candidates in policy order, asking each node vertex how many slots it can
-hold, until the request is covered (gang: all or nothing); (3) carve real
-core/GPU ids on the chosen nodes' sockets.  Nothing is taken: alloc() does.
+candidates in policy order, asking each node vertex how many slots (units)
+it can hold, until the request is covered (gang: all or nothing); (3) carve
+real core/GPU ids on the chosen nodes' sockets.  Nothing is taken: alloc()
+does.  Requests with topology levels or socket-bound slots first descend
+the group vertices (walk.py) and run step 2 inside the groups they choose;
+flat requests start at the cluster vertex, where the bitmask fast paths
+below (one slot, array elements, gangs) do the same walk in C-level int
+operations.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from . import units as socket_units
 from .alloc import Allocation, RankAlloc
 from .policies import candidate_order, check_policy
 from .request import Request
@@ -21,7 +27,7 @@ from .state import NodeState
 if TYPE_CHECKING:
     from .graph import ResourceGraph
 
-Picks = list[tuple[NodeState, int]]
+Picks = list[tuple[NodeState, int]]  # (node, units); a unit is unit_slots slots
 
 
 def match(graph: ResourceGraph, request: Request, policy: str = "first-fit") -> Allocation | None:
@@ -29,46 +35,76 @@ def match(graph: ResourceGraph, request: Request, policy: str = "first-fit") -> 
 
     A pure query: nothing is taken until ResourceGraph.alloc().
     """
+    if request.tree or policy == "locality-first":
+        from . import walk
+
+        return walk.match_tree(graph, request, check_policy(policy))
     check_policy(policy)
-    mask = _candidates(graph, request)
+    mask = candidates(graph, request)
     if not mask:
         return None
     if request.nslots == 1:
         return _match_one(graph, mask, request, policy)
-    picks = _choose(graph, mask, request, policy)
+    picks = choose(graph, mask, request, policy)
     if picks is None:
         return None
+    return allocation_of(picks, request)
+
+
+def allocation_of(picks: Picks, request: Request, held: dict | None = None) -> Allocation:
+    """Carve ids on the picked nodes (units per node) into an Allocation."""
     cps, gps, mps = request.cores_per_slot, request.gpus_per_slot, request.mem_per_slot
     ranks, hint = {}, {}
     for node, n in picks:
-        slots, hold = node.carve(n, cps, gps, mps)
+        if request.sockets:
+            slots, hold, whole = socket_units.carve(node, request, n)
+            if whole:
+                held = held if held is not None else {}
+                held[node.rank] = whole
+        else:
+            slots, hold = node.carve(n, cps, gps, mps)
+        if request.exclusive:
+            hold = node.free_hold()
         ranks[node.rank] = RankAlloc(slots)
         hint[node.rank] = (node, hold)
-    return Allocation(ranks, request.exclusive, hint)
+    return Allocation(ranks, request.exclusive, hint, held)
 
 
 def fits(graph: ResourceGraph, request: Request, policy: str = "first-fit") -> bool:
     """Whether match() would succeed, without carving ids (cheaper for wide jobs)."""
+    if request.tree or policy == "locality-first":
+        from . import walk
+
+        return walk.fits_tree(graph, request, check_policy(policy))
     check_policy(policy)
-    mask = _candidates(graph, request)
-    return bool(mask) and _choose(graph, mask, request, policy) is not None
+    mask = candidates(graph, request)
+    return bool(mask) and choose(graph, mask, request, policy) is not None
 
 
-def _choose(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Picks | None:
-    """Which nodes, and how many slots on each, in policy order."""
+def capacity_of(req: Request) -> Callable[[NodeState], int]:
+    """node -> how many units of req it holds now."""
+    if req.sockets:
+        return lambda node: socket_units.node_capacity(node, req)
     cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
+    return lambda node: node.capacity(cps, gps, mps)
+
+
+def choose(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Picks | None:
+    """Which nodes of mask, and how many units on each, in policy order."""
     counts = req.node_counts()
     if counts and req.exclusive and mask.bit_count() < len(counts):
         return None
-    min_free = cps * (counts[-1] if counts else 1)
+    min_free = req.cores_per_slot * (counts[-1] if counts else 1)
     by_pos = graph.by_pos
     nodes = (by_pos[p] for p in candidate_order(graph, mask, policy, min_free))
-    sized = ((n, n.capacity(cps, gps, mps)) for n in nodes)
+    cap = capacity_of(req)
+    sized = ((n, cap(n)) for n in nodes)
+    unit = req.unit_slots
     if counts:
-        return _pick_gang(sized, counts)
+        return _pick_gang(sized, tuple(c // unit for c in counts))
     if policy == "spread":
-        return _pick_spread(sized, req.nslots)
-    return _pick_greedy(sized, req.nslots)
+        return _pick_spread(sized, req.nslots // unit)
+    return _pick_greedy(sized, req.nslots // unit)
 
 
 def _match_one(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Allocation | None:
@@ -93,6 +129,8 @@ def _match_one(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Al
 
 def _one_slot(node: NodeState, req: Request) -> Allocation:
     slots, hold = node.carve(1, req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot)
+    if req.exclusive:
+        hold = node.free_hold()
     return Allocation({node.rank: RankAlloc(slots)}, req.exclusive, {node.rank: (node, hold)})
 
 
@@ -105,11 +143,11 @@ def pick_elements(graph: ResourceGraph, req: Request, policy: str, count: int) -
     first-fit, pack, low-id and high-id a one-slot match keeps choosing the
     same node until it is full, so each node is visited once and takes as
     many as it can hold.  Under spread every task goes to the node with the
-    most free cores (lowest position on ties): simulated with a heap over
-    the first `count` candidates, which are the only ones it can reach.
+    most free cores (lowest rank on ties): simulated with a heap over the
+    first `count` candidates, which are the only ones it can reach.
     """
     check_policy(policy)
-    mask = _candidates(graph, req)
+    mask = candidates(graph, req)
     if not mask or count <= 0:
         return []
     cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
@@ -147,10 +185,10 @@ def pick_elements(graph: ResourceGraph, req: Request, policy: str, count: int) -
     return [(by_pos[pos], n) for pos, n in taken.items()]
 
 
-def _candidates(graph: ResourceGraph, req: Request) -> int:
+def candidates(graph: ResourceGraph, req: Request) -> int:
     """Mask of usable nodes that pass every cheap test; 0 when nothing can fit."""
     cl = graph.cluster
-    n, gps, mps = req.nslots, req.gpus_per_slot, req.mem_per_slot
+    n, gps, mps = req.total_slots, req.gpus_per_slot, req.mem_per_slot
     if not req.exclusive and (cl.free_cores < n * req.cores_per_slot
                               or cl.free_gpus < n * gps or cl.free_mem < n * mps):
         return 0
@@ -163,7 +201,8 @@ def _candidates(graph: ResourceGraph, req: Request) -> int:
         mask &= graph.constraint_mask(req.constraints)
     if req.cores_per_slot > 1 and mask and not req.exclusive:
         counts = req.node_counts()
-        mask &= _with_free_cores(cl.buckets, req.cores_per_slot * (counts[-1] if counts else 1))
+        least = req.cores_per_slot * (counts[-1] if counts else req.unit_slots)
+        mask &= _with_free_cores(cl.buckets, least)
     return mask
 
 

@@ -3,12 +3,13 @@
 A policy only orders node positions drawn from a candidate bitmask; which
 nodes are candidates and how many slots each takes is match.py's job.
 
-  first-fit  ascending rank: the first nodes that fit (-N 3 on an idle cluster is ranks 0-2,
-             whatever order the ranks joined in)
-  pack       fewest free cores first: fill used nodes before opening new ones
-  spread     most free cores first (and, in match.py, one slot per node first)
-  low-id     ascending rank
-  high-id    descending rank
+  first-fit       rank order: the first nodes that fit
+  pack            fewest free cores first: fill used nodes before opening new ones
+  spread          most free cores first (and, in match.py, one slot per node first)
+  low-id          ascending rank (node bits are ranks: the same order as first-fit)
+  high-id         descending rank
+  locality-first  keep a job under one rack (or zone) when it fits, best fit
+                  (walk.py); first-fit among the nodes there
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .idset import iter_ascending, iter_descending
 if TYPE_CHECKING:
     from .graph import ResourceGraph
 
-POLICIES = ("first-fit", "pack", "spread", "low-id", "high-id")
+POLICIES = ("first-fit", "pack", "spread", "low-id", "high-id", "locality-first")
 DEFAULT_POLICY = "first-fit"
 
 
@@ -38,8 +39,10 @@ def candidate_order(graph: ResourceGraph, mask: int, policy: str, min_free: int)
 
     min_free (free cores a node needs) lets pack/spread skip whole buckets.
     """
-    if policy in ("first-fit", "low-id", "high-id"):
-        return _by_rank(graph, mask, policy == "high-id")
+    if policy in ("first-fit", "low-id", "locality-first"):
+        return iter_ascending(mask)
+    if policy == "high-id":
+        return iter_descending(mask)
     buckets = graph.cluster.buckets
     counts = range(max(min_free, 1), len(buckets))
     if policy == "spread":
@@ -54,10 +57,3 @@ def _bucket_walk(buckets: list[int], counts, mask: int) -> Iterator[int]:
         hits = buckets[count] & mask
         if hits:
             yield from iter_ascending(hits)
-
-
-def _by_rank(graph: ResourceGraph, mask: int, descending: bool) -> Iterator[int]:
-    if graph.positions_follow_ranks:
-        return iter_descending(mask) if descending else iter_ascending(mask)
-    by_pos = graph.by_pos
-    return iter(sorted(iter_ascending(mask), key=lambda p: by_pos[p].rank, reverse=descending))

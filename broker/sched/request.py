@@ -7,7 +7,9 @@ key ("this shape did not fit in this cycle") and the broker can journal it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from minicluster.model import restree
 
 Constraint = tuple[str, frozenset[str]]
 
@@ -50,6 +52,9 @@ def format_constraint(constraint: Constraint) -> str:
     return f"{key}={'|'.join(sorted(allowed))}" if allowed else key
 
 
+Group = tuple[str, int, bool]  # (topology level, count, exclusive)
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """Resources for one job (or one element of an array job).
@@ -58,6 +63,16 @@ class Request:
     slots over exactly that many nodes as evenly as possible (5 over 2 -> 3+2).
     slots_per_node>0 fixes the count on every node used; nslots must then be a
     multiple of it.  exclusive allocates whole nodes.
+
+    Tree requests (docs/scheduling.md) add:
+      groups: (level, count, exclusive) above the node, top down.  The flat
+        fields then describe what ONE vertex of the innermost level holds:
+        rack[2]>node[4]>slot[8] is groups=(("rack", 2, False),), nnodes=4,
+        nslots=32, slots_per_node=8; total_slots is 64.
+      sockets > 0 binds slots to sockets: with socket_slots > 0 a unit is
+        `sockets` sockets of one node with socket_slots slots each, all of a
+        slot's resources on its socket; with socket_slots == 0 each slot
+        lies within one socket.  socket_exclusive holds those sockets whole.
     """
 
     nslots: int = 1
@@ -68,13 +83,20 @@ class Request:
     slots_per_node: int = 0
     exclusive: bool = False
     constraints: tuple[Constraint, ...] = ()
+    groups: tuple[Group, ...] = ()
+    sockets: int = 0
+    socket_slots: int = 0
+    socket_exclusive: bool = False
+    # derived: needs the tree walk (groups or socket-bound slots)
+    tree: bool = field(default=False, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.nslots < 1:
             raise ValueError(f"nslots must be >= 1, got {self.nslots}")
         if self.cores_per_slot < 1:
             raise ValueError(f"cores_per_slot must be >= 1, got {self.cores_per_slot}")
-        for name in ("gpus_per_slot", "mem_per_slot", "nnodes", "slots_per_node"):
+        for name in ("gpus_per_slot", "mem_per_slot", "nnodes", "slots_per_node", "sockets",
+                     "socket_slots"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.nnodes > self.nslots:
@@ -86,8 +108,30 @@ class Request:
         if spn and self.nnodes and self.nnodes * spn != self.nslots:
             raise ValueError(
                 f"nnodes={self.nnodes} x slots_per_node={spn} != nslots={self.nslots}")
+        self._check_tree()
         # Normalise so equal requests hash equal whatever order constraints came in.
         object.__setattr__(self, "constraints", tuple(sorted(self.constraints)))
+        object.__setattr__(self, "tree", bool(self.groups) or self.sockets > 0)
+
+    def _check_tree(self) -> None:
+        for level, count, exclusive in self.groups:
+            if not level or count < 1 or not isinstance(exclusive, bool):
+                raise ValueError(f"bad group {(level, count, exclusive)!r}")
+        if len({g[0] for g in self.groups}) != len(self.groups):
+            raise ValueError("a topology level appears twice in groups")
+        if (self.socket_slots or self.socket_exclusive) and not self.sockets:
+            raise ValueError("socket_slots and socket_exclusive need sockets > 0")
+        if self.sockets > 1 and not self.socket_slots:
+            raise ValueError("a slot can lie within one socket only (sockets=1)")
+        unit = self.unit_slots
+        for name in ("nslots", "slots_per_node"):
+            if getattr(self, name) % unit:
+                raise ValueError(f"{name}={getattr(self, name)} is not a multiple of the"
+                                 f" {unit} slots of {self.sockets} sockets")
+        counts = self.node_counts()
+        if counts and self.sockets and any(c % unit for c in counts):
+            raise ValueError("with slots bound to sockets, every node holds whole units:"
+                             " give slots_per_node")
 
     @classmethod
     def from_strings(cls, constraints: list[str] | tuple[str, ...] = (),
@@ -96,9 +140,38 @@ class Request:
         parsed = tuple(parse_constraint(c) for c in constraints)
         return cls(constraints=parsed, **fields)  # type: ignore[arg-type]
 
+    @classmethod
+    def from_shape(cls, shape: restree.Shape, constraints: tuple[Constraint, ...] = ()) -> Request:
+        """The Request of a resource tree reduced by restree.shape_of."""
+        return cls(nslots=shape.nslots, cores_per_slot=shape.cores, gpus_per_slot=shape.gpus,
+                   mem_per_slot=shape.memory, nnodes=shape.nnodes,
+                   slots_per_node=shape.slots_per_node,
+                   exclusive=shape.node_exclusive or any(g[2] for g in shape.groups),
+                   constraints=constraints, groups=shape.groups, sockets=shape.sockets,
+                   socket_slots=shape.socket_slots, socket_exclusive=shape.socket_exclusive)
+
     @property
     def total_cores(self) -> int:
-        return self.nslots * self.cores_per_slot
+        return self.total_slots * self.cores_per_slot
+
+    @property
+    def total_slots(self) -> int:
+        """Slots (tasks) of the whole request: nslots times every group count."""
+        total = self.nslots
+        for _level, count, _excl in self.groups:
+            total *= count
+        return total
+
+    @property
+    def unit_slots(self) -> int:
+        """Slots that are placed together: sockets x socket_slots, else 1."""
+        return self.sockets * self.socket_slots if self.socket_slots else 1
+
+    @property
+    def batchable(self) -> bool:
+        """One flat CPU-only non-exclusive slot: array elements may take the batch path."""
+        return (self.nslots == 1 and not self.exclusive and not self.gpus_per_slot
+                and not self.tree)
 
     def node_counts(self) -> tuple[int, ...] | None:
         """Slots per node, largest first, when the node count is fixed; else None."""
@@ -112,16 +185,22 @@ class Request:
 
     def to_wire(self) -> dict[str, object]:
         """Plain dict (msgpack/JSON safe) for journaling."""
-        return {
+        wire: dict[str, object] = {
             "nslots": self.nslots, "cores_per_slot": self.cores_per_slot,
             "gpus_per_slot": self.gpus_per_slot, "mem_per_slot": self.mem_per_slot,
             "nnodes": self.nnodes, "slots_per_node": self.slots_per_node,
             "exclusive": self.exclusive,
             "constraints": [format_constraint(c) for c in self.constraints],
         }
+        if self.tree:
+            wire.update(groups=[list(g) for g in self.groups], sockets=self.sockets,
+                        socket_slots=self.socket_slots, socket_exclusive=self.socket_exclusive)
+        return wire
 
     @classmethod
     def from_wire(cls, wire: dict[str, object]) -> Request:
         fields = dict(wire)
         constraints = fields.pop("constraints", [])
+        if "groups" in fields:
+            fields["groups"] = tuple(tuple(g) for g in fields["groups"])  # type: ignore[union-attr]
         return cls.from_strings(constraints, **fields)  # type: ignore[arg-type]

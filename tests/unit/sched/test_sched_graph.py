@@ -12,10 +12,12 @@ def test_graph_is_the_containment_model(graph4):
     assert g.nodes[CLUSTER]["kind"] == "cluster"
     assert sorted(g.successors(CLUSTER)) == [("node", r) for r in range(4)]
     children = set(g.successors(("node", 2)))
-    assert children == {("socket", 2, 0), ("socket", 2, 1), ("memory", 2)}
+    assert children == {("socket", 2, 0), ("socket", 2, 1)}
     sock = g.nodes[("socket", 2, 1)]["state"]
     assert sock.cores_all == 0b1100 and sock.gpus_all == 0b10
-    assert g.nodes[("memory", 2)]["size_mb"] == 1024
+    # memory is per socket (NUMA): the node's 1024 MB split over its two sockets
+    assert set(g.successors(("socket", 2, 1))) == {("memory", 2, 1)}
+    assert g.nodes[("memory", 2, 0)]["size_mb"] + g.nodes[("memory", 2, 1)]["size_mb"] == 1024
 
 
 def test_properties_bare_label_stored_as_empty_value():
@@ -200,5 +202,5 @@ def test_summary_rows(graph4):
         "rank": 0, "hostname": "node0", "state": "up", "reason": "",
         "cores_total": 4, "cores_free": 1, "cores_free_ids": "3",
         "gpus_total": 2, "gpus_free": 2, "gpus_free_ids": "0-1",
-        "memory_mb_total": 1024, "memory_mb_free": 1024, "properties": {},
+        "memory_mb_total": 1024, "memory_mb_free": 1024, "properties": {}, "path": "cluster",
     }

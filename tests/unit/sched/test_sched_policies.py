@@ -27,7 +27,7 @@ def ranks(alloc):
 
 
 def test_policy_names_and_errors():
-    assert POLICIES == ("first-fit", "pack", "spread", "low-id", "high-id")
+    assert POLICIES == ("first-fit", "pack", "spread", "low-id", "high-id", "locality-first")
     with pytest.raises(ValueError,
                        match="valid policies: first-fit, pack, spread, low-id, high-id"):
         check_policy("best")
@@ -63,6 +63,7 @@ def test_first_fit_low_and_high_id_follow_rank_not_insertion_order():
         add_node(graph, rank)
     assert ranks(graph.match(Request(), "first-fit")) == [(0, 1)]
     assert ranks(graph.match(Request(nslots=3, nnodes=3), "first-fit")) == [(0, 1), (2, 1), (5, 1)]
+    assert ranks(graph.match(Request(nslots=6), "first-fit")) == [(0, 4), (2, 2)]
     assert ranks(graph.match(Request(), "low-id")) == [(0, 1)]
     assert ranks(graph.match(Request(), "high-id")) == [(9, 1)]
     assert ranks(graph.match(Request(nslots=5), "high-id")) == [(5, 1), (9, 4)]

@@ -1,0 +1,122 @@
+"""Slots bound to sockets: capacity and carving below the node vertex.
+
+Two request forms (request.py): `socket[s]>slot[k]>{...}` makes a unit of s
+sockets of one node with k slots each, every slot's cores, GPUs and memory
+on its socket; `slot>socket[1]>{...}` makes every slot a unit that lies
+within one socket (GPU affinity).  socket_exclusive holds the chosen
+sockets whole, so they must be idle.  Sockets are chosen best fit (fewest
+free cores first, then socket order), ids lowest first, like flat slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from . import idset
+from .alloc import Slot, make_slot
+from .request import Request
+from .state import Hold, NodeState
+
+SocketFree = tuple[int, int, int, bool]  # free cores, GPUs, MB, idle
+
+
+def live(node: NodeState) -> list[SocketFree]:
+    return [(s.cores_free.bit_count(), s.gpus_free.bit_count(), s.mem_free, s.is_idle())
+            for s in node.sockets]
+
+
+def capacity(sockets: Iterable[SocketFree], req: Request) -> int:
+    """How many units fit in sockets with these free counts (live, or totals for feasibility)."""
+    c, g, m, excl = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot, req.socket_exclusive
+    if req.socket_slots:
+        k = req.socket_slots
+        able = sum(1 for fc, fg, fm, idle in sockets
+                   if fc >= k * c and fg >= k * g and fm >= k * m and (idle or not excl))
+        return able // req.sockets
+    total = 0
+    for fc, fg, fm, idle in sockets:
+        if excl and not idle:
+            continue
+        fit = fc // c
+        if g:
+            fit = min(fit, fg // g)
+        if m:
+            fit = min(fit, fm // m)
+        total += min(fit, 1) if excl else fit
+    return total
+
+
+def node_capacity(node: NodeState, req: Request) -> int:
+    return capacity(live(node), req)
+
+
+def carve(node: NodeState, req: Request, units: int) -> tuple[tuple[Slot, ...], Hold,
+                                                             tuple[int, ...]]:
+    """Ids for `units` units on node: (slots, hold, ids of sockets held whole).
+
+    units must not exceed node_capacity(node, req).
+    """
+    socks = node.sockets
+    cores = [s.cores_free for s in socks]
+    gpus = [s.gpus_free for s in socks]
+    mems = [s.mem_free for s in socks]
+    c, g, m = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
+    per_socket = req.socket_slots or 1
+    if req.socket_slots:
+        picks = _pick_sockets(node, req, units * req.sockets)
+    else:
+        picks = _pick_slot_sockets(node, req, units)
+    slots: list[Slot] = []
+    for i in picks:
+        for _ in range(per_socket):
+            core_ids, cmask = idset.lowest(cores[i], c)
+            gpu_ids, gmask = idset.lowest(gpus[i], g)
+            cores[i] ^= cmask
+            gpus[i] ^= gmask
+            mems[i] -= m
+            slots.append(make_slot(core_ids, gpu_ids, m))
+    whole = tuple(sorted(set(picks))) if req.socket_exclusive else ()
+    hold = tuple(tuple((s.cores_free if i in whole else s.cores_free ^ rest)
+                       for i, (s, rest) in enumerate(zip(socks, part)))
+                 for part in (cores, gpus))
+    mem_hold = tuple(s.mem_free if i in whole else s.mem_free - left
+                     for i, (s, left) in enumerate(zip(socks, mems)))
+    return tuple(slots), (hold[0], hold[1], mem_hold), tuple(socks[i].index for i in whole)
+
+
+def _best_fit(node: NodeState, able: list[int]) -> list[int]:
+    socks = node.sockets
+    return sorted(able, key=lambda i: (socks[i].cores_free.bit_count(), i))
+
+
+def _pick_sockets(node: NodeState, req: Request, count: int) -> list[int]:
+    """`count` sockets that each hold socket_slots slots, best fit first."""
+    k = req.socket_slots
+    c, g, m = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
+    able = [i for i, (fc, fg, fm, idle) in enumerate(live(node))
+            if fc >= k * c and fg >= k * g and fm >= k * m and (idle or not req.socket_exclusive)]
+    return _best_fit(node, able)[:count]
+
+
+def _pick_slot_sockets(node: NodeState, req: Request, count: int) -> list[int]:
+    """The socket of each of `count` slots that lie within one socket.
+
+    Each slot goes to the fullest socket that still holds one (sequentially,
+    like flat slots); exclusive: one idle socket per slot.
+    """
+    now = live(node)
+    free = [list(f[:3]) for f in now]
+    idle = [f[3] for f in now]
+    c, g, m = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
+    picks: list[int] = []
+    for _ in range(count):
+        able = [i for i, (fc, fg, fm) in enumerate(free)
+                if fc >= c and fg >= g and fm >= m and (idle[i] or not req.socket_exclusive)]
+        i = min(able, key=lambda j: (free[j][0], j))
+        picks.append(i)
+        free[i][0] -= c
+        free[i][1] -= g
+        free[i][2] -= m
+        if req.socket_exclusive:
+            idle[i] = False
+    return picks
