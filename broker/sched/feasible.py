@@ -114,8 +114,8 @@ def _able(group: GroupState, i: int, req: Request, memo: dict[tuple[int, int], b
 def _level_reason(top: GroupState, i: int, req: Request, found: int, with_: str) -> str:
     level, count, _ = req.groups[i]
     candidates = top.below(level)
-    text = (f"needs {count} {level}{'s' if count > 1 else ''} that each hold"
-            f" {_describe(req, i + 1)}, the MiniCluster has {found}{with_}")
+    each = f"{count} {level}s that each hold" if count > 1 else f"1 {level} that holds"
+    text = f"needs {each} {_describe(req, i + 1)}, the MiniCluster has {found}{with_}"
     if not candidates:
         return f"no node is in a {level}" if i == 0 else text
     largest = max(candidates, key=lambda g: (g.nodes, -g.min_rank()))
@@ -137,7 +137,7 @@ def _describe(req: Request, i: int) -> str:
     counts = req.node_counts()
     tasks = f"{req.nslots} task{'s' if req.nslots > 1 else ''} of {_slot_text(req)}"
     if counts:
-        tasks = f"{len(counts)} node{'s' if len(counts) > 1 else ''} with {tasks}"
+        tasks = f"{len(counts)} node{'s' if len(counts) > 1 else ''} for {tasks}"
     return inner + tasks
 
 

@@ -89,10 +89,9 @@ class _Pending:
         self.job = job
         self.started = 0
         req = job.request
-        # Array fast path (graph.alloc_array): elements that are one
+        # Array fast path (graph.alloc_array): elements that are one flat
         # CPU-only, non-exclusive slot are started many per pass.
-        self.batch = (fast and job.count > 1 and req.nslots == 1 and not req.exclusive
-                      and not req.gpus_per_slot)
+        self.batch = fast and job.count > 1 and req.batchable
 
     @property
     def remaining(self) -> int:

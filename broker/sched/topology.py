@@ -1,8 +1,8 @@
 """Levels above the node: cluster -> zone -> rack (or switch) -> node.
 
 Which levels exist, top down, and which node property names each, is
-configuration (`parse_levels("zone=topology.kubernetes.io/zone,rack=rack")`)
-or comes from a JGF file.  A node's path is the values of those properties
+configuration (restree.parse_levels("zone=topology.kubernetes.io/zone,rack=rack"))
+or comes from a JGF file (jgf.py).  A node's path is the values of those properties
 in level order; a node without a level's property skips that level (it
 hangs from the next level up).  Every group vertex carries the aggregates
 of its subtree that the walk prunes with, kept in step by graph.py on every
@@ -13,7 +13,6 @@ its nodes and a count of its node shapes (for feasibility).
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -21,42 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .state import NodeState, Shape
 
-RESERVED = ("cluster", "node", "socket", "core", "gpu", "memory", "slot")
-_LEVEL = re.compile(r"[a-z][a-z0-9_-]*\Z")
-_PROPERTY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*\Z")
-
 Levels = tuple[tuple[str, str], ...]  # (level name, node property), top down
 Path = tuple[tuple[str, str], ...]    # (level name, value), top down
-
-
-def parse_levels(text: str) -> Levels:
-    """"zone=topology.kubernetes.io/zone,rack=example.com/rack" -> levels, top down.
-
-    A bare name ("rack") reads the property of the same name.
-    """
-    levels: list[tuple[str, str]] = []
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            if text.strip():
-                raise ValueError(f"topology {text!r}: empty level (stray comma?)")
-            continue
-        name, _, prop = (p.strip() for p in item.partition("="))
-        prop = prop or name
-        check_level_name(name, f"topology {text!r}")
-        if not _PROPERTY.match(prop):
-            raise ValueError(f"topology {text!r}: bad property name {prop!r}")
-        if any(name == n for n, _ in levels):
-            raise ValueError(f"topology {text!r}: level {name!r} given twice")
-        levels.append((name, prop))
-    return tuple(levels)
-
-
-def check_level_name(name: str, where: str) -> None:
-    if not _LEVEL.match(name):
-        raise ValueError(f"{where}: level name {name!r} must be lower-case letters, digits,"
-                         " '_' or '-', starting with a letter")
-    if name in RESERVED:
-        raise ValueError(f"{where}: {name!r} is a resource type, not a topology level")
 
 
 def path_of(levels: Levels, properties: dict[str, str]) -> Path:

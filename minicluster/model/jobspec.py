@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from minicluster.model import restree
 from minicluster.model.idset import IdSet, IdSetError
 
 MPI_MODES = ("pmi1", "pmix", "auto", "none")
@@ -36,6 +37,11 @@ class Jobspec:
     policy: str | None = None
     mpi: str | None = None
     stdin: str | None = None
+    # A resource tree (restree: canonical list form) replaces the shape fields above.
+    resources: list[dict[str, Any]] | None = None
+    locality: str | None = None
+    spread: str | None = None
+    gpu_affinity: bool = False
 
     @property
     def stdin_tasks(self) -> list[int]:
@@ -49,6 +55,21 @@ class Jobspec:
     @property
     def array_ids(self) -> IdSet | None:
         return IdSet.parse(self.array) if self.array else None
+
+    def shape(self) -> restree.Shape:
+        """The resource request as the chain the matcher works with (valid after from_wire)."""
+        if self.resources is not None:
+            return restree.shape_of(restree.from_wire(self.resources))
+        return restree.shape_from_options(
+            self.ntasks, self.nnodes, self.tasks_per_node, self.cores_per_task,
+            self.gpus_per_task, self.mem_per_task, self.exclusive, self.locality, self.spread,
+            self.gpu_affinity)
+
+    @property
+    def plain_shape(self) -> bool:
+        """No tree and no topology options: the flat fields say everything."""
+        return (self.resources is None and self.locality is None and self.spread is None
+                and not self.gpu_affinity)
 
     @property
     def uses_pmi(self) -> bool:
@@ -97,6 +118,7 @@ def from_wire(data: Any) -> Jobspec:
         if name in data:
             values[name] = _int(data, name, minimum)
     values.update(_optional_fields(data))
+    values.update(_tree_fields(data))
     spec = Jobspec(**values)
     _check_consistency(spec)
     if not spec.name:
@@ -135,6 +157,48 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Shape fields and their defaults: a resource tree replaces them all.
+_SHAPE_FIELDS = {"nnodes": 0, "tasks_per_node": 0, "cores_per_task": 1, "gpus_per_task": 0,
+                 "mem_per_task": 0, "exclusive": False, "locality": None, "spread": None,
+                 "gpu_affinity": False}
+
+
+def _tree_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """resources (a tree; fixes ntasks), locality, spread, gpu_affinity."""
+    out: dict[str, Any] = {}
+    for name in ("locality", "spread"):
+        value = data.get(name)
+        if value is not None:
+            if not isinstance(value, str):
+                raise InvalidJobspec(f"{name}: must be a topology level name such as rack or zone")
+            try:
+                restree.check_level_name(value, name)
+            except ValueError as exc:
+                raise InvalidJobspec(str(exc)) from None
+            out[name] = value
+    if "gpu_affinity" in data:
+        if not isinstance(data["gpu_affinity"], bool):
+            raise InvalidJobspec("gpu_affinity: must be true or false")
+        out["gpu_affinity"] = data["gpu_affinity"]
+    if data.get("resources") is None:
+        return out
+    given = [n for n, default in _SHAPE_FIELDS.items() if data.get(n, default) != default]
+    if given:
+        raise InvalidJobspec(f"resources: a resource tree replaces {', '.join(given)}; give one"
+                             " or the other")
+    try:
+        vertices = restree.from_wire(data["resources"])
+        shape = restree.shape_of(vertices)
+    except restree.TreeError as exc:
+        raise InvalidJobspec(str(exc)) from None
+    if "ntasks" in data and data["ntasks"] != shape.total_slots:
+        raise InvalidJobspec(f"ntasks: the resource tree has {shape.total_slots} task slots,"
+                             f" ntasks says {data['ntasks']} (leave ntasks out)")
+    out["resources"] = restree.to_wire(vertices)
+    out["ntasks"] = shape.total_slots
+    return out
+
+
 def _check_consistency(spec: Jobspec) -> None:
     if spec.urgency > 31:
         raise InvalidJobspec(f"urgency: must be 0..31, got {spec.urgency}")
@@ -153,10 +217,18 @@ def _check_consistency(spec: Jobspec) -> None:
             raise InvalidJobspec("array: the idset is empty")
         if spec.ntasks != 1 or spec.nnodes > 1:
             raise InvalidJobspec("array: each array element is one task; drop -n/-N")
+        if spec.resources is not None and spec.ntasks != 1:
+            raise InvalidJobspec("array: each array element is one task; the resource tree"
+                                 f" has {spec.ntasks} slots")
     if spec.stdin is not None:
         _check_stdin(spec)
     if spec.cwd is not None and not spec.cwd.startswith("/"):
         raise InvalidJobspec(f"cwd: must be an absolute path, got {spec.cwd!r}")
+    if not spec.plain_shape:
+        try:
+            spec.shape()
+        except restree.TreeError as exc:
+            raise InvalidJobspec(str(exc)) from None
 
 
 def _check_stdin(spec: Jobspec) -> None:

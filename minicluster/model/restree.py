@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 LEAVES = ("core", "gpu", "memory")
+RESERVED = ("cluster", "node", "socket", "slot") + LEAVES
 MAX_COUNT = 1 << 24
 _TYPE = re.compile(r"[a-z][a-z0-9_-]*\Z")
 _VERTEX = re.compile(r"\s*([a-z][a-z0-9_-]*)\s*\[\s*([0-9]+)\s*([kKmMgGtT]?)\s*\]\s*"
                      r"(?::\s*(x|excl|exclusive)\b)?\s*")
 _MEM_UNITS = {"": 1, "m": 1, "k": 0, "g": 1024, "t": 1024 * 1024}
+_PROPERTY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*\Z")
 
 
 class TreeError(ValueError):
@@ -73,6 +75,40 @@ class Shape:
         for _level, count, _excl in self.groups:
             total *= count
         return total
+
+
+# ------------------------------------------------------------------ levels
+
+def parse_levels(text: str) -> tuple[tuple[str, str], ...]:
+    """Topology levels above the node, top down, from the config's `topology`.
+
+    "zone=topology.kubernetes.io/zone,rack=example.com/rack": level `zone`
+    is the node property topology.kubernetes.io/zone, and so on; a bare
+    name ("rack") reads the property of the same name.
+    """
+    levels: list[tuple[str, str]] = []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            if text.strip():
+                raise ValueError(f"topology {text!r}: empty level (stray comma?)")
+            continue
+        name, _, prop = (p.strip() for p in item.partition("="))
+        prop = prop or name
+        check_level_name(name, f"topology {text!r}")
+        if not _PROPERTY.match(prop):
+            raise ValueError(f"topology {text!r}: bad property name {prop!r}")
+        if any(name == n for n, _ in levels):
+            raise ValueError(f"topology {text!r}: level {name!r} given twice")
+        levels.append((name, prop))
+    return tuple(levels)
+
+
+def check_level_name(name: str, where: str) -> None:
+    if not _TYPE.match(name):
+        raise ValueError(f"{where}: level name {name!r} must be lower-case letters, digits,"
+                         " '_' or '-', starting with a letter")
+    if name in RESERVED:
+        raise ValueError(f"{where}: {name!r} is a resource type, not a topology level")
 
 
 # ------------------------------------------------------------------ spellings
@@ -210,6 +246,7 @@ def shape_of(vertices: tuple[Vertex, ...]) -> Shape:
         v = v.children[0]
     groups: list[tuple[str, int, bool]] = []
     while v.type not in ("node", "socket", "slot") + LEAVES:
+        check_level_name(v.type, "resources")
         if any(v.type == g[0] for g in groups):
             raise TreeError(f"resources: {v.type} appears twice on one path")
         groups.append((v.type, v.count, v.exclusive))
@@ -232,6 +269,43 @@ def shape_of(vertices: tuple[Vertex, ...]) -> Shape:
     if shape.total_slots > MAX_COUNT:
         raise TreeError(f"resources: {shape.total_slots} tasks is more than {MAX_COUNT}")
     return shape
+
+
+def shape_from_options(ntasks: int = 1, nnodes: int = 0, tasks_per_node: int = 0, cores: int = 1,
+                       gpus: int = 0, memory: int = 0, exclusive: bool = False,
+                       locality: str | None = None, spread: str | None = None,
+                       gpu_affinity: bool = False) -> Shape:
+    """The Shape of the shorthands -N/-n/-c/-g/--mem/--exclusive and --locality/--spread/
+    --gpu-affinity.
+
+    -N 4 -n 8 -c 2 is node[4]>slot[2]>core[2] (n not a multiple of N: the
+    tasks spread as evenly as possible, 5 over 2 -> 3+2); --locality rack
+    puts it all under one rack (rack[1]>...); --spread rack gives every
+    node (with -N) or every task (without) its own rack (rack[N]>node[1]>...);
+    --gpu-affinity keeps each task's GPUs on the socket of its cores
+    (slot>socket[1]>{core,gpu}).
+    """
+    groups: list[tuple[str, int, bool]] = []
+    for name in (locality, spread):
+        if name is not None:
+            check_level_name(name, "locality" if name is locality else "spread")
+    if locality is not None and locality == spread:
+        raise TreeError(f"locality and spread name the same level {locality!r}")
+    if locality is not None:
+        groups.append((locality, 1, False))
+    per_node = tasks_per_node or (ntasks // nnodes if nnodes and not ntasks % nnodes else 0)
+    nodes = nnodes or (ntasks // tasks_per_node if tasks_per_node else 0)
+    if spread is not None:
+        if nodes and not per_node:
+            raise TreeError(f"spread: {ntasks} tasks do not divide evenly over {nodes} {spread}s"
+                            " (make -n a multiple of -N)")
+        groups.append((spread, nodes or ntasks, False))
+        ntasks, nnodes, tasks_per_node = (per_node, 1, 0) if nodes else (1, 0, 0)
+    if gpu_affinity and not gpus:
+        raise TreeError("gpu_affinity: the tasks ask for no GPU (add -g)")
+    return Shape(groups=tuple(groups), nnodes=nnodes, node_exclusive=exclusive, nslots=ntasks,
+                 slots_per_node=tasks_per_node, cores=cores, gpus=gpus, memory=memory,
+                 sockets=1 if gpu_affinity else 0)
 
 
 def _all(vertices: tuple[Vertex, ...]):
