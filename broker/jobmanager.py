@@ -21,6 +21,7 @@ from broker.job import Job, State
 from broker.journal import Journal, Statement
 from broker.watchers import Watchers
 from minicluster.config import InstanceConfig
+from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,11 @@ def request_of(spec: Jobspec) -> sched.Request:
         constraints = tuple(sched.parse_constraint(c) for c in spec.requires)
     except ValueError as exc:
         raise JobError("invalid-jobspec", f"requires: {exc}") from None
+    if not spec.plain_shape:  # a resource tree, or topology options: docs/scheduling.md
+        try:
+            return sched.Request.from_shape(spec.shape(), constraints)
+        except ValueError as exc:
+            raise JobError("invalid-jobspec", f"resources: {exc}") from None
     return sched.Request(
         nnodes=spec.nnodes, nslots=spec.ntasks, cores_per_slot=spec.cores_per_task,
         gpus_per_slot=spec.gpus_per_task, mem_per_slot=spec.mem_per_task,
@@ -263,8 +269,15 @@ class JobManager:
                 cancelled.append(job.id)
         return cancelled, errors
 
-    def summary(self, job: Job) -> dict[str, Any]:
-        return job.summary(self._estimated_start(job.id))
+    def summary(self, job: Job, alloc: bool = False) -> dict[str, Any]:
+        out = job.summary(self._estimated_start(job.id))
+        if alloc:  # which racks (topology vertices) the job landed in, protocol.md §3.6
+            graph = self.scheduler.graph
+            ranks = set(job.ranks) or (set(IdSet.parse(job.ranks_text)) if job.ranks_text else set())
+            if not job.is_array:
+                ranks.update(graph.held_ranks((job.id, 0)))
+            out["alloc"] = graph.placement(ranks)
+        return out
 
     def _estimated_start(self, job_id: int) -> float | None:
         """The blocked head job's reserved start, when a time limit the user gave sets it.

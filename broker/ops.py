@@ -123,12 +123,13 @@ def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     show_all = _field(req, "all", bool, False)
     ids = _field(req, "ids", list, None)
     limit = _field(req, "limit", int, 1000)
+    alloc = _field(req, "alloc", bool, False)
     manager = broker.manager
     if ids is not None:
         selected = [manager.get(i) for i in ids]
     else:
         selected = [j for j in reversed(manager.jobs.values()) if show_all or j.state != State.INACTIVE]
-    return {"jobs": [manager.summary(j) for j in selected[:limit]]}
+    return {"jobs": [manager.summary(j, alloc) for j in selected[:limit]]}
 
 
 @op("job")
@@ -362,7 +363,10 @@ def stdin(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
 
 @op("resources")
 def resources(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
-    return {"ranks": broker.graph.summary()}
+    out: dict[str, Any] = {"ranks": broker.graph.summary()}
+    if _field(req, "tree", bool, False):
+        out["tree"] = broker.graph.tree()
+    return out
 
 
 @op("status")
@@ -399,7 +403,7 @@ def undrain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 def _ranks(broker: Any, ranks: list[Any]) -> list[int]:
     for r in ranks:
-        if isinstance(r, bool) or not isinstance(r, int) or r not in broker.known_ranks:
+        if isinstance(r, bool) or not isinstance(r, int) or r not in broker.graph.nodes:
             raise JobError("not-found", f"rank {r!r} is not part of the MiniCluster's resources")
     return ranks
 

@@ -178,10 +178,10 @@ class Reattach:
             return
         whole = len(entries) == job.tasks_left and job.tasks_left > 0
         if whole:
-            ranks: dict[int, list[sched.Slot]] = defaultdict(list)
-            for rank, task, cores, gpus in sorted(entries, key=lambda e: e[1]):
-                ranks[rank].append(sched.Slot(cores, gpus))
-            alloc = sched.Allocation({r: sched.RankAlloc(tuple(s)) for r, s in ranks.items()}, spec.exclusive)
+            ranks = {e[0] for e in entries}
+            # What the request held beyond the tasks (exclusive racks or sockets) follows from the topology.
+            alloc = sched.rebuild_allocation(self.manager.scheduler.graph, request,
+                                             [(e[0], e[2], e[3]) for e in sorted(entries, key=lambda e: e[1])])
             for rank, task, _, _ in entries:
                 execution.adopt(job, task, 0, rank, None, now)
             self.manager.scheduler.adopt(job.id, 0, alloc, job.t_run or now, self.manager.time_limit(spec))

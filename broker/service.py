@@ -13,7 +13,7 @@ import signal
 import time
 from typing import Any
 
-from broker import sched
+from broker import nodes, sched
 from broker.clientapi import ClientServer
 from broker.execution import Execution
 from broker.job import State
@@ -46,7 +46,8 @@ class Broker:
         self._stop = asyncio.Event()
         self.uri = f"unix://{config.socket_path}"
         self.journal = Journal(config.state_dir)
-        self.graph = sched.ResourceGraph()
+        # Ranks a resource graph file describes (their description comes from it, not from their join).
+        self.graph, self.described = nodes.build_graph(config)
         self.scheduler = sched.Scheduler(self.graph, config.policy, config.default_time_limit)
         self.watchers = Watchers()
         self.manager = JobManager(config, self.journal, self.scheduler, self.watchers, self.owner_uid, next_id=1)
@@ -56,6 +57,8 @@ class Broker:
         self.reattach = Reattach(self.manager, recovered.active)
         # Drains outlive restarts: applied as each rank's resources are added.
         self.drains = dict(self.journal.query("SELECT rank, reason FROM drains"))
+        for rank in self.described & self.drains.keys():
+            self.graph.drain(rank, self.drains[rank])
         self.known_ranks: set[int] = set()
         self.ranks = RankTable(config.size, config.tree_size, config.endpoint_of,
                                config.unresponsive_after, config.lost_after)
@@ -198,15 +201,13 @@ class Broker:
         if rank in self.known_ranks:
             self.graph.set_up(rank)
             return
-        sockets = {int(sid): tuple(int(c) for c in cores) for sid, cores in wire["sockets"]}
-        self.graph.add_rank(rank, hostname=str(wire["hostname"]), sockets=sockets,
-                            gpus=tuple(int(g) for g in wire.get("gpus", ())),
-                            memory_mb=int(wire.get("memory_mb", 0)),
-                            properties={str(k): str(v) for k, v in (wire.get("properties") or {}).items()})
+        mismatch = nodes.add_rank(self.graph, rank, wire, self.described)
         self.known_ranks.add(rank)
         self.manager.ranks_changed()
         if rank in self.drains:
             self.graph.drain(rank, self.drains.pop(rank))
+        elif mismatch:
+            self.graph.drain(rank, mismatch)
 
     def _on_hb(self, rank: int, body: dict[str, Any]) -> None:
         if not self.ranks.heartbeat(rank, time.time()):

@@ -252,9 +252,11 @@ class Client:
                 yield _fields(msg)
 
     def jobs(self, all: bool = False, ids: Iterable[int] | None = None,
-             limit: int | None = None) -> list[dict[str, Any]]:
-        """Job summaries (protocol.md §3.6); active jobs only unless `all`."""
+             limit: int | None = None, alloc: bool = False) -> list[dict[str, Any]]:
+        """Job summaries (protocol.md §3.6); active jobs only unless `all`; `alloc` adds placements."""
         fields: dict[str, Any] = {"all": all}
+        if alloc:
+            fields["alloc"] = True
         if ids is not None:
             fields["ids"] = list(ids)
         if limit is not None:
@@ -310,6 +312,10 @@ class Client:
 
     def resources(self) -> list[dict[str, Any]]:
         return self.call("resources")["ranks"]
+
+    def resource_tree(self) -> dict[str, Any]:
+        """The containment hierarchy with free/used/total per vertex (protocol.md §3.3)."""
+        return self.call("resources", tree=True)["tree"]
 
     def status(self) -> dict[str, Any]:
         return _fields(self.call("status"))

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minicluster.model import restree
+
 POLICIES = ("first-fit", "pack", "spread", "low-id", "high-id", "locality-first")
 
 
@@ -56,6 +58,11 @@ class InstanceConfig:
     # Properties and resource override for workers, "k=v,k2" / "cores=64,gpus=4".
     properties: str = ""
     resources: str = ""
+    # Topology levels above the node from rank properties, top down (docs/scheduling.md):
+    # "zone=topology.kubernetes.io/zone,rack=example.com/rack".
+    topology: str = ""
+    # A JSON Graph Format file describing every rank (Fluxion's JGF); its levels replace `topology`.
+    resource_graph: str = ""
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -70,6 +77,18 @@ class InstanceConfig:
             raise ConfigError(f"mpi_default must be pmi1, pmix or auto, got {self.mpi_default!r}")
         if not self.endpoint.startswith(("tcp://", "ipc://")):
             raise ConfigError(f"endpoint must be tcp:// or ipc://, got {self.endpoint!r}")
+        try:
+            self.levels
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.topology and self.resource_graph:
+            raise ConfigError("topology and resource_graph both name the levels; the graph file"
+                              " carries its own, drop topology")
+
+    @property
+    def levels(self) -> tuple[tuple[str, str], ...]:
+        """`topology` parsed: (level, node property) pairs, top down."""
+        return restree.parse_levels(self.topology)
 
     @property
     def tree_size(self) -> int:

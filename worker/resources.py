@@ -3,9 +3,12 @@
 The worker reports a `NodeResources` to the broker when it joins, and the
 scheduler hands out exactly these core and GPU ids to tasks.  What is
 discovered is what this process may actually use (its CPU affinity mask, its
-cgroup memory limit, the GPUs it can see), not what the host has.  Tests and
+cgroup memory limit, the GPUs it can see), not what the host has, plus where
+it sits: the socket each GPU hangs off (its PCI device's local CPUs) and the
+memory of each socket (its NUMA nodes), from /sys where present.  Tests and
 benchmarks replace the hardware with an override spec such as
-``cores=64,gpus=4,memory=8192,sockets=2``.
+``cores=64,gpus=4,memory=8192,sockets=2`` (GPUs and memory then split evenly
+over the sockets, in id order).
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ import socket
 from dataclasses import dataclass, field
 
 SYS_CPU = "/sys/devices/system/cpu"
+SYS_NODE = "/sys/devices/system/node"
+SYS_PCI = "/sys/bus/pci/devices"
+PROC_NVIDIA = "/proc/driver/nvidia/gpus"
 CGROUP_FS = "/sys/fs/cgroup"
 PROC_CGROUP = "/proc/self/cgroup"
 PROC_MEMINFO = "/proc/meminfo"
@@ -33,6 +39,8 @@ class NodeResources:
     gpus: tuple[int, ...]
     memory_mb: int
     properties: dict[str, str] = field(default_factory=dict)
+    gpu_sockets: dict[int, tuple[int, ...]] = field(default_factory=dict)  # empty: unknown
+    memory_sockets: dict[int, int] = field(default_factory=dict)  # empty: unknown
 
     @property
     def cores(self) -> tuple[int, ...]:
@@ -47,6 +55,8 @@ class NodeResources:
             "gpus": list(self.gpus),
             "memory_mb": self.memory_mb,
             "properties": dict(self.properties),
+            "gpu_sockets": [[s, list(gs)] for s, gs in sorted(self.gpu_sockets.items())],
+            "memory_sockets": [[s, mb] for s, mb in sorted(self.memory_sockets.items())],
         }
 
     @classmethod
@@ -58,6 +68,8 @@ class NodeResources:
                 gpus=tuple(int(g) for g in d["gpus"]),
                 memory_mb=int(d["memory_mb"]),
                 properties={str(k): str(v) for k, v in d.get("properties", {}).items()},
+                gpu_sockets={int(s): tuple(int(g) for g in gs) for s, gs in d.get("gpu_sockets", ())},
+                memory_sockets={int(s): int(mb) for s, mb in d.get("memory_sockets", ())},
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed NodeResources message: {e!r}") from None
@@ -118,10 +130,116 @@ def discover(resources_override: str = "", properties: str = "") -> NodeResource
         sockets = _split_sockets(cores, override["sockets"], resources_override)
     else:
         sockets = discover_sockets(os.sched_getaffinity(0))
-    gpus = (tuple(range(override["gpus"])) if "gpus" in override
-            else discover_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")))
-    memory = override["memory"] if "memory" in override else discover_memory_mb()
-    return NodeResources(socket.gethostname(), sockets, gpus, memory, props)
+    if "gpus" in override:
+        gpus = tuple(range(override["gpus"]))
+        gpu_sockets = split_evenly(gpus, sorted(sockets))
+    else:
+        gpus = discover_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        gpu_sockets = discover_gpu_sockets(gpus, sockets)
+    if "memory" in override:
+        memory = override["memory"]
+        memory_sockets = split_memory(memory, {s: 1 for s in sockets})
+    else:
+        memory = discover_memory_mb()
+        memory_sockets = split_memory(memory, discover_numa_memory(sockets))
+    return NodeResources(socket.gethostname(), sockets, gpus, memory, props, gpu_sockets,
+                         memory_sockets)
+
+
+def split_evenly(gpus: tuple[int, ...], socket_ids: list[int]) -> dict[int, tuple[int, ...]]:
+    """Deal GPU ids out over the sockets in order: the first 1/n on the first socket, ..."""
+    out: dict[int, list[int]] = {}
+    for i, g in enumerate(sorted(gpus)):
+        out.setdefault(socket_ids[i * len(socket_ids) // len(gpus)], []).append(g)
+    return {s: tuple(gs) for s, gs in out.items()}
+
+
+def split_memory(total_mb: int, weights: dict[int, int]) -> dict[int, int]:
+    """total_mb over the sockets in proportion to weights (NUMA sizes); {} if unknown."""
+    whole = sum(weights.values())
+    if not weights or whole <= 0:
+        return {}
+    out = {s: total_mb * w // whole for s, w in sorted(weights.items())}
+    first = min(out)
+    out[first] += total_mb - sum(out.values())
+    return out
+
+
+def _cpulist(text: str) -> list[int]:
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _socket_of_cpus(cpus: list[int], sockets: dict[int, tuple[int, ...]],
+                    sys_cpu: str) -> int | None:
+    """The socket of the first of cpus that we know (ours, else by physical package)."""
+    ours = {c: s for s, cs in sockets.items() for c in cs}
+    for cpu in cpus:
+        if cpu in ours:
+            return ours[cpu]
+    for cpu in cpus:
+        try:
+            with open(f"{sys_cpu}/cpu{cpu}/topology/physical_package_id") as f:
+                sock = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if sock in sockets:
+            return sock
+    return None
+
+
+def discover_gpu_sockets(gpus: tuple[int, ...], sockets: dict[int, tuple[int, ...]],
+                         proc_nvidia: str = PROC_NVIDIA, sys_pci: str = SYS_PCI,
+                         sys_cpu: str = SYS_CPU) -> dict[int, tuple[int, ...]]:
+    """GPU id -> socket from the NVIDIA driver's minor numbers and the PCI devices' local CPUs.
+
+    Only when every GPU is placed; otherwise {} (the broker then deals them out evenly).
+    """
+    if not gpus:
+        return {}
+    placed: dict[int, int] = {}
+    for info in glob.glob(f"{proc_nvidia}/*/information"):
+        pci = os.path.basename(os.path.dirname(info)).lower()
+        try:
+            with open(info) as f:
+                minor = next((int(line.split(":", 1)[1]) for line in f
+                              if line.startswith("Device Minor:")), None)
+            with open(f"{sys_pci}/{pci}/local_cpulist") as f:
+                cpus = _cpulist(f.read())
+        except (OSError, ValueError):
+            continue
+        sock = _socket_of_cpus(cpus, sockets, sys_cpu)
+        if minor in gpus and sock is not None:
+            placed[minor] = sock
+    if set(placed) != set(gpus):
+        return {}
+    out: dict[int, list[int]] = {}
+    for g in sorted(gpus):
+        out.setdefault(placed[g], []).append(g)
+    return {s: tuple(gs) for s, gs in out.items()}
+
+
+def discover_numa_memory(sockets: dict[int, tuple[int, ...]], sys_node: str = SYS_NODE,
+                         sys_cpu: str = SYS_CPU) -> dict[int, int]:
+    """Memory (kB) of the NUMA nodes of each socket; {} when /sys has no NUMA nodes for them."""
+    out: dict[int, int] = {}
+    for path in glob.glob(f"{sys_node}/node[0-9]*"):
+        try:
+            with open(f"{path}/cpulist") as f:
+                cpus = _cpulist(f.read())
+            with open(f"{path}/meminfo") as f:
+                kb = next(int(line.split()[3]) for line in f if "MemTotal:" in line)
+        except (OSError, ValueError, StopIteration, IndexError):
+            continue
+        sock = _socket_of_cpus(cpus, sockets, sys_cpu)
+        if sock is not None:
+            out[sock] = out.get(sock, 0) + kb
+    return out
 
 
 def _split_sockets(cores: tuple[int, ...], n: int, spec: str) -> dict[int, tuple[int, ...]]:

@@ -10,9 +10,10 @@ from .graph import ResourceGraph
 from .policies import DEFAULT_POLICY, POLICIES, check_policy
 from .queue import DEFAULT_BACKFILL_DEPTH, SchedJob, Scheduler, Start
 from .request import InfeasibleRequest, Request, format_constraint, parse_constraint
+from .walk import rebuild as rebuild_allocation
 
 __all__ = [
     "Allocation", "DEFAULT_BACKFILL_DEPTH", "DEFAULT_POLICY", "InfeasibleRequest", "POLICIES",
     "RankAlloc", "Request", "Reservation", "ResourceGraph", "SchedJob", "Scheduler", "Slot",
-    "Start", "check_policy", "format_constraint", "parse_constraint",
+    "Start", "check_policy", "format_constraint", "parse_constraint", "rebuild_allocation",
 ]

@@ -521,6 +521,28 @@ class ResourceGraph:
             })
         return rows
 
+    def tree(self) -> dict[str, object]:
+        """The containment hierarchy with free/used/total per vertex (report.py)."""
+        from .report import tree
+
+        return tree(self)
+
+    def held_ranks(self, key: Hashable) -> list[int]:
+        """Ranks key holds anything on (with or without tasks), ascending."""
+        return sorted(self._holds.get(key, ()))
+
+    def placement(self, ranks: Iterable[int]) -> list[dict[str, str]]:
+        """Ranks grouped by the topology vertex they hang from, in rank order (`mc jobs -o alloc`).
+
+        [{"path": "zone=a/rack=r1", "ranks": "0-3"}, ...]; ranks no longer known: path "?".
+        """
+        groups: dict[str, list[int]] = {}
+        for rank in sorted(set(ranks)):
+            node = self.nodes.get(rank)
+            label = node.parent.label if node is not None and node.parent is not None else "?"
+            groups.setdefault(label, []).append(rank)
+        return [{"path": path, "ranks": str(IdSet.from_ints(rs))} for path, rs in groups.items()]
+
     def snapshot(self) -> tuple:
         """Hashable copy of all accounting state (tests compare before/after free)."""
         cl = self.cluster

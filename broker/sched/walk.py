@@ -147,3 +147,38 @@ def _may_hold(g: GroupState, need: Need) -> bool:
     return (g.free_cores >= need.cores and g.free_gpus >= need.gpus and g.free_mem >= need.mem
             and g.usable_nodes >= need.nodes and g.idle_nodes >= need.idle
             and (not need.whole or g.idle_nodes == g.nodes))
+
+
+def rebuild(graph: ResourceGraph, req: Request,
+            tasks: list[tuple[int, tuple[int, ...], tuple[int, ...]]]) -> Allocation:
+    """The Allocation of a running job from its tasks' (rank, cores, GPUs), in task order.
+
+    After a broker restart only the tasks' bindings are known; what the
+    request held beyond them follows from the topology: the whole vertices
+    of its exclusive levels (those holding its ranks) and, for exclusive
+    sockets, the sockets of its slots.  Slot memory is the request's.
+    """
+    from .alloc import RankAlloc, Slot
+    from .topology import group_of
+
+    ranks: dict[int, list[Slot]] = {}
+    for rank, cores, gpus in tasks:
+        ranks.setdefault(rank, []).append(Slot(tuple(cores), tuple(gpus), req.mem_per_slot))
+    held: dict[int, tuple[int, ...] | None] = {}
+    for level, _count, exclusive in req.groups:
+        if not exclusive:
+            continue
+        for rank in ranks:
+            group = group_of(graph.nodes[rank], level) if rank in graph.nodes else None
+            for other in iter_ascending(group.mask if group else 0):
+                if other not in ranks:
+                    held[other] = None
+    if req.socket_exclusive:
+        for rank, slots in ranks.items():
+            node = graph.nodes.get(rank)
+            if node is not None:
+                held[rank] = tuple(sorted({node.sockets[node.core_socket[c]].index
+                                           for s in slots for c in s.cores
+                                           if c in node.core_socket}))
+    return Allocation({r: RankAlloc(tuple(s)) for r, s in ranks.items()}, req.exclusive,
+                      held=held or None)

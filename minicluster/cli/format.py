@@ -110,6 +110,8 @@ def job_json(summary: dict[str, Any], now: float) -> dict[str, Any]:
     counts = summary.get("counts") or {}
     out = {key: derived[key] if key in derived else summary.get(key) for key in JOB_KEYS}
     out["counts"] = {key: int(counts.get(key, 0)) for key in COUNT_KEYS}
+    if "alloc" in summary:
+        out["alloc"] = summary["alloc"]
     return out
 
 
@@ -157,6 +159,48 @@ def resources_table(ranks: list[dict[str, Any]]) -> Table:
         t.add_row(str(r.get("rank")), str(r.get("hostname", "")), styled(state, RANK_STYLE),
                   free_used(r, "cores"), free_used(r, "gpus"), free_used(r, "memory_mb"),
                   props or "-", r.get("reason") or "")
+    return t
+
+
+def tree_lines(vertex: dict[str, Any], depth: int = 0) -> list[str]:
+    """`mc resources --tree`: one line per vertex, indented, free/used per resource.
+
+        cluster            nodes 3/4 idle  cores 9 free 3 used/16  gpus 6 free 0 used/8 ...
+          zone a
+            rack r0
+              node n0 (rank 0)
+                socket0
+    """
+    kind = vertex.get("type", "?")
+    if kind == "node":
+        name = f"node {vertex.get('name')} (rank {vertex.get('rank')})"
+        if vertex.get("state") != "up":
+            name += f" {vertex.get('state')}" + (f": {vertex['reason']}" if vertex.get("reason") else "")
+    elif kind in ("cluster", "socket"):
+        name = str(vertex.get("name"))
+    else:
+        name = f"{kind} {vertex.get('name')}"
+    parts = []
+    if "nodes" in vertex:
+        idle, usable, total = vertex["nodes"]
+        parts.append(f"nodes {idle} idle/{usable} up/{total}")
+    for key, unit in (("cores", "cores"), ("gpus", "gpus"), ("memory_mb", "MiB")):
+        free, used, total = vertex.get(key) or (0, 0, 0)
+        if total or key == "cores":
+            parts.append(f"{unit} {free} free {used} used/{total}")
+    lines = [f"{'  ' * depth}{name:<{max(1, 40 - 2 * depth)}}  " + "  ".join(parts)]
+    for child in vertex.get("children") or ():
+        lines += tree_lines(child, depth + 1)
+    return lines
+
+
+def alloc_table(summaries: list[dict[str, Any]], now: float) -> Table:
+    """`mc jobs -o alloc`: where each job landed, by topology vertex."""
+    t = table("ID", "NAME", "STATE", "NODES", "RANKS", "ALLOC")
+    for s in summaries:
+        placed = " ".join(f"{a['path']}[{a['ranks']}]" for a in s.get("alloc") or ())
+        t.add_row(str(s.get("id")), escape(str(s.get("name", ""))), styled(result(s), _RESULT_STYLE),
+                  _nodes(s), s.get("ranks") or "-", escape(placed) or "-")
     return t
 
 

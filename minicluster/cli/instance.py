@@ -4,10 +4,12 @@ from __future__ import annotations
 import time
 
 from minicluster.cli.common import Parser, ranks
-from minicluster.cli.format import dumps, print_table, resources_table, status_lines, status_table
+from minicluster.cli.format import (dumps, print_table, resources_table, status_lines, status_table,
+                                   tree_lines)
 from minicluster.client import Client
 
-RESOURCES_HELP = "per node: state, free/total cores, GPUs and memory, properties, drain reason"
+RESOURCES_HELP = ("per node: state, free/total cores, GPUs and memory, properties, drain reason;"
+                  " --tree: the topology hierarchy")
 STATUS_HELP = "the instance: size, fanout, each rank's state, pid and endpoint; queue counts"
 DRAIN_HELP = "stop scheduling on ranks (running jobs go on)"
 UNDRAIN_HELP = "schedule on drained ranks again"
@@ -16,10 +18,17 @@ SHUTDOWN_HELP = "stop the instance: end all jobs, the workers and the broker"
 
 def resources(argv: list[str]) -> int:
     parser = Parser(prog="mc resources", description=RESOURCES_HELP,
-                    epilog='--json prints {"ranks": [rankresources, ...]} as the broker reports them.')
+                    epilog='--json prints {"ranks": [rankresources, ...]} as the broker reports them;'
+                           ' with --tree, {"tree": vertex} (protocol.md §3.3).')
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--tree", action="store_true",
+                        help="the hierarchy (cluster > zone > rack > node > socket), free/used per vertex")
     args = parser.parse_args(argv)
     with Client() as client:
+        if args.tree:
+            hierarchy = client.resource_tree()
+            print(dumps({"tree": hierarchy}) if args.json else "\n".join(tree_lines(hierarchy)))
+            return 0
         rows = client.resources()
     if args.json:
         print(dumps({"ranks": rows}))

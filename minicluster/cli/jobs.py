@@ -5,7 +5,7 @@ import sys
 import time
 
 from minicluster.cli.common import Parser, job_id
-from minicluster.cli.format import dumps, job_json, jobs_table, print_table
+from minicluster.cli.format import alloc_table, dumps, job_json, jobs_table, print_table
 from minicluster.cli.options import positive_int
 from minicluster.client import Client
 
@@ -17,12 +17,15 @@ def main(argv: list[str]) -> int:
     parser = Parser(prog="mc jobs", description=HELP, epilog=(
         "--json prints {\"jobs\": [JOB, ...]}, JOB being {id, name, uid, user, state, result, urgency, "
         "t_submit, t_run, t_inactive, runtime, ntasks, nnodes, ranks, status, exception, counts: "
-        "{pending, running, succeeded, failed, cancelled}, est_start, reason}; with --failed: "
+        "{pending, running, succeeded, failed, cancelled}, est_start, reason} (with -o alloc also alloc: "
+        "[{path, ranks}]); with --failed: "
         "{\"jobs\": [{id, failed}]}, failed being an idset of array indices."))
     parser.add_argument("-a", "--all", action="store_true", help="include inactive jobs")
     parser.add_argument("--json", action="store_true", help="machine-readable output (shape below)")
     parser.add_argument("--failed", action="store_true", help="print the failed indices of array job IDs")
     parser.add_argument("-L", "--limit", type=positive_int, metavar="N", help="at most N jobs")
+    parser.add_argument("-o", "--format", choices=("default", "alloc"), default="default",
+                        help="alloc: which topology vertices (racks, zones) each job's ranks are in")
     parser.add_argument("ids", nargs="*", type=job_id, metavar="ID")
     args = parser.parse_args(argv)
     if args.failed and not args.ids:
@@ -30,12 +33,14 @@ def main(argv: list[str]) -> int:
     with Client() as client:
         if args.failed:
             return _failed(client, args.ids, args.json)
-        summaries = client.jobs(all=args.all or bool(args.ids), ids=args.ids or None, limit=args.limit)
+        alloc = args.format == "alloc"
+        summaries = client.jobs(all=args.all or bool(args.ids), ids=args.ids or None, limit=args.limit,
+                                alloc=alloc)
     now = time.time()
     if args.json:
         print(dumps({"jobs": [job_json(s, now) for s in summaries]}))
     elif summaries:
-        print_table(jobs_table(summaries, now))
+        print_table(alloc_table(summaries, now) if alloc else jobs_table(summaries, now))
     missing = sorted(set(args.ids) - {s["id"] for s in summaries})
     for job in missing:
         sys.stderr.write(f"mc jobs: error: job {job} not found\n")

@@ -134,6 +134,16 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--requires", action="append", default=[], metavar="CONSTRAINT",
                    help="node property: zone=a, gpu=h100|a100, ssd (repeatable)")
     g.add_argument("--policy", choices=POLICIES, help="node match policy for this job")
+    g.add_argument("--resources", metavar="TREE",
+                   help="a resource tree instead of -N/-n/-c/-g/--mem/--exclusive, e.g."
+                        " 'rack[1]>node[4]>slot[8]>core[2]' or 'node[2]>socket[1]>{core[8],gpu[1]}'"
+                        " (quote it; :x marks a vertex exclusive)")
+    g.add_argument("--locality", metavar="LEVEL",
+                   help="all nodes of the job under one vertex of this topology level (rack, zone)")
+    g.add_argument("--spread", metavar="LEVEL",
+                   help="each node (with -N), else each task, under its own vertex of this level")
+    g.add_argument("--gpu-affinity", action="store_true",
+                   help="each task's GPUs and memory on the socket of its cores")
     g.add_argument("--cc", type=idset, metavar="IDSET",
                    help="array job: one task per index; {cc} in the command becomes the index")
     g = parser.add_argument_group("job environment")
@@ -208,7 +218,12 @@ def jobspec_from_args(args: argparse.Namespace, command: Sequence[str],
         "urgency": args.urgency,
     }
     optional = {"time_limit": args.time_limit, "name": args.name, "output": args.output,
-                "array": args.cc, "policy": args.policy, "mpi": args.mpi, "stdin": stdin}
+                "array": args.cc, "policy": args.policy, "mpi": args.mpi, "stdin": stdin,
+                "resources": args.resources, "locality": args.locality, "spread": args.spread}
     spec.update({k: v for k, v in optional.items() if v is not None})
+    if args.gpu_affinity:
+        spec["gpu_affinity"] = True
+    if args.resources is not None and not args.ntasks:
+        del spec["ntasks"]  # the tree says how many tasks
     from_wire(spec)
     return spec
