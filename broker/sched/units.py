@@ -75,13 +75,15 @@ def carve(node: NodeState, req: Request, units: int) -> tuple[tuple[Slot, ...], 
             gpus[i] ^= gmask
             mems[i] -= m
             slots.append(make_slot(core_ids, gpu_ids, m))
-    whole = tuple(sorted(set(picks))) if req.socket_exclusive else ()
-    hold = tuple(tuple((s.cores_free if i in whole else s.cores_free ^ rest)
-                       for i, (s, rest) in enumerate(zip(socks, part)))
-                 for part in (cores, gpus))
-    mem_hold = tuple(s.mem_free if i in whole else s.mem_free - left
-                     for i, (s, left) in enumerate(zip(socks, mems)))
-    return tuple(slots), (hold[0], hold[1], mem_hold), tuple(socks[i].index for i in whole)
+    whole = set(picks) if req.socket_exclusive else set()
+    # taken = what was free minus what is left; a socket held whole gives everything
+    hold = (tuple(s.cores_free if i in whole else s.cores_free ^ left
+                  for i, (s, left) in enumerate(zip(socks, cores))),
+            tuple(s.gpus_free if i in whole else s.gpus_free ^ left
+                  for i, (s, left) in enumerate(zip(socks, gpus))),
+            tuple(s.mem_free if i in whole else s.mem_free - left
+                  for i, (s, left) in enumerate(zip(socks, mems))))
+    return tuple(slots), hold, tuple(socks[i].index for i in sorted(whole))
 
 
 def _best_fit(node: NodeState, able: list[int]) -> list[int]:
