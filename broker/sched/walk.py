@@ -69,7 +69,7 @@ def search(graph: ResourceGraph, req: Request,
     if policy == "locality-first" and not req.groups and req.nslots > 1:
         for name, _prop in reversed(graph.levels):
             local = replace(req, groups=((name, 1, False),))
-            found = _Walk(graph, local, "pack").run()
+            found = _Walk(graph, local, policy).run()
             if found is not None:
                 return (local,) + found
     found = _Walk(graph, req, policy).run()

@@ -79,6 +79,27 @@ def test_full_option_set_maps_to_jobspec_fields() -> None:
     assert s["output"] == "out.{id}" and s["cwd"] == "/work" and s["argv"] == ["sim", "-x"]
 
 
+def test_topology_options_and_resource_trees() -> None:
+    s = spec("-N", "4", "--locality", "rack", "--spread", "node-group", "-g", "1", "--gpu-affinity", "true")
+    assert (s["locality"], s["spread"], s["gpu_affinity"]) == ("rack", "node-group", True)
+    assert from_wire(s).shape().groups == (("rack", 1, False), ("node-group", 4, False))
+    t = spec("--resources", "rack[1]>node[2]>slot[3]>core[1]", "true")
+    assert "ntasks" not in t and from_wire(t).ntasks == 6
+    assert from_wire(t).resources == [{"type": "rack", "count": 1, "with": [
+        {"type": "node", "count": 2, "with": [{"type": "slot", "count": 3, "with": [
+            {"type": "core", "count": 1}]}]}]}]
+    with pytest.raises(InvalidJobspec, match="replaces nnodes"):
+        spec("--resources", "node[2]", "-N", "2", "true")
+    with pytest.raises(InvalidJobspec, match="ntasks: the resource tree has 2"):
+        spec("--resources", "node[2]", "-n", "3", "true")
+    with pytest.raises(InvalidJobspec, match="no GPU"):
+        spec("--gpu-affinity", "true")
+    with pytest.raises(InvalidJobspec, match="level name 'Rack'"):
+        spec("--locality", "Rack", "true")
+    with pytest.raises(InvalidJobspec, match="resources 'node\\[2'"):
+        spec("--resources", "node[2", "true")
+
+
 def test_nodes_alone_mean_one_task_per_node() -> None:
     assert spec("-N", "3", "true")["ntasks"] == 3
     assert spec("-N", "2", "-n", "8", "true")["ntasks"] == 8

@@ -5,8 +5,9 @@ import socket
 import msgpack
 import pytest
 
-from worker.resources import (NodeResources, discover, discover_gpus, discover_memory_mb,
-                              discover_sockets, parse_override, parse_properties)
+from worker.resources import (NodeResources, discover, discover_gpu_sockets, discover_gpus,
+                              discover_memory_mb, discover_numa_memory, discover_sockets,
+                              parse_override, parse_properties, split_memory)
 
 MiB = 1024 * 1024
 
@@ -161,3 +162,42 @@ def test_wire_round_trip_through_msgpack():
 def test_from_wire_rejects_garbage():
     with pytest.raises(ValueError, match="malformed"):
         NodeResources.from_wire({"hostname": "x"})
+
+
+def test_override_places_gpus_and_memory_evenly_over_sockets():
+    r = discover("cores=8,gpus=3,memory=1001,sockets=2")
+    assert r.gpu_sockets == {0: (0, 1), 1: (2,)} and r.memory_sockets == {0: 501, 1: 500}
+    assert discover("cores=2,gpus=0").gpu_sockets == {}
+
+
+def _fake_gpu(root, pci, minor, cpus):
+    info = root / "proc" / pci
+    info.mkdir(parents=True)
+    (info / "information").write_text(f"Model: Fake\nIRQ: 1\nDevice Minor: {minor}\n")
+    dev = root / "pci" / pci.lower()
+    dev.mkdir(parents=True)
+    (dev / "local_cpulist").write_text(cpus + "\n")
+
+
+def test_gpu_sockets_from_the_driver_and_pci_local_cpus(tmp_path):
+    sockets = {0: (0, 1), 1: (2, 3)}
+    _fake_gpu(tmp_path, "0000:3B:00.0", 0, "2-3")
+    _fake_gpu(tmp_path, "0000:86:00.0", 1, "0,1")
+    found = discover_gpu_sockets((0, 1), sockets, proc_nvidia=str(tmp_path / "proc"),
+                                 sys_pci=str(tmp_path / "pci"), sys_cpu=str(tmp_path))
+    assert found == {1: (0,), 0: (1,)}
+    # a GPU the driver does not place: unknown (the broker deals them out evenly)
+    assert discover_gpu_sockets((0, 1, 2), sockets, proc_nvidia=str(tmp_path / "proc"),
+                                sys_pci=str(tmp_path / "pci"), sys_cpu=str(tmp_path)) == {}
+
+
+def test_numa_memory_per_socket_and_the_cgroup_share(tmp_path):
+    for node, cpus, kb in ((0, "0-1", 4 << 20), (1, "2-3", 12 << 20), (2, "", 1 << 20)):
+        d = tmp_path / f"node{node}"
+        d.mkdir()
+        (d / "cpulist").write_text(cpus + "\n")
+        (d / "meminfo").write_text(f"Node {node} MemTotal:       {kb} kB\nNode {node} MemFree: 1 kB\n")
+    weights = discover_numa_memory({0: (0, 1), 1: (2, 3)}, sys_node=str(tmp_path), sys_cpu=str(tmp_path))
+    assert weights == {0: 4 << 20, 1: 12 << 20}  # the CPU-less node is nobody's socket
+    assert split_memory(1000, weights) == {0: 250, 1: 750}
+    assert split_memory(1001, {0: 1, 1: 1}) == {0: 501, 1: 500} and split_memory(5, {}) == {}
