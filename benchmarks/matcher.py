@@ -9,12 +9,21 @@ of a 64-node exclusive gang match, and one EASY scheduling cycle with a
 queue of mixed jobs.  A separate case runs a 100,000-element array of 1-core
 tasks on 4 nodes x 64 cores that complete at once (schedule -> release every
 started element -> repeat) and reports CPU microseconds per element.
---quick runs small sizes in a few seconds.
+
+Topology cases (benchmarks/topology_bench.py): a 16,384-node graph in 512
+racks of 32 in 8 zones (build, gangs with --locality/--spread on a half-busy
+cluster), node[2]>socket[1]>{core[8],gpu[1]} on 4,096 nodes, and the EASY
+cycle with 10 % tree requests in the queue on graphs with racks.  The same
+cycle without trees is run in the same invocation on the code before the
+graph matcher (git BASELINE_REF, extracted to a temporary directory) for the
+side-by-side ratio; --baseline REF picks another commit, --baseline none
+skips it.  --quick runs small sizes in a few seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pathlib
@@ -23,10 +32,12 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# MC_BENCH_CODE: run against another checkout of broker/ and minicluster/ (the baseline child)
+sys.path.insert(0, os.environ.get("MC_BENCH_CODE") or str(ROOT))
 
 from broker.sched import (Allocation, InfeasibleRequest, RankAlloc, Request,  # noqa: E402
                           ResourceGraph, SchedJob, Scheduler, Slot)
@@ -43,6 +54,26 @@ TARGETS = [  # (description, size, metric path, target, "min" | "max")
     ("16,384-node graph build, s", "16384x64x4gpu", ("build", "seconds"), 30.0, "max"),
     ("16,384-node graph RSS, MB", "16384x64x4gpu", ("build", "rss_mb"), 2048.0, "max"),
     ("EASY cycle, 10,000 queued jobs, s", "1024x64", ("cycle", "first_seconds"), 1.0, "max"),
+]
+TOPOLOGY = {"nodes": 16384, "per_rack": 32, "zones": 8, "cores": 64, "gpus": 4}
+TOPOLOGY_QUICK = {"nodes": 1024, "per_rack": 32, "zones": 4, "cores": 64, "gpus": 4}
+SOCKETS = {"nodes": 4096, "cores": 64, "gpus": 4}  # 2 sockets x 32 cores, 2 GPUs per socket
+SOCKETS_QUICK = {"nodes": 256, "cores": 64, "gpus": 4}
+MIXED = ("1024x64", "16384x64x4gpu")  # sizes of FULL whose EASY cycle is rerun with trees
+MIXED_QUICK = ("1024x64",)
+TREE_SHARE = 0.10
+BASELINE_REF = "165bb75"  # main before the graph matcher: the "today" of issue 15
+TOPOLOGY_TARGETS = [  # (description, case, metric path, target, "min" | "max")
+    ("64-node excl. gang --locality zone, 16,384 nodes/512 racks, half-busy, ms CPU", "topology",
+     ("half_busy", "zone_locality_64_exclusive", "match_ms"), 20.0, "max"),
+    ("32-node excl. gang --locality rack (whole rack), half-busy, ms CPU", "topology",
+     ("half_busy", "rack_locality_32_exclusive", "match_ms"), 20.0, "max"),
+    ("64-node gang --spread rack, half-busy, ms CPU", "topology",
+     ("half_busy", "spread_rack_64", "match_ms"), 20.0, "max"),
+    ("graph build with levels, 16,384 nodes, s", "topology", ("build", "seconds"), 10.0, "max"),
+    ("graph RSS with levels, 16,384 nodes, MB", "topology", ("build", "rss_mb"), 1024.0, "max"),
+    ("node[2]>socket[1]>{core[8],gpu[1]} match+alloc/s CPU, 4,096 nodes", "sockets",
+     ("cpu_rate_median",), 10_000, "min"),
 ]
 ARRAY = {"nodes": 4, "cores": 64, "count": 100_000}  # the broker's throughput workload
 ARRAY_QUICK = {"nodes": 4, "cores": 64, "count": 20_000}
@@ -152,11 +183,20 @@ def mixed_jobs(count: int, gpus: bool, seed: int = 7) -> list[SchedJob]:
     return jobs
 
 
-def bench_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
+def queue_of(queued: int, gpus: bool, trees: float) -> list[SchedJob]:
+    jobs = mixed_jobs(queued, gpus)
+    if trees:
+        from topology_bench import mixed_with_trees
+
+        jobs = mixed_with_trees(jobs, gpus, trees)
+    return jobs
+
+
+def bench_cycle(graph: ResourceGraph, queued: int, gpus: bool, trees: float = 0.0) -> dict:
     """First EASY cycle on an empty graph with `queued` jobs, then a steady-state one."""
     sched = Scheduler(graph)
     rejected = 0
-    for job in mixed_jobs(queued, gpus):
+    for job in queue_of(queued, gpus, trees):
         try:
             graph.check_feasible(job.request)  # as the broker does at submit
         except InfeasibleRequest:
@@ -190,7 +230,7 @@ def bench_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
             "pending": sched.pending_count()}
 
 
-def bench_busy_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
+def bench_busy_cycle(graph: ResourceGraph, queued: int, gpus: bool, trees: float = 0.0) -> dict:
     """EASY cycle when 90% of nodes run whole-node jobs: exercises the reservation search."""
     sched = Scheduler(graph)
     rng = random.Random(5)
@@ -200,7 +240,7 @@ def bench_busy_cycle(graph: ResourceGraph, queued: int, gpus: bool) -> dict:
         sched.enqueue(SchedJob(job_id, urgency=31, request=Request(nslots=cores, nnodes=1),
                                time_limit=float(rng.randrange(600, 36_000))))
     prefill = len(sched.schedule(0.0))
-    for job in mixed_jobs(queued, gpus):
+    for job in queue_of(queued, gpus, trees):
         try:
             graph.check_feasible(job.request)
         except InfeasibleRequest:
@@ -267,7 +307,17 @@ def bench_array(nodes: int, cores: int, count: int, repeats: int = 3) -> dict:
 def run_case(name: str, quick: bool) -> dict:
     if name == "array":
         return bench_array(**(ARRAY_QUICK if quick else ARRAY))
-    _, nodes, cores, gpus, cap, queued = next(c for c in (QUICK if quick else FULL) if c[0] == name)
+    if name in ("topology", "sockets"):
+        import topology_bench
+
+        if name == "sockets":
+            return topology_bench.bench_sockets(**(SOCKETS_QUICK if quick else SOCKETS))
+        return topology_bench.bench_topology(**(TOPOLOGY_QUICK if quick else TOPOLOGY),
+                                             rss_mb=rss_mb)
+    kind, _, size = name.rpartition(":")
+    _, nodes, cores, gpus, cap, queued = next(c for c in (QUICK if quick else FULL) if c[0] == size)
+    if kind:  # "mixed:SIZE" (trees, racks) or "baseline:SIZE" (the code before, no trees)
+        return mixed_cycles(kind, nodes, cores, gpus, queued)
     graph, built = bench_build(nodes, cores, gpus)
     result = {"nodes": nodes, "cores_per_node": cores, "gpus_per_node": gpus, "build": built}
     result["fill"] = bench_fill(graph, cap)
@@ -276,6 +326,56 @@ def run_case(name: str, quick: bool) -> dict:
     result["busy_cycle"] = bench_busy_cycle(graph, queued, bool(gpus))
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
+
+
+def mixed_cycles(kind: str, nodes: int, cores: int, gpus: int, queued: int) -> dict:
+    """The EASY cycles of one size: with TREE_SHARE trees on racks ("mixed"), or as before."""
+    if kind == "mixed":
+        from topology_bench import build_racks
+
+        graph, trees = build_racks(nodes, 32, max(1, nodes // 256), cores, gpus), TREE_SHARE
+    else:
+        graph, trees = build(nodes, cores, gpus), 0.0
+    gc.freeze()  # as the broker does once the ranks joined (docs/scheduling.md)
+    return {"cycle": bench_cycle(graph, queued, bool(gpus), trees),
+            "busy_cycle": bench_busy_cycle(graph, queued, bool(gpus), trees), "trees": trees}
+
+
+def baseline_code(ref: str) -> tempfile.TemporaryDirectory | None:
+    """broker/ and minicluster/ of git ref in a temporary directory, or None without git."""
+    tmp = tempfile.TemporaryDirectory(prefix="mc-bench-baseline-")
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "broker", "minicluster"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp.name], input=archive, check=True,
+                       capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        tmp.cleanup()
+        return None
+    return tmp
+
+
+def evaluate_topology(results: dict, mixed: dict) -> list[dict]:
+    rows = []
+    for desc, case, path, target, kind in TOPOLOGY_TARGETS:
+        value = results[case]
+        for key in path:
+            value = value[key]
+        ratio = value / target if kind == "min" else target / max(value, 1e-9)
+        rows.append({"target": desc, "size": case, "goal": target, "measured": value,
+                     "ratio": ratio, "met": ratio >= 1.0})
+    for size, pair in mixed.items():
+        if "baseline" not in pair:
+            continue
+        for cycle in ("cycle", "busy_cycle"):
+            key = "first_cpu_seconds" if cycle == "cycle" else "cpu_seconds"
+            now, before = pair["mixed"][cycle][key], pair["baseline"][cycle][key]
+            value = now / max(before, 1e-9)
+            rows.append({"target": f"EASY {cycle.replace('_', ' ')} with 10% trees / baseline,"
+                                   " CPU ratio", "size": size, "goal": 2.0, "measured": value,
+                         "ratio": 2.0 / max(value, 1e-9), "met": value <= 2.0,
+                         "before_s": before, "after_s": now})
+    return rows
 
 
 def evaluate(results: dict) -> list[dict]:
@@ -290,7 +390,7 @@ def evaluate(results: dict) -> list[dict]:
     return rows
 
 
-def report(results: dict, rows: list[dict], array: dict | None = None) -> None:
+def report(results: dict, array: dict | None = None) -> None:
     for name, r in results.items():
         b, f, g, c = r["build"], r["fill"], r["gang"], r["cycle"]
         print(f"== {name}: {r['nodes']} nodes x {r['cores_per_node']} cores"
@@ -321,42 +421,100 @@ def report(results: dict, rows: list[dict], array: dict | None = None) -> None:
               f" (best {a['cpu_us_per_element_best']:.2f}),"
               f" {a['wall_us_per_element_median']:.2f} us wall;"
               f" allocation.task_slots() {a['task_slots_us']:.2f} us")
-    for row in rows:
-        print(f"target {row['target']} [{row['size']}]: {row['measured']:.3g} vs {row['goal']:g}"
-              f" -> x{row['ratio']:.2f} {'MET' if row['met'] else 'MISSED'}")
+
+
+def child(case: str, quick: bool, code: str | None = None) -> dict:
+    """Run one case in its own process (clean RSS); `code`: another checkout to import from."""
+    cmd = [sys.executable, __file__, "--case", case] + (["--quick"] if quick else [])
+    env = dict(os.environ, MC_BENCH_CODE=code) if code else None
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                     env=env).stdout)
+
+
+def run_topology(quick: bool, baseline: str) -> tuple[dict, dict]:
+    """The topology, sockets and mixed-queue cases, with the baseline cycles side by side."""
+    topo = {name: child(name, quick) for name in ("topology", "sockets")}
+    mixed: dict[str, dict] = {}
+    code = baseline_code(baseline) if baseline != "none" else None
+    try:
+        for size in MIXED_QUICK if quick else MIXED:
+            mixed[size] = {"mixed": child(f"mixed:{size}", quick)}
+            if code is not None:
+                mixed[size]["baseline"] = child(f"baseline:{size}", quick, code.name)
+    finally:
+        if code is not None:
+            code.cleanup()
+    return topo, mixed
+
+
+def report_topology(topo: dict, mixed: dict) -> None:
+    t = topo["topology"]
+    b = t["build"]
+    print(f"== topology: {t['nodes']} nodes in {b['racks']} racks, {b['zones']} zones:"
+          f" build {b['seconds']:.2f} s ({b['cpu_seconds']:.2f} s CPU), RSS {b['rss_mb']:.0f} MB"
+          f" (+{b['rss_delta_mb']:.0f}), {b['vertices']} vertices")
+    for state in ("half_busy", "fragmented"):
+        for name, r in t[state].items():
+            print(f"  {state} {name}: match {r['match_ms']:.3f} ms CPU, match+alloc+free"
+                  f" {r['match_alloc_free_ms']:.3f} ms, {'found in ' + str(r['racks']) + ' racks' if r['found'] else 'no fit'}")
+    ref = t["locality_rack_64_refused"]
+    print(f"  64 nodes --locality rack refused at submit in {ref['ms']:.3f} ms: {ref['reason']}")
+    s = topo["sockets"]
+    print(f"== sockets: node[2]>socket[1]>{{core[8],gpu[1]}} on {s['nodes']} nodes:"
+          f" {s['cpu_rate_median']:,.0f} match+alloc/s CPU, {s['matches']} matches"
+          f" (expected {s['expected_matches']}), empty match {s['empty_match_ms']:.3f} ms")
+    for size, pair in mixed.items():
+        for kind, r in pair.items():
+            c, u = r["cycle"], r["busy_cycle"]
+            print(f"== {kind} {size} ({r['trees']:.0%} trees): first cycle"
+                  f" {c['first_cpu_seconds'] * 1000:.0f} ms CPU ({c['first_starts']} starts),"
+                  f" busy cycle {u['cpu_seconds'] * 1000:.0f} ms CPU ({u['starts']} starts)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
+    parser.add_argument("--only", choices=("classic", "topology"),
+                        help="only the cases of before the topology work, or only the new ones")
+    parser.add_argument("--baseline", default=BASELINE_REF, metavar="REF",
+                        help=f"git commit for the side-by-side cycles (default {BASELINE_REF}; none)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one size, in a child process
     args = parser.parse_args()
     if args.case:
         print(json.dumps(run_case(args.case, args.quick)))
         return 0
-    results = {}
-    for name, *_ in (QUICK if args.quick else FULL):
-        cmd = [sys.executable, __file__, "--case", name] + (["--quick"] if args.quick else [])
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        results[name] = json.loads(out)
-    cmd = [sys.executable, __file__, "--case", "array"] + (["--quick"] if args.quick else [])
-    array = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    rows = evaluate(results) if not args.quick else []
-    if not args.quick:
-        value = array["cpu_us_per_element_median"]
-        rows.append({"target": "array element schedule+release, us CPU", "size": "array4x64",
-                     "goal": ARRAY_TARGET_US, "measured": value,
-                     "ratio": ARRAY_TARGET_US / max(value, 1e-9),
-                     "met": value <= ARRAY_TARGET_US})
+    results, array, rows, topo, mixed = {}, None, [], {}, {}
+    if args.only != "topology":
+        for name, *_ in (QUICK if args.quick else FULL):
+            results[name] = child(name, args.quick)
+        array = child("array", args.quick)
+        if not args.quick:
+            rows = evaluate(results)
+            value = array["cpu_us_per_element_median"]
+            rows.append({"target": "array element schedule+release, us CPU", "size": "array4x64",
+                         "goal": ARRAY_TARGET_US, "measured": value,
+                         "ratio": ARRAY_TARGET_US / max(value, 1e-9),
+                         "met": value <= ARRAY_TARGET_US})
+    if args.only != "classic":
+        topo, mixed = run_topology(args.quick, args.baseline)
+        if not args.quick:
+            rows += evaluate_topology(topo, mixed)
     load = os.getloadavg()
     doc = {"quick": args.quick, "cpus": os.cpu_count(), "loadavg": load,
-           "python": sys.version.split()[0], "results": results, "array": array, "targets": rows,
+           "python": sys.version.split()[0], "results": results, "array": array,
+           "topology": topo, "mixed": mixed, "baseline_ref": args.baseline, "targets": rows,
            "fluxion_published": FLUXION}
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        report(results, rows, array)
+        if results:
+            report(results, array)
+        if topo:
+            report_topology(topo, mixed)
+        for row in rows:
+            print(f"target {row['target']} [{row['size']}]: {row['measured']:.3g} vs"
+                  f" {row['goal']:g} -> x{row['ratio']:.2f} {'MET' if row['met'] else 'MISSED'}")
         print(f"(load average {load[0]:.1f} on {os.cpu_count()} CPUs)")
     return 0
 

@@ -225,28 +225,34 @@ class ResourceGraph:
         """
         cl, bit = self.cluster, node.bit
         fc, fg, fm = node.free_cores, node.free_gpus, node.free_mem
-        idle = fc == node.total_cores and fg == node.total_gpus and fm == node.total_mem
+        tc, tg, tm = node.total_cores, node.total_gpus, node.total_mem
+        idle = fc == tc and fg == tg and fm == tm
         cores, gpus, mems = hold
+        socks = node.sockets
         nfc, nfg, nfm = fc, fg, fm
         if taking:
-            for s, c, g, m in zip(node.sockets, cores, gpus, mems):
+            for s, c in zip(socks, cores):
                 if c:
                     s.cores_free ^= c
                     nfc -= c.bit_count()
+            for s, g in zip(socks, gpus):
                 if g:
                     s.gpus_free ^= g
                     nfg -= g.bit_count()
+            for s, m in zip(socks, mems):
                 if m:
                     s.mem_free -= m
                     nfm -= m
         else:
-            for s, c, g, m in zip(node.sockets, cores, gpus, mems):
+            for s, c in zip(socks, cores):
                 if c:
                     s.cores_free |= c
                     nfc += c.bit_count()
+            for s, g in zip(socks, gpus):
                 if g:
                     s.gpus_free |= g
                     nfg += g.bit_count()
+            for s, m in zip(socks, mems):
                 if m:
                     s.mem_free += m
                     nfm += m
@@ -259,7 +265,7 @@ class ResourceGraph:
                 cl.avail ^= bit
         if nfg != fg and (not fg or not nfg):
             cl.gpu_avail ^= bit
-        now_idle = nfc == node.total_cores and nfg == node.total_gpus and nfm == node.total_mem
+        now_idle = nfc == tc and nfg == tg and nfm == tm
         if idle != now_idle:
             cl.idle ^= bit
         if node.up and node.drain_reason is None:
@@ -268,9 +274,12 @@ class ResourceGraph:
             group = node.parent
             while group is not None:
                 group.free_cores += dc
-                group.free_gpus += dg
-                group.free_mem += dm
-                group.idle_nodes += di
+                if dg:
+                    group.free_gpus += dg
+                if dm:
+                    group.free_mem += dm
+                if di:
+                    group.idle_nodes += di
                 group = group.parent
         self.version += 1
 
@@ -434,14 +443,21 @@ class ResourceGraph:
 
     def hold_free_part(self, key: Hashable, allocation: Allocation) -> None:
         """Hold whatever of allocation's resources is free now (backfill reservations)."""
+        self.hold_free_of(key, self._wanted(allocation, lenient=True))
+
+    def hold_free_of(self, key: Hashable, wanted: Mapping[int, Hold]) -> None:
+        """Hold whatever of these per-rank holds is free now (e.g. what detach() returned)."""
         holds: dict[int, Hold] = {}
-        for rank, want in self._wanted(allocation, lenient=True).items():
-            node = self.nodes[rank]
+        for rank, want in wanted.items():
+            node = self.nodes.get(rank)
+            if node is None:
+                continue
             cores = tuple(w & s.cores_free for w, s in zip(want[0], node.sockets))
             gpus = tuple(w & s.gpus_free for w, s in zip(want[1], node.sockets))
             mems = tuple(min(w, s.mem_free) for w, s in zip(want[2], node.sockets))
-            holds[rank] = (cores, gpus, mems)
-            self._account(node, holds[rank], True)
+            if any(cores) or any(gpus) or any(mems):  # busy ranks: nothing to hold there
+                holds[rank] = (cores, gpus, mems)
+                self._account(node, holds[rank], True)
         self._holds[key] = holds
 
     def holds(self, key: Hashable) -> bool:

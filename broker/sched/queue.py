@@ -356,13 +356,25 @@ class _Cycle:
         return alloc
 
     def _start_over_phantom(self, entry: _Pending, policy: str) -> bool:
-        """Start one element ignoring the reservation (it ends before the shadow)."""
+        """Start one element ignoring the reservation (it ends before the shadow).
+
+        A shape that already failed this way in this cycle is not tried again; the phantom's
+        holds are put back (less what the start took) rather than recomputed.
+        """
+        shape = (entry.job.request, policy, "any")
+        if shape in self.failed:
+            return False
         graph = self.s.graph
-        graph.free(PHANTOM)
+        holds = graph.detach(PHANTOM)
+        alloc = graph.match(entry.job.request, policy)
+        if alloc is None:
+            self.failed.add(shape)
+            graph.attach(PHANTOM, holds)
+            return False
         try:
-            alloc = self._match(entry.job.request, policy, "any")
-            if alloc is not None:
-                self.starts.append(self.s._start(entry, alloc, self.now))
-            return alloc is not None
+            self.starts.append(self.s._start(entry, alloc, self.now))
         finally:
-            self._hold_phantom()
+            # what is still free of the old holds is exactly the free part of the reservation
+            graph.hold_free_of(PHANTOM, holds)
+            self.phantom_cores = graph.held_cores(PHANTOM)
+        return True

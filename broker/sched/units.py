@@ -57,33 +57,27 @@ def carve(node: NodeState, req: Request, units: int) -> tuple[tuple[Slot, ...], 
     units must not exceed node_capacity(node, req).
     """
     socks = node.sockets
-    cores = [s.cores_free for s in socks]
-    gpus = [s.gpus_free for s in socks]
-    mems = [s.mem_free for s in socks]
+    n = len(socks)
     c, g, m = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
-    per_socket = req.socket_slots or 1
     if req.socket_slots:
-        picks = _pick_sockets(node, req, units * req.sockets)
-    else:
-        picks = _pick_slot_sockets(node, req, units)
+        per_socket = dict.fromkeys(_pick_sockets(node, req, units * req.sockets), req.socket_slots)
+    else:  # successive picks stay on one socket until it is full: group them
+        per_socket = {}
+        for i in _pick_slot_sockets(node, req, units):
+            per_socket[i] = per_socket.get(i, 0) + 1
+    cores, gpus, mems = [0] * n, [0] * n, [0] * n
     slots: list[Slot] = []
-    for i in picks:
-        for _ in range(per_socket):
-            core_ids, cmask = idset.lowest(cores[i], c)
-            gpu_ids, gmask = idset.lowest(gpus[i], g)
-            cores[i] ^= cmask
-            gpus[i] ^= gmask
-            mems[i] -= m
-            slots.append(make_slot(core_ids, gpu_ids, m))
-    whole = set(picks) if req.socket_exclusive else set()
-    # taken = what was free minus what is left; a socket held whole gives everything
-    hold = (tuple(s.cores_free if i in whole else s.cores_free ^ left
-                  for i, (s, left) in enumerate(zip(socks, cores))),
-            tuple(s.gpus_free if i in whole else s.gpus_free ^ left
-                  for i, (s, left) in enumerate(zip(socks, gpus))),
-            tuple(s.mem_free if i in whole else s.mem_free - left
-                  for i, (s, left) in enumerate(zip(socks, mems))))
-    return tuple(slots), hold, tuple(socks[i].index for i in sorted(whole))
+    for i, k in per_socket.items():
+        sock = socks[i]
+        core_ids, cores[i] = idset.lowest(sock.cores_free, k * c)
+        gpu_ids, gpus[i] = idset.lowest(sock.gpus_free, k * g)
+        mems[i] = k * m
+        slots += [make_slot(core_ids[j * c:(j + 1) * c], gpu_ids[j * g:(j + 1) * g], m)
+                  for j in range(k)]
+        if req.socket_exclusive:  # held whole
+            cores[i], gpus[i], mems[i] = sock.cores_free, sock.gpus_free, sock.mem_free
+    whole = tuple(socks[i].index for i in sorted(per_socket)) if req.socket_exclusive else ()
+    return tuple(slots), (tuple(cores), tuple(gpus), tuple(mems)), whole
 
 
 def _best_fit(node: NodeState, able: list[int]) -> list[int]:

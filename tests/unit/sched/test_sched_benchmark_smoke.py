@@ -23,3 +23,12 @@ def test_benchmark_quick_json():
     array = doc["array"]
     assert array["count"] > 0 and array["cycles"] > 0
     assert array["cpu_us_per_element_median"] > 0 and array["task_slots_us"] > 0
+    topo = doc["topology"]["topology"]
+    assert topo["build"]["racks"] == 32 and topo["half_busy"]["zone_locality_64_exclusive"]["found"]
+    assert topo["half_busy"]["rack_locality_32_exclusive"]["racks"] == 1
+    assert not topo["fragmented"]["rack_locality_32_exclusive"]["found"]  # no rack is wholly idle
+    assert "rack rack-000 has 32" in topo["locality_rack_64_refused"]["reason"]
+    sockets = doc["topology"]["sockets"]
+    assert sockets["matches"] == sockets["expected_matches"] and sockets["full_at_end"]
+    for pair in doc["mixed"].values():
+        assert pair["mixed"]["cycle"]["first_starts"] > 0 and pair["mixed"]["trees"] == 0.1
