@@ -111,12 +111,12 @@ def _match_one(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Al
     """One slot: the first node in policy order that can hold it.
 
     This is the hot path (single-task jobs, array elements); under first-fit
-    the lowest candidate bit is tried before any iterator is built (when bit
-    order is rank order, i.e. ranks joined in order).
+    the lowest candidate bit (the lowest rank) is tried before any iterator
+    is built.
     """
     cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
     by_pos = graph.by_pos
-    if policy == "first-fit" and graph.positions_follow_ranks:
+    if policy == "first-fit":
         node = by_pos[(mask & -mask).bit_length() - 1]
         if node.capacity(cps, gps, mps):
             return _one_slot(node, req)

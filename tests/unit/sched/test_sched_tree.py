@@ -216,6 +216,17 @@ def test_exclusive_socket_and_gpu_affinity():
     assert graph.match(Request(nslots=3, gpus_per_slot=1)) is not None
 
 
+def test_an_exclusive_socket_per_task_and_k_tasks_per_socket():
+    graph = racks({0: ("a", "r0"), 1: ("a", "r0")}, cores=4)  # 2 sockets x 2 cores per node
+    alloc = graph.match(tree("slot[2]>socket[1]:x>core[1]"))
+    assert alloc[0].slots == (alloc[0].slots[0], alloc[0].slots[1]) and alloc.held == {0: (0, 1)}
+    assert [s.cores for s in alloc[0].slots] == [(0,), (2,)]  # one socket each, not both on one
+    assert ranks(graph.match(tree("slot[3]>socket[1]:x>core[1]"))) == [0, 1]
+    assert graph.match(tree("node[1]>slot[3]>socket[1]:x>core[1]")) is None
+    two = graph.match(tree("node[1]>socket[1]>slot[2]>core[1]"))
+    assert [s.cores for s in two[0].slots] == [(0,), (1,)]
+
+
 def test_flat_requests_through_the_walk_equal_the_fast_paths():
     graph = racks(TWO_RACKS, gpus=2)
     busy(graph, 1, cores=3)

@@ -219,9 +219,11 @@ def check_tree_shape(graph, req, alloc, usable):
         for vertex in set(parents.values()):
             on = sorted((len(alloc[r].slots) for r in tasks if parents[r] == vertex), reverse=True)
             assert on == list(counts)
+    on_socket = Counter()
     for rank in tasks:
         node = graph.nodes[rank]
         for slot in alloc[rank].slots:
+            on_socket[(rank, node.core_socket[slot.cores[0]])] += 1
             assert len(slot.cores) == req.cores_per_slot and len(slot.gpus) == req.gpus_per_slot
             assert slot.memory_mb == req.mem_per_slot
             if req.sockets:
@@ -230,6 +232,10 @@ def check_tree_shape(graph, req, alloc, usable):
                 assert len(socks) == 1
                 if req.socket_exclusive:
                     assert node.sockets[socks.pop()].index in alloc.held[rank]
+    if req.socket_slots:  # socket[s]>slot[k]: k slots on each socket used
+        assert set(on_socket.values()) == {req.socket_slots}
+    elif req.socket_exclusive:  # slot>socket[1]:x: a socket of its own per slot
+        assert set(on_socket.values()) == {1}
     assert alloc.exclusive == req.exclusive
 
 
