@@ -132,28 +132,30 @@ def bench_fill(graph: ResourceGraph, cap: int | None) -> dict:
             "free_rate": key / (time.perf_counter() - w0)}
 
 
+def median_ms(fn, repeats: int = 21, clock=time.process_time) -> float:
+    """Median of `repeats` calls of fn, in ms of `clock` (CPU time unless told)."""
+    times = []
+    for _ in range(repeats):
+        t0 = clock()
+        fn()
+        times.append((clock() - t0) * 1000)
+    return statistics.median(times)
+
+
 def bench_gang(graph: ResourceGraph, repeats: int = 21) -> dict:
     """64-node exclusive gang: on the empty graph, and with every other node busy."""
     nnodes = min(64, len(graph.nodes) // 2)
     req = Request(nslots=nnodes, nnodes=nnodes, exclusive=True)
 
-    def median_ms(fn) -> float:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1000)
-        return statistics.median(times)
-
     def match_alloc_free() -> None:
         graph.alloc("gang", graph.match(req))
         graph.free("gang")
 
-    empty = median_ms(lambda: graph.match(req))
-    cycle = median_ms(match_alloc_free)
+    empty = median_ms(lambda: graph.match(req), repeats, time.perf_counter)
+    cycle = median_ms(match_alloc_free, repeats, time.perf_counter)
     for rank in range(0, len(graph.nodes), 2):
         graph.alloc(("busy", rank), Allocation({rank: RankAlloc((Slot((0,)),))}))
-    fragmented = median_ms(lambda: graph.match(req))
+    fragmented = median_ms(lambda: graph.match(req), repeats, time.perf_counter)
     for rank in range(0, len(graph.nodes), 2):
         graph.free(("busy", rank))
     return {"nnodes": nnodes, "match_ms_median": empty, "match_alloc_free_ms_median": cycle,

@@ -48,16 +48,9 @@ def build_racks(nodes: int, per_rack: int, zones: int, cores: int, gpus: int) ->
     return graph
 
 
-def median_ms(fn, repeats: int = 21) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.process_time()
-        fn()
-        times.append((time.process_time() - t0) * 1000)
-    return statistics.median(times)
-
-
 def gang_cases(graph: ResourceGraph) -> dict:
+    from matcher import median_ms
+
     cases = {
         "zone_locality_64_exclusive": Request.from_shape(restree.shape_from_options(
             64, nnodes=64, exclusive=True, locality="zone")),
@@ -118,6 +111,8 @@ def bench_topology(nodes: int, per_rack: int, zones: int, cores: int, gpus: int,
 
 
 def bench_sockets(nodes: int, cores: int, gpus: int, chunks: int = 10) -> dict:
+    from matcher import median_ms
+
     graph = build_racks(nodes, 32, max(1, nodes // 512), cores, gpus)
     req = tree("node[2]>socket[1]>{core[8],gpu[1]}")
     empty_ms = median_ms(lambda: graph.match(req))

@@ -157,10 +157,7 @@ class Request:
     @property
     def total_slots(self) -> int:
         """Slots (tasks) of the whole request: nslots times every group count."""
-        total = self.nslots
-        for _level, count, _excl in self.groups:
-            total *= count
-        return total
+        return restree.total_slots(self.nslots, self.groups)
 
     @property
     def unit_slots(self) -> int:

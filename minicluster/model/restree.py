@@ -71,10 +71,14 @@ class Shape:
 
     @property
     def total_slots(self) -> int:
-        total = self.nslots
-        for _level, count, _excl in self.groups:
-            total *= count
-        return total
+        return total_slots(self.nslots, self.groups)
+
+
+def total_slots(nslots: int, groups: tuple[tuple[str, int, bool], ...]) -> int:
+    """Slots of a whole request: the slots under one innermost vertex times every level's count."""
+    for _level, count, _excl in groups:
+        nslots *= count
+    return nslots
 
 
 # ------------------------------------------------------------------ levels

@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from broker.sched import POLICIES, InfeasibleRequest, Request, ResourceGraph, SchedJob, Scheduler
 
+from treegen import end_next, free_everything, note_promises
+
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -144,12 +146,7 @@ def test_random_sequences_keep_every_invariant(specs, operations):
              "down": lambda: graph.set_down(rank), "up": lambda: graph.set_up(rank)}[op[0]]()
         check_no_overlap(graph, live)
         check_accounting(graph, live)
-    for key in list(live):
-        graph.free(key)
-    for rank in graph.nodes:
-        graph.set_up(rank)
-        graph.undrain(rank)
-    assert graph.snapshot() == initial
+    free_everything(graph, live, initial)
 
 
 @SETTINGS
@@ -222,16 +219,10 @@ def test_easy_backfill_never_delays_the_reserved_head(specs, jobs):
         for start in sched.schedule(now):
             started_at[start.job_id] = now
             ends[(start.job_id, start.element)] = now + limits[start.job_id]
-        for job_id in range(len(jobs)):
-            estimate = sched.estimated_start(job_id)
-            if estimate is not None:
-                promised.setdefault(job_id, estimate)
+        note_promises(sched, range(len(jobs)), promised)
         if not ends:
             break
-        now = min(ends.values())
-        for key in [k for k, end in ends.items() if end == now]:
-            sched.release(*key, now)
-            del ends[key]
+        now = end_next(sched, ends)
     assert sched.pending_count() == 0
     for job_id, estimate in promised.items():
         assert started_at[job_id] <= estimate + 1e-9, (job_id, started_at[job_id], estimate)

@@ -19,7 +19,8 @@ from broker.sched import POLICIES, InfeasibleRequest, Request, SchedJob, Schedul
 from broker.sched.walk import match_tree
 
 from treegen import (build, check_accounting, check_aggregates, check_no_overlap, check_tree_shape,
-                     flat_requests, reference_match, topologies, tree_requests)
+                     end_next, flat_requests, free_everything, note_promises, reference_match,
+                     topologies, tree_requests)
 
 SETTINGS = settings(max_examples=80, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -70,12 +71,7 @@ def test_random_tree_sequences_keep_every_invariant(topology, data):
             _health(graph, data.draw(st.sampled_from(ranks)), data.draw(st.integers(0, 3)))
         check_no_overlap(graph, live)
         check_accounting(graph, live)
-    for key in list(live):
-        graph.free(key)
-    for rank in graph.nodes:
-        graph.set_up(rank)
-        graph.undrain(rank)
-    assert graph.snapshot() == initial
+    free_everything(graph, live, initial)
 
 
 def _health(graph, rank, what):
@@ -157,16 +153,10 @@ def test_scheduler_runs_tree_jobs_with_easy_backfill(topology, data):
             started.setdefault(s.job_id, now)
         check_no_overlap(graph, running)
         check_accounting(graph, running)
-        for job_id in limits:
-            estimate = sched.estimated_start(job_id)
-            if estimate is not None:
-                promised.setdefault(job_id, estimate)
+        note_promises(sched, limits, promised)
         if not ends:
             break
-        now = min(ends.values())
-        for key in [k for k, end in ends.items() if end == now]:
-            sched.release(*key, now)
-            del ends[key], running[key]
+        now = end_next(sched, ends, running)
     assert sched.pending_count() == 0 and not running
     assert sum(1 for _ in started) == len(limits)
     for job_id, estimate in promised.items():

@@ -118,7 +118,38 @@ def flat_requests(draw):
                    constraints=draw(st.sampled_from(CONSTRAINTS)))
 
 
+# ---------------------------------------------------------------- scheduler runs
+
+def note_promises(sched, job_ids, promised):
+    """Remember each job's first estimated start (EASY: the head's reservation)."""
+    for job_id in job_ids:
+        estimate = sched.estimated_start(job_id)
+        if estimate is not None:
+            promised.setdefault(job_id, estimate)
+
+
+def end_next(sched, ends, running=None):
+    """Jump to the earliest end and release everything that ends then; the new time."""
+    now = min(ends.values())
+    for key in [k for k, end in ends.items() if end == now]:
+        sched.release(*key, now)
+        del ends[key]
+        if running is not None:
+            del running[key]
+    return now
+
+
 # ---------------------------------------------------------------- invariant checks
+
+def free_everything(graph, live, initial):
+    """Free every live allocation, bring every rank back: the graph must be as it began."""
+    for key in list(live):
+        graph.free(key)
+    for rank in graph.nodes:
+        graph.set_up(rank)
+        graph.undrain(rank)
+    assert graph.snapshot() == initial
+
 
 def held_ids(graph, alloc):
     """rank -> (core ids, gpu ids, MB) that alloc holds, derived from the Allocation alone."""
