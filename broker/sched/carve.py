@@ -107,7 +107,7 @@ class FlatCarving:
             for home, _ in groups:
                 take_memory(mem_free, home, mps, out)
             mems = tuple(out)
-        return slots, (tuple(taken), tuple(gpu_taken), mems)
+        return slots, (tuple(taken), tuple(gpu_taken) if gps else self.zero, mems)
 
     def _carve_one(self, cps: int, mps: int) -> tuple[tuple[Slot, ...], Hold] | None:
         """Fast path for the common single CPU-only slot from one socket."""
@@ -121,7 +121,9 @@ class FlatCarving:
         cores, mask = idset.lowest(best.cores_free, cps)
         masks = [0] * len(self.sockets)
         masks[at] = mask
-        return (make_slot(cores, (), mps),), (tuple(masks), self.zero, self._mem_of(at, mps))
+        zero = self.zero
+        return (make_slot(cores, (), mps),), (tuple(masks), zero,
+                                              self._mem_of(at, mps) if mps else zero)
 
     def _mem_of(self, home: int, mps: int) -> tuple[int, ...]:
         """Per-socket memory of one slot whose cores are on socket `home`."""

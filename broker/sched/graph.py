@@ -228,34 +228,38 @@ class ResourceGraph:
         tc, tg, tm = node.total_cores, node.total_gpus, node.total_mem
         idle = fc == tc and fg == tg and fm == tm
         cores, gpus, mems = hold
-        socks = node.sockets
+        socks, zero = node.sockets, node.zero  # carving passes node.zero for "no GPU/memory"
         nfc, nfg, nfm = fc, fg, fm
         if taking:
             for s, c in zip(socks, cores):
                 if c:
                     s.cores_free ^= c
                     nfc -= c.bit_count()
-            for s, g in zip(socks, gpus):
-                if g:
-                    s.gpus_free ^= g
-                    nfg -= g.bit_count()
-            for s, m in zip(socks, mems):
-                if m:
-                    s.mem_free -= m
-                    nfm -= m
+            if gpus is not zero:
+                for s, g in zip(socks, gpus):
+                    if g:
+                        s.gpus_free ^= g
+                        nfg -= g.bit_count()
+            if mems is not zero:
+                for s, m in zip(socks, mems):
+                    if m:
+                        s.mem_free -= m
+                        nfm -= m
         else:
             for s, c in zip(socks, cores):
                 if c:
                     s.cores_free |= c
                     nfc += c.bit_count()
-            for s, g in zip(socks, gpus):
-                if g:
-                    s.gpus_free |= g
-                    nfg += g.bit_count()
-            for s, m in zip(socks, mems):
-                if m:
-                    s.mem_free += m
-                    nfm += m
+            if gpus is not zero:
+                for s, g in zip(socks, gpus):
+                    if g:
+                        s.gpus_free |= g
+                        nfg += g.bit_count()
+            if mems is not zero:
+                for s, m in zip(socks, mems):
+                    if m:
+                        s.mem_free += m
+                        nfm += m
         node.free_cores, node.free_gpus, node.free_mem = nfc, nfg, nfm
         if nfc != fc:
             buckets = cl.buckets
@@ -319,6 +323,37 @@ class ResourceGraph:
         """Take the allocation's resources under key; ValueError if any is not free."""
         if key in self._holds:
             raise ValueError(f"allocation key {key!r} already holds resources")
+        if allocation.held is None:  # the common case, written out: slots or whole nodes only
+            holds = self._slot_holds(key, allocation)
+        else:
+            holds = self._checked_holds(key, allocation)
+        for rank, hold in holds.items():
+            self._account(self.nodes[rank], hold, True)
+        self._holds[key] = holds
+        allocation.hint = None  # spent: do not keep node references alive via the broker
+
+    def _slot_holds(self, key: Hashable, allocation: Allocation) -> dict[int, Hold]:
+        holds: dict[int, Hold] = {}
+        hint = allocation.hint or {}
+        exclusive = allocation.exclusive
+        nodes = self.nodes
+        for rank, ralloc in allocation.items():
+            node = nodes.get(rank)
+            if node is None:
+                raise ValueError(f"allocation names unknown rank {rank}")
+            if exclusive:
+                if not node.is_idle():
+                    raise ValueError(f"rank {rank} is not idle, cannot allocate it exclusively")
+                holds[rank] = node.free_hold()
+                continue
+            hinted = hint.get(rank)
+            hold = hinted[1] if hinted and hinted[0] is node else node.hold_for(ralloc.slots)
+            if not node.can_take(hold):
+                raise ValueError(f"resources on rank {rank} are not free for {key!r}")
+            holds[rank] = hold
+        return holds
+
+    def _checked_holds(self, key: Hashable, allocation: Allocation) -> dict[int, Hold]:
         holds = self._wanted(allocation)
         held = allocation.held or {}
         for rank, hold in holds.items():
@@ -332,10 +367,7 @@ class ResourceGraph:
                                  " exclusively")
             if not node.can_take(hold):
                 raise ValueError(f"resources on rank {rank} are not free for {key!r}")
-        for rank, hold in holds.items():
-            self._account(self.nodes[rank], hold, True)
-        self._holds[key] = holds
-        allocation.hint = None  # spent: do not keep node references alive via the broker
+        return holds
 
     def alloc_array(self, keys: Sequence[Hashable], request: Request,
                     policy: str = "first-fit") -> list[Allocation]:

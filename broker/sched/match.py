@@ -92,7 +92,7 @@ def capacity_of(req: Request) -> Callable[[NodeState], int]:
 def choose(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Picks | None:
     """Which nodes of mask, and how many units on each, in policy order."""
     counts = req.node_counts()
-    if counts and req.exclusive and mask.bit_count() < len(counts):
+    if counts and mask.bit_count() < len(counts):  # one count per candidate node at most
         return None
     min_free = req.cores_per_slot * (counts[-1] if counts else 1)
     by_pos = graph.by_pos
@@ -188,7 +188,7 @@ def pick_elements(graph: ResourceGraph, req: Request, policy: str, count: int) -
 def candidates(graph: ResourceGraph, req: Request) -> int:
     """Mask of usable nodes that pass every cheap test; 0 when nothing can fit."""
     cl = graph.cluster
-    n, gps, mps = req.total_slots, req.gpus_per_slot, req.mem_per_slot
+    n, gps, mps = req.total_slots if req.groups else req.nslots, req.gpus_per_slot, req.mem_per_slot
     if not req.exclusive and (cl.free_cores < n * req.cores_per_slot
                               or cl.free_gpus < n * gps or cl.free_mem < n * mps):
         return 0

@@ -112,12 +112,15 @@ class _Walk:
                 return None
             return matcher.choose(self.graph, mask, req, self.node_policy)
         level, count, exclusive = req.groups[i]
-        need = self.needs[i]
+        cores, gpus, mem, nodes, idle, whole = self.needs[i]
         chosen: matcher.Picks = []
         found = 0
         whole_before = len(self.whole)
         for child in self._order(group.below(level)):
-            if not _may_hold(child, need):
+            # Prune: can this subtree hold the demand at all, by its aggregates alone?
+            if (child.free_cores < cores or child.free_gpus < gpus or child.free_mem < mem
+                    or child.usable_nodes < nodes or child.idle_nodes < idle
+                    or (whole and child.idle_nodes != child.nodes)):
                 continue
             picks = self._descend(child, i + 1)
             if picks is None:
@@ -140,13 +143,6 @@ class _Walk:
         if policy == "spread":
             return sorted(groups, key=lambda g: -g.free_cores)
         return sorted(groups, key=lambda g: g.free_cores)  # pack, locality-first
-
-
-def _may_hold(g: GroupState, need: Need) -> bool:
-    """Prune: can this subtree hold the demand at all, by its aggregates alone?"""
-    return (g.free_cores >= need.cores and g.free_gpus >= need.gpus and g.free_mem >= need.mem
-            and g.usable_nodes >= need.nodes and g.idle_nodes >= need.idle
-            and (not need.whole or g.idle_nodes == g.nodes))
 
 
 def rebuild(graph: ResourceGraph, req: Request,

@@ -133,3 +133,24 @@ def wait_until_running(client: Client, job_id: int, timeout: float = 20.0) -> se
             return set(IdSet.parse(summary["ranks"]))
         time.sleep(0.05)
     raise AssertionError(f"job {job_id} did not start: {client.job(job_id)}")
+
+
+def test_a_resource_graph_file_describes_the_machine(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """JGF: racks from the file, a rank whose worker lacks the file's cores is drained with the reason."""
+    from broker.sched import ResourceGraph, jgf
+
+    site = ResourceGraph((("rack", "rack"),))
+    for rank, (rack, cores) in enumerate([("left", 2), ("left", 2), ("right", 4)]):
+        site.add_rank(rank, hostname=f"host{rank}", sockets={0: tuple(range(cores))},
+                      properties={"rack": rack})
+    state = tmp_path_factory.mktemp("jgf")
+    path = state / "site.jgf"
+    path.write_text(json.dumps(jgf.dump(site)))
+    with LocalCluster(state, size=3, fanout=2, resources="cores=2", resource_graph=str(path)) as c:
+        with c.client() as client:
+            rows = {r["rank"]: r for r in client.resources()}
+            assert [rows[r]["path"] for r in range(3)] == ["rack=left", "rack=left", "rack=right"]
+            assert rows[2]["state"] == "drained" and "cores 2-3 missing" in rows[2]["reason"]
+            job_id = submit(c, "-N", "2", "--locality", "rack", "--mpi", "none", "true")
+            assert wait_for(client, job_id)["status"] == 0
+            assert ranks(client, job_id) == {0, 1}
