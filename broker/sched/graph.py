@@ -20,9 +20,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 
 import networkx as nx
 
-from minicluster.model.idset import IdSet
-
-from . import idset, match as matcher
+from . import match as matcher, report
 from .alloc import Allocation
 from .carve import SingleHold
 from .feasible import check_feasible
@@ -551,45 +549,20 @@ class ResourceGraph:
             yield self.nodes[rank]
 
     def summary(self) -> list[dict[str, object]]:
-        """Per-rank view for `mc resources` (plain, JSON-safe values)."""
-        rows = []
-        for node in self.iter_nodes():
-            free_cores = [c for s in node.sockets for c in idset.iter_ascending(s.cores_free)]
-            free_gpus = [g for s in node.sockets for g in idset.iter_ascending(s.gpus_free)]
-            rows.append({
-                "rank": node.rank, "hostname": node.hostname, "state": node_state(node),
-                "reason": node.drain_reason or "",
-                "cores_total": node.total_cores, "cores_free": node.free_cores,
-                "cores_free_ids": str(IdSet.from_ints(free_cores)),
-                "gpus_total": node.total_gpus, "gpus_free": node.free_gpus,
-                "gpus_free_ids": str(IdSet.from_ints(free_gpus)),
-                "memory_mb_total": node.total_mem, "memory_mb_free": node.free_mem,
-                "properties": dict(node.properties),
-                "path": node.parent.label if node.parent is not None else "cluster",
-            })
-        return rows
+        """Per-rank view for `mc resources` (plain, JSON-safe values; report.py)."""
+        return report.summary(self)
 
     def tree(self) -> dict[str, object]:
         """The containment hierarchy with free/used/total per vertex (report.py)."""
-        from .report import tree
-
-        return tree(self)
+        return report.tree(self)
 
     def held_ranks(self, key: Hashable) -> list[int]:
         """Ranks key holds anything on (with or without tasks), ascending."""
         return sorted(self._holds.get(key, ()))
 
     def placement(self, ranks: Iterable[int]) -> list[dict[str, str]]:
-        """Ranks grouped by the topology vertex they hang from, in rank order (`mc jobs -o alloc`).
-
-        [{"path": "zone=a/rack=r1", "ranks": "0-3"}, ...]; ranks no longer known: path "?".
-        """
-        groups: dict[str, list[int]] = {}
-        for rank in sorted(set(ranks)):
-            node = self.nodes.get(rank)
-            label = node.parent.label if node is not None and node.parent is not None else "?"
-            groups.setdefault(label, []).append(rank)
-        return [{"path": path, "ranks": str(IdSet.from_ints(rs))} for path, rs in groups.items()]
+        """Ranks grouped by the topology vertex they hang from (`mc jobs -o alloc`; report.py)."""
+        return report.placement(self, ranks)
 
     def snapshot(self) -> tuple:
         """Hashable copy of all accounting state (tests compare before/after free)."""
@@ -602,10 +575,6 @@ class ResourceGraph:
             (g.path, g.free_cores, g.free_gpus, g.free_mem, g.idle_nodes, g.usable_nodes,
              g.nodes, g.mask) for g in self.groups.values()))
         return (nodes, groups, tuple(cl.buckets), cl.avail, cl.gpu_avail, cl.idle, cl.usable)
-
-
-def node_state(node: NodeState) -> str:
-    return "down" if not node.up else "drained" if node.drain_reason is not None else "up"
 
 
 def _with_sockets(node: NodeState, hold: Hold, sids: tuple[int, ...]) -> Hold:

@@ -1,13 +1,18 @@
-"""The containment hierarchy as plain nested dicts, for `mc resources --tree` (protocol.md §3.3).
+"""Plain, JSON-safe views of the graph: per-rank rows (`mc resources`), the containment hierarchy
+(`mc resources --tree`, protocol.md §3.3) and placements by vertex (`mc jobs -o alloc`).
 
-Free counts only usable (up, undrained) nodes; used is what allocations hold on any node; so
-total - free - used is out of service.
+In the hierarchy free counts only usable (up, undrained) nodes; used is what allocations hold on any
+node; so total - free - used is out of service.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from minicluster.model.idset import IdSet
+
+from . import idset
 from .state import NodeState
 from .topology import GroupState
 
@@ -31,9 +36,40 @@ def _group(group: GroupState) -> dict[str, Any]:
     return out
 
 
-def _node(node: NodeState) -> dict[str, Any]:
-    from .graph import node_state
+def node_state(node: NodeState) -> str:
+    return "down" if not node.up else "drained" if node.drain_reason is not None else "up"
 
+
+def summary(graph: ResourceGraph) -> list[dict[str, Any]]:
+    rows = []
+    for node in graph.iter_nodes():
+        free_cores = [c for s in node.sockets for c in idset.iter_ascending(s.cores_free)]
+        free_gpus = [g for s in node.sockets for g in idset.iter_ascending(s.gpus_free)]
+        rows.append({
+            "rank": node.rank, "hostname": node.hostname, "state": node_state(node),
+            "reason": node.drain_reason or "",
+            "cores_total": node.total_cores, "cores_free": node.free_cores,
+            "cores_free_ids": str(IdSet.from_ints(free_cores)),
+            "gpus_total": node.total_gpus, "gpus_free": node.free_gpus,
+            "gpus_free_ids": str(IdSet.from_ints(free_gpus)),
+            "memory_mb_total": node.total_mem, "memory_mb_free": node.free_mem,
+            "properties": dict(node.properties),
+            "path": node.parent.label if node.parent is not None else "cluster",
+        })
+    return rows
+
+
+def placement(graph: ResourceGraph, ranks: Iterable[int]) -> list[dict[str, str]]:
+    """[{"path": "zone=a/rack=r1", "ranks": "0-3"}, ...] in rank order; unknown ranks: path "?"."""
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(set(ranks)):
+        node = graph.nodes.get(rank)
+        label = node.parent.label if node is not None and node.parent is not None else "?"
+        groups.setdefault(label, []).append(rank)
+    return [{"path": path, "ranks": str(IdSet.from_ints(rs))} for path, rs in groups.items()]
+
+
+def _node(node: NodeState) -> dict[str, Any]:
     usable = node.usable
     sockets = [{
         "type": "socket", "name": f"socket{s.index}", "id": s.index,
