@@ -28,7 +28,8 @@ def test_bash_completes_subcommands_options_values_and_job_ids() -> None:
     assert set(bash_complete("mc ")) >= {"run", "submit", "jobs", "top", "completion", "--version"}
     assert "--label" in bash_complete("mc run --l") and "--ntasks" in bash_complete("mc run --n")
     assert bash_complete("mc run --policy s") == ["spread"]
-    assert bash_complete("mc run --policy=") == ["first-fit", "pack", "spread", "low-id", "high-id"]
+    assert bash_complete("mc run --policy=") == ["first-fit", "pack", "spread", "low-id", "high-id",
+                                                  "locality-first"]
     assert bash_complete("mc-submit --mp") == ["--mpi"]
     assert bash_complete("mc run sleep --") == []  # the command's own arguments: left to the shell
     running = int(mc("submit", "sleep", "30").stdout)
