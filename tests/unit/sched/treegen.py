@@ -118,6 +118,21 @@ def flat_requests(draw):
                    constraints=draw(st.sampled_from(CONSTRAINTS)))
 
 
+def empty_graph_match(graph, req, policy):
+    """check_feasible and match on an empty graph must agree: the allocation, or None if refused."""
+    from broker.sched import InfeasibleRequest
+
+    try:
+        graph.check_feasible(req)
+    except InfeasibleRequest as err:
+        assert str(err)
+        assert graph.match(req, policy) is None
+        return None
+    alloc = graph.match(req, policy)
+    assert alloc is not None, req
+    return alloc
+
+
 # ---------------------------------------------------------------- scheduler runs
 
 def note_promises(sched, job_ids, promised):
