@@ -67,7 +67,8 @@ class Broker:
         self.manager.wake_scheduler = self._wake_scheduler
         self.agent = WorkerAgent(config, 0, self.overlay.send, discover(config.resources, config.node_properties), self.uri)
         self.client_server = ClientServer(Operations(self), config.socket_path, config.access_group)
-        self.status_server = StatusServer(config.status_port, self.status_snapshot) if config.status_port else None
+        self.status_server = (StatusServer(config.status_port, self.status_snapshot, config.status_hosts())
+                              if config.status_port else None)
         self._schedule_pending = False
         self._started = time.time()
         self.command_state: dict[str, Any] | None = None

@@ -29,13 +29,24 @@ def metrics_text(status: dict[str, Any]) -> str:
 
 
 class StatusServer:
-    def __init__(self, port: int, snapshot: Callable[[], dict[str, Any]]) -> None:
+    """`hosts`: the addresses to listen on; ["*"] means every interface, IPv4 and IPv6 alike."""
+
+    def __init__(self, port: int, snapshot: Callable[[], dict[str, Any]], hosts: list[str]) -> None:
         self.port = port
         self.snapshot = snapshot
+        self.hosts = hosts
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, host="0.0.0.0", port=self.port)
+        if self.hosts != ["*"]:
+            self._server = await asyncio.start_server(self._serve, host=self.hosts, port=self.port)
+            return
+        try:
+            # host=None: one socket per address family the host has (0.0.0.0 and ::).
+            self._server = await asyncio.start_server(self._serve, host=None, port=self.port)
+        except OSError as exc:
+            log.warning("cannot listen on every address family (%s); IPv4 only", exc)
+            self._server = await asyncio.start_server(self._serve, host="0.0.0.0", port=self.port)
 
     async def close(self) -> None:
         if self._server is not None:

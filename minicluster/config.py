@@ -7,7 +7,9 @@ docs/architecture.md#configuration.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,10 @@ class InstanceConfig:
     # several ranks on one host).  tcp:// or ipc://.
     endpoint: str = "tcp://127.0.0.1:8050"
     port_base: int = 0
+    # Where the overlay ROUTERs and the status server listen: "" = the host of the rank's own endpoint (an
+    # address as given, a name resolved at start); "*" = every interface, IPv4 and IPv6 (what pods use: their
+    # own DNS name may not resolve yet when they start); or one address.
+    listen: str = ""
     curve_cert: str = ""
     state_dir: str = "/var/lib/minicluster"
     # Client socket of the broker (unix domain, mode 0600 or 0660 with access_group).
@@ -84,6 +90,8 @@ class InstanceConfig:
         if self.topology and self.resource_graph:
             raise ConfigError("topology and resource_graph both name the levels; the graph file"
                               " carries its own, drop topology")
+        if self.listen not in ("", "*") and any(c in self.listen for c in "/[] "):
+            raise ConfigError(f"listen must be empty, '*' or one address, got {self.listen!r}")
 
     @property
     def levels(self) -> tuple[tuple[str, str], ...]:
@@ -107,13 +115,24 @@ class InstanceConfig:
     def endpoint_of(self, rank: int) -> str:
         return self.endpoint.replace("{rank}", str(rank)).replace("{port}", str(self.port_base + rank))
 
-    def bind_address(self, rank: int) -> str:
-        """Where `rank` binds its ROUTER: ipc paths as they are, tcp on all interfaces."""
+    def bind_addresses(self, rank: int) -> list[str]:
+        """Where `rank` binds its ROUTER: ipc paths as they are; tcp on the listen host(s) (see `listen`)."""
         ep = self.endpoint_of(rank)
         if ep.startswith("ipc://"):
-            return ep
-        port = ep.rsplit(":", 1)[1]
-        return f"tcp://*:{port}"
+            return [ep]
+        host, port = split_tcp(ep)
+        return [f"tcp://{_bracketed(h)}:{port}" for h in self.listen_hosts(host)]
+
+    def listen_hosts(self, endpoint_host: str) -> list[str]:
+        """The addresses to listen on for a rank whose endpoint names `endpoint_host`; ["*"] = all."""
+        if self.listen == "*":
+            return ["*"]
+        return resolve_host(self.listen or endpoint_host)
+
+    def status_hosts(self) -> list[str]:
+        """Where rank 0's status server listens: where its ROUTER does; loopback when the overlay is ipc."""
+        ep = self.endpoint_of(0)
+        return self.listen_hosts(split_tcp(ep)[0] if ep.startswith("tcp://") else "127.0.0.1")
 
     def replace(self, **changes: Any) -> "InstanceConfig":
         return dataclasses.replace(self, **changes)
@@ -124,6 +143,32 @@ class InstanceConfig:
             value = getattr(self, f.name)
             lines.append(f"{f.name} = {_toml_value(value)}")
         return "\n".join(lines) + "\n"
+
+
+def split_tcp(endpoint: str) -> tuple[str, int]:
+    """("host", port) of "tcp://host:port" or "tcp://[v6]:port"."""
+    rest = endpoint.removeprefix("tcp://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"endpoint {endpoint!r} has no port")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def resolve_host(host: str) -> list[str]:
+    """The addresses of `host`: an address as it is, a name through the resolver (every address, once)."""
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot resolve {host!r} to listen on: {exc.strerror}") from None
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def _toml_value(value: Any) -> str:
@@ -168,4 +213,4 @@ def write(config: InstanceConfig, path: str | os.PathLike[str]) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["ConfigError", "InstanceConfig", "POLICIES", "load", "from_mapping", "write"]
+__all__ = ["ConfigError", "InstanceConfig", "POLICIES", "load", "from_mapping", "write", "split_tcp", "resolve_host"]

@@ -169,7 +169,7 @@ class WorkerAgent:
         out = info.get("output")
         path = out.format(id=job, task=task, index=index) if out else None
         self.running[key] = (cores, gpus)
-        bind = tuple(cores)
+        bind = tuple(cores) if self.resources.pinned else ()
         if self._real_cores is not None:
             bind = tuple(sorted({self._real_cores[c % len(self._real_cores)] for c in cores}))
         self.job_running[job] = self.job_running.get(job, 0) + 1

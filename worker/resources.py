@@ -41,6 +41,9 @@ class NodeResources:
     properties: dict[str, str] = field(default_factory=dict)
     gpu_sockets: dict[int, tuple[int, ...]] = field(default_factory=dict)  # empty: unknown
     memory_sockets: dict[int, int] = field(default_factory=dict)  # empty: unknown
+    # False when the cores stand for a CPU quota's share of a larger mask: tasks are then not bound to core ids
+    # (every pod on a node would otherwise crowd onto the same first cores).  Local to the worker, not on the wire.
+    pinned: bool = True
 
     @property
     def cores(self) -> tuple[int, ...]:
@@ -122,6 +125,7 @@ def discover(resources_override: str = "", properties: str = "") -> NodeResource
     """What this worker process may use, with the override spec taking precedence."""
     override = parse_override(resources_override)
     props = parse_properties(properties)
+    pinned = True
     if "cores" in override:
         cores = tuple(range(override["cores"]))
         sockets = _split_sockets(cores, override.get("sockets", 1), resources_override)
@@ -129,7 +133,13 @@ def discover(resources_override: str = "", properties: str = "") -> NodeResource
         cores = tuple(sorted(os.sched_getaffinity(0)))
         sockets = _split_sockets(cores, override["sockets"], resources_override)
     else:
-        sockets = discover_sockets(os.sched_getaffinity(0))
+        mask = sorted(os.sched_getaffinity(0))
+        limit = discover_cpu_limit()
+        if limit is not None and limit < len(mask):
+            # A CPU quota, not a cpuset: any cores may run our tasks, but only this many at a time.
+            sockets, pinned = discover_sockets(set(mask[:limit])), False
+        else:
+            sockets = discover_sockets(set(mask))
     if "gpus" in override:
         gpus = tuple(range(override["gpus"]))
         gpu_sockets = split_evenly(gpus, sorted(sockets))
@@ -143,7 +153,7 @@ def discover(resources_override: str = "", properties: str = "") -> NodeResource
         memory = discover_memory_mb()
         memory_sockets = split_memory(memory, discover_numa_memory(sockets))
     return NodeResources(socket.gethostname(), sockets, gpus, memory, props, gpu_sockets,
-                         memory_sockets)
+                         memory_sockets, pinned)
 
 
 def split_evenly(gpus: tuple[int, ...], socket_ids: list[int]) -> dict[int, tuple[int, ...]]:
@@ -289,8 +299,18 @@ def discover_memory_mb(meminfo: str = PROC_MEMINFO, proc_cgroup: str = PROC_CGRO
                        cgroup_fs: str = CGROUP_FS) -> int:
     """MemTotal, lowered to the tightest cgroup (v2 or v1) memory limit on our path."""
     total = _meminfo_total_bytes(meminfo)
-    limits = [lim for lim in _cgroup_limits(proc_cgroup, cgroup_fs) if lim > 0]
+    v2_dirs, v1_dirs = _cgroup_dirs(proc_cgroup, cgroup_fs, "memory")
+    limits = [lim for lim in (*(_read_int(d, "memory.max") for d in v2_dirs),
+                              *(_read_int(d, "memory.limit_in_bytes") for d in v1_dirs)) if lim and lim > 0]
     return min([total, *limits]) // (1024 * 1024)
+
+
+def discover_cpu_limit(proc_cgroup: str = PROC_CGROUP, cgroup_fs: str = CGROUP_FS) -> int | None:
+    """Whole cores allowed by the tightest CPU quota on our cgroup path (v2 `cpu.max`, v1 CFS quota), rounded
+    down and at least 1; None without a quota.  A pod's `limits.cpu` arrives this way, not as an affinity mask."""
+    v2_dirs, v1_dirs = _cgroup_dirs(proc_cgroup, cgroup_fs, "cpu")
+    quotas = [q for q in (*(_cpu_max(d) for d in v2_dirs), *(_cfs_quota(d) for d in v1_dirs)) if q is not None]
+    return max(1, int(min(quotas) + 1e-9)) if quotas else None
 
 
 def _meminfo_total_bytes(meminfo: str) -> int:
@@ -301,37 +321,57 @@ def _meminfo_total_bytes(meminfo: str) -> int:
     raise ValueError(f"{meminfo}: no MemTotal line")
 
 
-def _cgroup_limits(proc_cgroup: str, cgroup_fs: str) -> list[int]:
+def _cgroup_dirs(proc_cgroup: str, cgroup_fs: str, v1_controller: str) -> tuple[list[str], list[str]]:
+    """The cgroup directories on our path, ours first then each ancestor: (v2 ones, v1 `v1_controller` ones)."""
     try:
         with open(proc_cgroup) as f:
             lines = f.read().splitlines()
     except OSError:
-        return []
-    limits: list[int] = []
+        return [], []
+    v2: list[str] = []
+    v1: list[str] = []
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":
             v2_root = cgroup_fs
             if not os.path.exists(os.path.join(cgroup_fs, "cgroup.controllers")):
                 v2_root = os.path.join(cgroup_fs, "unified")  # hybrid hierarchy
-            limits += _limits_up_the_tree(v2_root, path, "memory.max")
-        elif "memory" in controllers.split(","):
-            limits += _limits_up_the_tree(os.path.join(cgroup_fs, "memory"), path,
-                                          "memory.limit_in_bytes")
-    return limits
+            v2 += _up_the_tree(v2_root, path)
+        elif v1_controller in controllers.split(","):
+            v1 += _up_the_tree(os.path.join(cgroup_fs, v1_controller), path)
+    return v2, v1
 
 
-def _limits_up_the_tree(root: str, path: str, filename: str) -> list[int]:
+def _up_the_tree(root: str, path: str) -> list[str]:
     # Ancestors' limits apply too, and inside a container without a cgroup
     # namespace our own path may not exist under the mount at all.
-    limits: list[int] = []
     parts = [p for p in path.split("/") if p]
-    for depth in range(len(parts), -1, -1):
-        try:
-            with open(os.path.join(root, *parts[:depth], filename)) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():  # "max" means no limit
-            limits.append(int(text))
-    return limits
+    return [os.path.join(root, *parts[:depth]) for depth in range(len(parts), -1, -1)]
+
+
+def _read(directory: str, filename: str) -> str | None:
+    try:
+        with open(os.path.join(directory, filename)) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _read_int(directory: str, filename: str) -> int | None:
+    text = _read(directory, filename)
+    return int(text) if text and text.lstrip("-").isdigit() else None  # "max" means no limit
+
+
+def _cpu_max(directory: str) -> float | None:
+    fields = (_read(directory, "cpu.max") or "").split()
+    if len(fields) != 2 or not fields[0].isdigit() or not fields[1].isdigit() or int(fields[1]) == 0:
+        return None  # absent, or "max PERIOD": no quota
+    return int(fields[0]) / int(fields[1])
+
+
+def _cfs_quota(directory: str) -> float | None:
+    quota = _read_int(directory, "cpu.cfs_quota_us")
+    period = _read_int(directory, "cpu.cfs_period_us")
+    if quota is None or quota <= 0 or not period:
+        return None  # -1: no quota
+    return quota / period

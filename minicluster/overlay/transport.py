@@ -6,7 +6,9 @@ envelopes between ranks without blocking the event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,18 @@ from minicluster.proto.envelope import BadMessage, Message
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], None]
+
+
+@functools.cache
+def ipv6_available() -> bool:
+    """Whether this host can open IPv6 sockets (some nodes boot with IPv6 disabled)."""
+    if not socket.has_ipv6:
+        return False
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+    except OSError:
+        return False
+    return True
 
 
 class _Sender:
@@ -94,7 +108,9 @@ class Overlay:
         # A restarted child reuses its routing id; let the new connection take over the old one.
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         curve.make_server(sock, self._cert)
-        sock.bind(self.config.bind_address(self.rank))
+        sock.setsockopt(zmq.IPV6, ipv6_available())
+        for address in self.config.bind_addresses(self.rank):
+            sock.bind(address)
         return sock
 
     def _make_dealer(self) -> zmq.asyncio.Socket:
@@ -110,6 +126,8 @@ class Overlay:
         sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
         curve.make_client(sock, self._cert)
+        # Without it libzmq resolves names to IPv4 only, and an IPv6-only cluster never connects.
+        sock.setsockopt(zmq.IPV6, ipv6_available())
         assert self.parent is not None
         sock.connect(self.config.endpoint_of(self.parent))
         return sock

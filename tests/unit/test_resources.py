@@ -5,7 +5,8 @@ import socket
 import msgpack
 import pytest
 
-from worker.resources import (NodeResources, discover, discover_gpu_sockets, discover_gpus,
+from worker import resources
+from worker.resources import (NodeResources, discover, discover_cpu_limit, discover_gpu_sockets, discover_gpus,
                               discover_memory_mb, discover_numa_memory, discover_sockets,
                               parse_override, parse_properties, split_memory)
 
@@ -201,3 +202,52 @@ def test_numa_memory_per_socket_and_the_cgroup_share(tmp_path):
     assert weights == {0: 4 << 20, 1: 12 << 20}  # the CPU-less node is nobody's socket
     assert split_memory(1000, weights) == {0: 250, 1: 750}
     assert split_memory(1001, {0: 1, 1: 1}) == {0: 501, 1: 500} and split_memory(5, {}) == {}
+
+
+def _cgroup_v2(tmp_path, **files_by_dir):
+    fs = tmp_path / "cg"
+    (fs / "kubepods" / "pod1").mkdir(parents=True)
+    (fs / "cgroup.controllers").write_text("cpu memory\n")
+    for rel, text in files_by_dir.items():
+        (fs / rel.replace("__", "/")).write_text(text)
+    cg = tmp_path / "self_cgroup"
+    cg.write_text("0::/kubepods/pod1\n")
+    return str(cg), str(fs)
+
+
+@pytest.mark.parametrize("files, cores", [
+    ({}, None),
+    ({"kubepods__pod1__cpu.max": "max 100000\n"}, None),
+    ({"kubepods__pod1__cpu.max": "200000 100000\n"}, 2),
+    # The tightest quota up the tree wins, rounded down, never below one core.
+    ({"kubepods__pod1__cpu.max": "400000 100000\n", "kubepods__cpu.max": "350000 100000\n"}, 3),
+    ({"kubepods__pod1__cpu.max": "50000 100000\n"}, 1),
+    ({"kubepods__pod1__cpu.max": "garbage\n"}, None),
+])
+def test_cpu_limit_from_cgroup_v2_cpu_max(tmp_path, files, cores):
+    assert discover_cpu_limit(*_cgroup_v2(tmp_path, **files)) == cores
+
+
+def test_cpu_limit_from_cgroup_v1_cfs_quota(tmp_path):
+    fs = tmp_path / "cg"
+    leaf = fs / "cpu" / "kubepods" / "pod1"
+    leaf.mkdir(parents=True)
+    cg = tmp_path / "self_cgroup"
+    cg.write_text("5:cpu,cpuacct:/kubepods/pod1\n4:memory:/kubepods/pod1\n")
+    (leaf / "cpu.cfs_quota_us").write_text("-1\n")
+    (leaf / "cpu.cfs_period_us").write_text("100000\n")
+    assert discover_cpu_limit(str(cg), str(fs)) is None
+    (leaf / "cpu.cfs_quota_us").write_text("150000\n")
+    assert discover_cpu_limit(str(cg), str(fs)) == 1
+    (leaf / "cpu.cfs_quota_us").write_text("600000\n")
+    assert discover_cpu_limit(str(cg), str(fs)) == 6
+
+
+def test_discover_advertises_the_cpu_quota_unpinned(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(resources, "discover_cpu_limit", lambda: 2)
+    found = discover()
+    assert len(found.cores) == 2 and found.pinned is False
+    monkeypatch.setattr(resources, "discover_cpu_limit", lambda: None)
+    found = discover()
+    assert len(found.cores) == 64 and found.pinned is True
