@@ -25,6 +25,7 @@ from broker.recovery import Reattach, load
 from broker.status_http import StatusServer
 from broker.watchers import Watchers
 from minicluster import config as config_mod
+from minicluster import exitcodes
 from minicluster.config import InstanceConfig
 from minicluster.overlay.curve import Certificate
 from minicluster.overlay.transport import Overlay
@@ -43,6 +44,7 @@ class Broker:
         self.command = command
         self.owner_uid = os.getuid()
         self.stopping = False
+        self.disrupted: int | None = None
         self._stop = asyncio.Event()
         self.uri = f"unix://{config.socket_path}"
         self.journal = Journal(config.state_dir)
@@ -89,15 +91,32 @@ class Broker:
         else:
             tasks.append(asyncio.ensure_future(self._close_reattach_window()))
         log.info("broker up: epoch %d, %s", self.epoch, self.uri)
-        status = 0
+        status = exitcodes.SUCCESS
         if self.command:
-            status = await self._run_command(self.command)
+            status = await self._run_command(self.command)  # a stop that comes first ends the command
+            if (self.command_state or {}).get("state") != "exited":
+                status = exitcodes.SUCCESS  # ended by `mc shutdown`: a clean end (a disruption returns below)
             self.request_stop()
         await self._stop.wait()
+        if self.disrupted is not None:
+            await self._leave(tasks)
+            return self.disrupted
         await self._shutdown(tasks)
         return status
 
     def request_stop(self) -> None:
+        """End the MiniCluster: running jobs end with `shutdown`, and every rank is told to stop."""
+        self.stopping = True
+        self._stop.set()
+
+    def disrupt(self, signum: int) -> None:
+        """Stopped by a signal (pod deleted, evicted, node drained): a disruption, not the MiniCluster's end.
+
+        Nothing is recorded as ended and no worker is told to stop: they keep their tasks and rejoin the broker
+        that replaces this one, which resumes from the journal (architecture.md#restart)."""
+        if self.disrupted is None:
+            log.warning("stopped by signal %d: leaving without ending the MiniCluster", signum)
+            self.disrupted = exitcodes.stopped_by(signum)
         self.stopping = True
         self._stop.set()
 
@@ -108,6 +127,14 @@ class Broker:
         # Rank 0's own agent passes `shutdown` on to rank 0's children, and they to theirs.
         self.agent.handle(Message("shutdown", 0, 0, {}))
         await self.agent.stopped.wait()
+        await self._close(tasks)
+
+    async def _leave(self, tasks: list[asyncio.Future[Any]]) -> None:
+        # Rank 0's own tasks die with its pod: end them with their grace, and record how they ended.
+        await self.agent.shutdown()
+        await self._close(tasks)
+
+    async def _close(self, tasks: list[asyncio.Future[Any]]) -> None:
         await asyncio.sleep(0.1)  # let the last results and kills go out
         for task in tasks:
             task.cancel()
@@ -142,7 +169,8 @@ class Broker:
         stopping = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait((exited, stopping), return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
-        if not exited.done():
+        stopped_first = not exited.done()
+        if stopped_first:
             _signal_command(proc.pid, own_group, signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(exited), self.config.kill_grace)
@@ -151,8 +179,9 @@ class Broker:
         code = await exited
         if own_group:
             _signal_command(proc.pid, own_group, signal.SIGKILL)  # what the command left behind
-        status = code if code >= 0 else 128 - code
-        self.command_state = {"state": "exited", "status": status}
+        status = code if code >= 0 else exitcodes.stopped_by(-code)
+        # A command the broker's own stop ended did not fail: the operator must not report CommandFailed.
+        self.command_state = {"state": "stopped" if stopped_first else "exited", "status": status}
         return status
 
     # --- overlay messages ----------------------------------------------------------------------------------
@@ -355,9 +384,10 @@ def _signal_command(pid: int, own_group: bool, sig: int) -> None:
 
 def install_signal_handlers(broker: Broker) -> None:
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, broker.request_stop)
+    # SIGTERM is how Kubernetes stops a pod: the broker leaves, the MiniCluster does not end (exitcodes.py).
+    loop.add_signal_handler(signal.SIGTERM, broker.disrupt, signal.SIGTERM)
     # In batch mode the command owns the terminal: Ctrl-C is its to handle (mc run cancels its job).
     if broker.command:
         loop.add_signal_handler(signal.SIGINT, lambda: None)
     else:
-        loop.add_signal_handler(signal.SIGINT, broker.request_stop)
+        loop.add_signal_handler(signal.SIGINT, broker.disrupt, signal.SIGINT)

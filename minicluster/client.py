@@ -19,7 +19,9 @@ import msgpack
 from minicluster.model.jobspec import InvalidJobspec, Jobspec, from_wire
 from minicluster.proto.frames import VERSION, FrameError, pack, read_blocking
 
-DEFAULT_SOCKET = "/run/minicluster/broker.sock"
+# Where a broker listens unless told otherwise: a system instance, then the default `state_dir` (pods: the
+# broker's socket is in its state dir, so `kubectl exec` finds it with no MC_URI at all).
+DEFAULT_SOCKETS = ("/run/minicluster/broker.sock", "/var/lib/minicluster/run/broker.sock")
 # submit-many batches stay well under the 16 MiB frame limit, whatever the size of each environment.
 BATCH_BYTES = 8 * 1024 * 1024
 BATCH_COUNT = 1000
@@ -49,9 +51,11 @@ def socket_path(uri: str | None = None) -> str:
         if "://" in uri:
             raise ClientError("bad-uri", f"unsupported MiniCluster URI {uri!r}: expected unix:///PATH")
         return uri
-    if os.path.exists(DEFAULT_SOCKET):
-        return DEFAULT_SOCKET
-    raise ClientError("no-instance", "no MiniCluster found: set MC_URI or run inside `mc start`")
+    for path in DEFAULT_SOCKETS:
+        if os.path.exists(path):
+            return path
+    raise ClientError("no-instance", f"no MiniCluster found: set MC_URI or run inside `mc start` "
+                                     f"(no broker socket at {' or '.join(DEFAULT_SOCKETS)})")
 
 
 def wire_jobspec(spec: JobspecLike) -> dict[str, Any]:
@@ -357,4 +361,4 @@ def _batches(specs: Iterable[JobspecLike]) -> Iterator[list[dict[str, Any]]]:
         yield batch
 
 
-__all__ = ["Client", "ClientError", "DEFAULT_SOCKET", "socket_path", "wire_jobspec"]
+__all__ = ["Client", "ClientError", "DEFAULT_SOCKETS", "socket_path", "wire_jobspec"]

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 
+from minicluster import exitcodes
 from minicluster.config import InstanceConfig
 from minicluster.overlay.curve import Certificate
 from minicluster.overlay.transport import Overlay
@@ -35,7 +36,16 @@ async def run_worker(config: InstanceConfig, rank: int, cert: Certificate) -> in
     overlay = Overlay(config, rank, cert, deliver)
     agent = WorkerAgent(config, rank, overlay.send, resources, f"unix://{config.socket_path}")
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(agent.shutdown()))
+    signals: list[int] = []
+
+    def stop(signum: int) -> None:
+        # Pod deletion or eviction: end this rank's tasks with their grace and report them, then leave as a
+        # disruption (exitcodes.py).  Only rank 0's `shutdown` is a clean end.
+        if not signals:
+            signals.append(signum)
+            loop.create_task(agent.shutdown())
+
+    loop.add_signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
     # Ctrl-C in `mc start` reaches every process of the foreground group; the launcher decides.
     loop.add_signal_handler(signal.SIGINT, lambda: None)
     overlay.start()
@@ -43,4 +53,4 @@ async def run_worker(config: InstanceConfig, rank: int, cert: Certificate) -> in
         await agent.run()
     finally:
         await overlay.close()
-    return 0
+    return exitcodes.stopped_by(signals[0]) if signals else exitcodes.SUCCESS

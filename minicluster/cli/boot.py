@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from minicluster import config as config_mod
+from minicluster.cli import init
 from minicluster.overlay import curve
 
 
@@ -100,6 +101,7 @@ def worker_main(argv: list[str]) -> int:
 def boot_main(argv: list[str]) -> int:
     args = _parser("mc boot", True).parse_args(argv)
     rank = _rank(args)
+    init.fork_rank()  # as a container's PID 1: reap orphans, forward signals (minicluster/cli/init.py)
     if rank == 0:
         return run_broker(args.config, _command(args))
     return run_worker(args.config, rank)

@@ -205,9 +205,8 @@ def _run(config: config_mod.InstanceConfig, config_path: str, command: list[str]
             stop_signal.append(signum)
             return
         stop_signal.append(signum)
-        if 0 in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pids[0], signal.SIGTERM)
+        # Every rank leaves on SIGTERM; none tells the others to stop (minicluster/exitcodes.py).
+        _signal_all(pids, signal.SIGTERM)
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -224,9 +225,26 @@ def test_socket_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ClientError, match="unix://"):
         socket_path("tcp://host:1")
     monkeypatch.delenv("MC_URI")
-    monkeypatch.setattr("minicluster.client.DEFAULT_SOCKET", "/nonexistent/broker.sock")
+    monkeypatch.setattr("minicluster.client.DEFAULT_SOCKETS", ("/nonexistent/broker.sock",))
     with pytest.raises(ClientError, match="no MiniCluster found"):
         socket_path()
+
+
+def test_default_socket_is_where_a_default_config_broker_listens(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    # `kubectl exec POD -- mc-submit ...` has no MC_URI unless the pod sets it: the client must look where a
+    # broker with the default state_dir (the pods' one) listens.
+    from minicluster.client import DEFAULT_SOCKETS
+    from minicluster.config import InstanceConfig
+    from minicluster.operator import manifests
+
+    assert InstanceConfig().socket_path in DEFAULT_SOCKETS
+    assert InstanceConfig(state_dir=manifests.STATE_DIR).socket_path in DEFAULT_SOCKETS
+    monkeypatch.delenv("MC_URI", raising=False)
+    sock = tmp_path / "broker.sock"
+    sock.touch()
+    monkeypatch.setattr("minicluster.client.DEFAULT_SOCKETS", ("/nonexistent/broker.sock", str(sock)))
+    assert socket_path() == str(sock)
 
 
 def test_mc_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:

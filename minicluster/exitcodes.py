@@ -1,0 +1,23 @@
+"""The exit-code contract of `mc boot`, `mc broker` and `mc worker` (docs/operator.md#how-the-job-ends).
+
+Kubernetes' podFailurePolicy acts on these codes, so they are part of the operator's interface:
+  * 0 — the MiniCluster ended: its batch command exited 0, or `mc shutdown` (a worker: told to stop by rank 0);
+  * 1..127 — the program reported a failure a restart would not fix: the batch command's own status, or a
+    rank that cannot start (bad config, unreadable key).  The Job fails at once;
+  * 128 + n — stopped by signal n.  SIGTERM (143) is how pods are stopped (deletion, eviction, a node drain):
+    a disruption, never a success.  The Job recreates the pod and the rank rejoins.
+"""
+from __future__ import annotations
+
+import signal
+
+SUCCESS = 0
+PROGRAM_FAILURE = range(1, 128)
+
+
+def stopped_by(signum: int) -> int:
+    """The exit status of a rank stopped by `signum`: 128 + n, as a shell would report it."""
+    return 128 + int(signum)
+
+
+DISRUPTED = stopped_by(signal.SIGTERM)
