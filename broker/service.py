@@ -6,6 +6,7 @@ It also hosts rank 0's own WorkerAgent, so the broker's node runs tasks like any
 from __future__ import annotations
 
 import asyncio
+import datetime
 import gc
 import logging
 import os
@@ -343,7 +344,10 @@ class Broker:
                 jobs["failed" if job.status else "finished"] += 1
             else:
                 jobs["running" if job.state in (State.RUN, State.CLEANUP) else "queued"] += 1
+        started = datetime.datetime.fromtimestamp(self._started, datetime.timezone.utc)
         return {"name": self.config.name, "size": self.config.size, "max_size": self.config.tree_size,
+                # A new `started` with an epoch that did not grow means a new, empty journal (state lost).
+                "epoch": self.epoch, "started": started.isoformat(timespec="milliseconds"),
                 "ranks": {"up": counts["up"], "unresponsive": counts["unresponsive"], "lost": counts["lost"],
                           "expected": counts["expected"]},
                 "ready": self.ranks.all_up(), "jobs": jobs, "command": self.command_state,

@@ -99,8 +99,14 @@ def worker_main(argv: list[str]) -> int:
 
 
 def boot_main(argv: list[str]) -> int:
-    args = _parser("mc boot", True).parse_args(argv)
+    parser = _parser("mc boot", True)
+    parser.add_argument("--broker-elsewhere", action="store_true",
+                        help="rank 0 runs in a pod of its own (the operator's spec.storage): as rank 0, exit 0")
+    args = parser.parse_args(argv)
     rank = _rank(args)
+    if rank == 0 and args.broker_elsewhere:
+        print("mc boot: rank 0 runs in its own pod (spec.storage); nothing to do at this index", file=sys.stderr)
+        return 0
     init.fork_rank()  # as a container's PID 1: reap orphans, forward signals (minicluster/cli/init.py)
     if rank == 0:
         return run_broker(args.config, _command(args))

@@ -15,12 +15,15 @@ from typing import Any
 import kopf
 
 from minicluster.operator import manifests, reconcile, status
+from minicluster.operator import pods as pods_mod
 from minicluster.operator.kube import ApiError, Kube, path_of
 from minicluster.operator.metrics import Metrics
 from minicluster.operator.spec import GROUP, PLURAL, VERSION, MiniCluster, problems
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 logger = logging.getLogger(__name__)
+# With storage: how long workers may take to obey rank 0's shutdown before their Job is suspended.
+STRAGGLER_GRACE = 30.0
 
 
 @dataclass
@@ -121,19 +124,27 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
     if problems(body):
         return  # the reconcile handler has already said why
     mc = MiniCluster.from_body(body)
-    job = await deps.kube.get(path_of("Job", mc.namespace, mc.name))
+    job = await deps.kube.get(path_of("Job", mc.namespace, mc.broker_job_name))
     if job is None:
         # Deleted behind our back (or never created): rebuild, report next time.
         await _reconcile(deps, body)
         return
     if not reconcile.is_owned(job, mc):
         return  # someone else's Job: the reconcile handler has reported it
+    workers = await deps.kube.get(path_of("Job", mc.namespace, mc.name)) if mc.storage else None
     active = not status.job_finished(job) and not status.job_suspended(job)
-    broker = await deps.fetch_status(mc) if active else None
+    pods, events = await _pods_and_events(deps.kube, mc) if active else ([], [])
+    broker = await deps.fetch_status(mc, pods_mod.broker_pod(mc, pods)) if active else None
+    seen = status.Observed(job=job, broker=broker, workers=workers, pods=pods, events=events)
+    lost: list[str] = []
 
     def polled(old: Mapping[str, Any]) -> dict[str, Any]:
-        fields = status.derive(mc, old, job, broker, _now())
+        fields = status.derive(mc, old, seen, _now())
         deps.metrics.set_phase(mc.namespace, mc.name, fields["phase"])
+        before = status.find_condition(old.get("conditions") or [], "StateDurable")
+        after = status.find_condition(fields["conditions"], "StateDurable")
+        if after.get("reason") == "StateLost" and after.get("message") != before.get("message"):
+            lost[:] = [after["message"]]
         return fields
     try:
         await _write_status(deps, body, polled)
@@ -141,6 +152,33 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
         # Logged, not raised: kopf does not restart a timer that failed.
         deps.metrics.failed("status")
         logger.warning("writing the status of %s/%s failed: %s", mc.namespace, mc.name, exc)
+    if lost:
+        kopf.warn(body, reason="StateLost", message=lost[0])
+    if workers is not None and status.job_finished(job):
+        await _stop_workers(deps.kube, mc, job, workers)
+
+
+async def _pods_and_events(kube: Kube, mc: MiniCluster) -> tuple[list[Any], list[Any]]:
+    """The MiniCluster's pods, and its Jobs' FailedCreate events (pods that admission refused never exist)."""
+    selector = f"labelSelector={manifests.selector(mc)}"
+    pods = (await kube.get(f"{path_of('Pod', mc.namespace)}?{selector}") or {}).get("items") or []
+    events: list[Any] = []
+    for name in {mc.name, mc.broker_job_name}:
+        query = f"fieldSelector=involvedObject.kind=Job,involvedObject.name={name},reason=FailedCreate"
+        events += (await kube.get(f"{path_of('Event', mc.namespace)}?{query}") or {}).get("items") or []
+    return pods, events
+
+
+async def _stop_workers(kube: Kube, mc: MiniCluster, job: Mapping[str, Any], workers: Mapping[str, Any]) -> None:
+    """With storage, rank 0's Job ended (the workers' Job has no success policy to end with it): workers told
+    to stop have done so; suspend the Job of any that remain (a rank down during the shutdown, or a failure)."""
+    if status.job_finished(workers) or status.job_suspended(workers):
+        return
+    ended = status.job_conditions(job)
+    since = str(((job.get("status") or {}).get("completionTime")) or "")
+    if "Complete" in ended and since and since > _now(-STRAGGLER_GRACE):
+        return
+    await kube.merge_patch(path_of("Job", mc.namespace, mc.name), {"spec": {"suspend": True}})
 
 
 async def _write_status(
@@ -171,5 +209,6 @@ async def _write_status(
                 raise
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _now(offset: float = 0.0) -> str:
+    when = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=offset)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")

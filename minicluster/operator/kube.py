@@ -23,6 +23,9 @@ _KINDS: dict[str, tuple[str, str]] = {
     "Secret": ("/api/v1", "secrets"),
     "ConfigMap": ("/api/v1", "configmaps"),
     "Service": ("/api/v1", "services"),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
+    "Pod": ("/api/v1", "pods"),
+    "Event": ("/api/v1", "events"),
     "Job": ("/apis/batch/v1", "jobs"),
     "MiniCluster": (f"/apis/{API_VERSION}", PLURAL),
 }
@@ -72,13 +75,15 @@ class Kube:
 
     async def request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         session: aiohttp.ClientSession | None = None
+        limit = aiohttp.ClientTimeout(total=timeout) if timeout else None
         for attempt in range(2):
             session, conn = await self._ensure_session(stale=session if attempt else None)
             headers = {"Content-Type": content_type, **conn.as_http_headers()}
             url = conn.server.rstrip("/") + path
-            async with session.request(method, url, json=body, headers=headers) as resp:
+            async with session.request(method, url, json=body, headers=headers, timeout=limit) as resp:
                 # A rotated service-account token shows up as 401: log in again once.
                 if resp.status == 401 and attempt == 0:
                     continue

@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 from minicluster.config import InstanceConfig
+from minicluster import exitcodes
 from minicluster.operator.spec import (
-    API_VERSION, CONTAINER, KIND, MANAGER, NAME_LABEL, OVERLAY_PORT, QUEUE_LABEL,
+    API_VERSION, CONTAINER, KIND, MANAGER, NAME_LABEL, OVERLAY_PORT, QUEUE_LABEL, ROLE_LABEL, RUNTIME_UID,
     STATUS_PORT, MiniCluster,
 )
 
@@ -22,11 +23,14 @@ CONFIG_FILE = f"{CONFIG_DIR}/config.toml"
 CURVE_KEY = "curve.key_secret"
 CURVE_FILE = f"{CONFIG_DIR}/curve/{CURVE_KEY}"
 STATE_DIR = "/var/lib/minicluster"
+# Where the broker listens in a pod; also in the pod's env so `kubectl exec` finds it.
+BROKER_URI = f"unix://{InstanceConfig(state_dir=STATE_DIR).socket_path}"
 
 # A rank that exits 1..127 reported a failure itself (for rank 0: the batch
 # command's status), which a restart would not fix.  Exit codes >= 128 mean
-# "killed by a signal" (OOM kill, pod deletion) and the index is retried.
-PROGRAM_FAILURE_CODES = list(range(1, 128))
+# "stopped by a signal" (pod deletion or eviction 143, OOM kill 137) and the
+# index is retried (minicluster/exitcodes.py).
+PROGRAM_FAILURE_CODES = list(exitcodes.PROGRAM_FAILURE)
 BACKOFF_LIMIT = 10
 TEMPLATE_HASH = "minicluster.dev/template-hash"
 
@@ -39,6 +43,10 @@ def config_name(mc: MiniCluster) -> str:
 
 def secret_name(mc: MiniCluster) -> str:
     return f"{mc.name}-curve"
+
+
+def claim_name(mc: MiniCluster) -> str:
+    return f"{mc.name}-state"
 
 
 def selector(mc: MiniCluster) -> str:
@@ -110,6 +118,8 @@ def instance_config(mc: MiniCluster, cluster_domain: str = "cluster.local") -> I
         curve_cert=CURVE_FILE,
         state_dir=STATE_DIR,
         status_port=STATUS_PORT,
+        # Pods listen on every interface: their own DNS name may not resolve yet when they start.
+        listen="*",
         policy=mc.policy,
     )
 
@@ -143,28 +153,55 @@ def service(mc: MiniCluster) -> Manifest:
 
 
 def job(mc: MiniCluster) -> Manifest:
-    extra = {QUEUE_LABEL: mc.queue_name} if mc.queue_name else {}
+    """The Indexed Job of the ranks: all of them, or with `spec.storage` the workers (its index 0 then exits
+    at once: rank 0 runs in `broker_job()`, the only pod that mounts the claim, which is ReadWriteOnce)."""
+    spec = _job_spec(mc, completions=mc.size, template=pod_template(mc))
+    spec["completionMode"] = "Indexed"
+    if not mc.storage:
+        spec["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
+    return _job_manifest(mc, mc.name, spec)
+
+
+def broker_job(mc: MiniCluster) -> Manifest:
+    """With `spec.storage`: rank 0 alone, with the PersistentVolumeClaim as its state dir."""
+    return _job_manifest(mc, mc.broker_job_name, _job_spec(mc, completions=1, template=pod_template(mc, "broker")))
+
+
+def jobs(mc: MiniCluster) -> list[Manifest]:
+    if not mc.storage:
+        return [job(mc)]
+    return [broker_job(mc), *([job(mc)] if mc.max_size > 1 else [])]
+
+
+def _job_spec(mc: MiniCluster, completions: int, template: Manifest) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "completionMode": "Indexed",
-        "completions": mc.size,
-        "parallelism": mc.size,
+        "completions": completions,
+        "parallelism": completions,
         # Kueue admits a queued Job by un-suspending it, so it must start suspended.
         "suspend": mc.suspend or bool(mc.queue_name),
         "backoffLimit": BACKOFF_LIMIT,
-        "successPolicy": {"rules": [{"succeededIndexes": "0"}]},
         "podFailurePolicy": {"rules": pod_failure_rules()},
-        "template": pod_template(mc),
+        "template": template,
     }
     if mc.deadline_seconds:
         spec["activeDeadlineSeconds"] = mc.deadline_seconds
-    metadata = _metadata(mc, mc.name, **extra)
-    metadata["annotations"] = {TEMPLATE_HASH: template_hash(mc)}
+    return spec
+
+
+def _job_manifest(mc: MiniCluster, name: str, spec: dict[str, Any]) -> Manifest:
+    extra = {QUEUE_LABEL: mc.queue_name} if mc.queue_name else {}
+    metadata = _metadata(mc, name, **extra)
+    metadata["annotations"] = {TEMPLATE_HASH: _hash(spec["template"])}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
-def template_hash(mc: MiniCluster) -> str:
-    """Fingerprint of the pod template, which a Job never lets us change."""
-    text = json.dumps(pod_template(mc), sort_keys=True)
+def template_hash(mc: MiniCluster, role: str = "ranks") -> str:
+    """Fingerprint of a Job's pod template, which a Job never lets us change."""
+    return _hash(pod_template(mc, role))
+
+
+def _hash(template: Manifest) -> str:
+    text = json.dumps(template, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -184,15 +221,22 @@ def pod_failure_rules() -> list[dict[str, Any]]:
     ]
 
 
-def pod_template(mc: MiniCluster) -> Manifest:
+def pod_template(mc: MiniCluster, role: str = "ranks") -> Manifest:
+    """The pods of the ranks' Indexed Job, or (role "broker") of rank 0's own Job with `spec.storage`."""
     spec: dict[str, Any] = {
         "subdomain": mc.name,
         "restartPolicy": "Never",
         # Users run arbitrary code here; only hand out an API token on request.
         "automountServiceAccountToken": bool(mc.service_account_name),
-        "containers": [container(mc)],
-        "volumes": [*mc.volumes, *_own_volumes(mc)],
+        "securityContext": pod_security_context(),
+        "containers": [container(mc, role)],
+        "volumes": [*mc.volumes, *_own_volumes(mc, role)],
     }
+    template_labels = labels(mc)
+    if role == "broker":
+        # An Indexed Job names pods' hosts NAME-INDEX; rank 0's own Job must say so itself.
+        spec["hostname"] = f"{mc.name}-0"
+        template_labels[ROLE_LABEL] = "broker"
     if mc.service_account_name:
         spec["serviceAccountName"] = mc.service_account_name
     if mc.node_selector:
@@ -201,18 +245,36 @@ def pod_template(mc: MiniCluster) -> Manifest:
         spec["tolerations"] = list(mc.tolerations)
     if mc.affinity:
         spec["affinity"] = dict(mc.affinity)
-    return {"metadata": {"labels": labels(mc)}, "spec": spec}
+    return {"metadata": {"labels": template_labels}, "spec": spec}
 
 
-def container(mc: MiniCluster) -> Manifest:
+def pod_security_context() -> Manifest:
+    """Pod Security "restricted", as the runtime image's user.  fsGroup makes the kubelet hand the key (mode
+    0400, owned by root) and every volume to that group, so the user can read the key and write its state."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUNTIME_UID,
+        "runAsGroup": RUNTIME_UID,
+        "fsGroup": RUNTIME_UID,
+        # A large claim is only walked again when its root is not the group's yet.
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container(mc: MiniCluster, role: str = "ranks") -> Manifest:
     command = ["mc", "boot", "--config", CONFIG_FILE]
+    if role == "broker":
+        command += ["--rank", "0"]
+    elif mc.storage:
+        command += ["--broker-elsewhere"]
     if mc.command:
         command += ["--", *mc.command]
     result: dict[str, Any] = {
         "name": CONTAINER,
         "image": mc.image,
         "command": command,
-        "env": [*mc.env, {"name": "MC_LOG_LEVEL", "value": mc.log_level}],
+        "env": [*mc.env, {"name": "MC_LOG_LEVEL", "value": mc.log_level}, {"name": "MC_URI", "value": BROKER_URI}],
         "ports": [
             {"name": "overlay", "containerPort": OVERLAY_PORT},
             {"name": "status", "containerPort": STATUS_PORT},
@@ -223,14 +285,14 @@ def container(mc: MiniCluster) -> Manifest:
             {"name": "minicluster-state", "mountPath": STATE_DIR},
             {"name": "minicluster-shm", "mountPath": "/dev/shm"},
         ],
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     if mc.resources:
         result["resources"] = dict(mc.resources)
     return result
 
 
-def _own_volumes(mc: MiniCluster) -> list[Manifest]:
+def _own_volumes(mc: MiniCluster, role: str) -> list[Manifest]:
     # One projected volume holds config and key: a whole-directory mount (not
     # subPath) so ConfigMap updates, e.g. a new size, reach the running broker.
     config_source = {"configMap": {"name": config_name(mc), "items": [
@@ -239,15 +301,32 @@ def _own_volumes(mc: MiniCluster) -> list[Manifest]:
     key_source = {"secret": {"name": secret_name(mc), "items": [
         {"key": CURVE_KEY, "path": f"curve/{CURVE_KEY}", "mode": 0o400},
     ]}}
+    state: Manifest = {"emptyDir": {}}
+    if role == "broker":
+        state = {"persistentVolumeClaim": {"claimName": claim_name(mc)}}
     return [
         {"name": "minicluster-config", "projected": {"sources": [config_source, key_source]}},
-        {"name": "minicluster-state", "emptyDir": {}},
+        {"name": "minicluster-state", **state},
         # MPICH's shared-memory transport needs more than the runtime's 64 MiB default /dev/shm.
         {"name": "minicluster-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
     ]
 
 
+def claim(mc: MiniCluster) -> Manifest:
+    """Rank 0's state dir with `spec.storage`: journal, queue, results survive the broker's pod."""
+    assert mc.storage is not None
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": mc.storage.size}},
+    }
+    if mc.storage.storage_class_name:
+        spec["storageClassName"] = mc.storage.storage_class_name
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _metadata(mc, claim_name(mc)),
+            "spec": spec}
+
+
 def children(mc: MiniCluster, certificate: str, cluster_domain: str = "cluster.local") -> list[Manifest]:
-    """Everything a MiniCluster consists of, in creation order (the Job last,
-    so its pods never start without their config, key and DNS)."""
-    return [secret(mc, certificate), config_map(mc, cluster_domain), service(mc), job(mc)]
+    """Everything a MiniCluster consists of, in creation order (the Jobs last,
+    so their pods never start without their config, key, DNS and claim)."""
+    storage = [claim(mc)] if mc.storage else []
+    return [secret(mc, certificate), config_map(mc, cluster_domain), service(mc), *storage, *jobs(mc)]

@@ -1,6 +1,6 @@
 """Bring a MiniCluster's children in line with its spec, idempotently.
 
-Creation happens in dependency order (key, config, DNS, then the Job).  On
+Creation happens in dependency order (key, config, DNS, claim, then the Jobs).  On
 updates only the fields the operator owns are patched, and a size change goes
 to the Job first: the broker learns the new size from the ConfigMap only once
 the API server has accepted the new parallelism.
@@ -25,30 +25,51 @@ class TemplateChanged(Exception):
 
 
 async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.local") -> None:
-    existing = {kind: await _get_owned(kube, mc, kind, name) for kind, name in _children(mc)}
-    if existing["Secret"] is None:
+    existing = {(kind, name): await _get_owned(kube, mc, kind, name) for kind, name in _children(mc)}
+    wanted_jobs = manifests.jobs(mc)
+    await _check_storage_unchanged(kube, mc, existing)
+    if existing[("Secret", manifests.secret_name(mc))] is None:
         public, secret = zmq.curve_keypair()
         certificate = manifests.curve_certificate(public, secret)
         await _create(kube, manifests.secret(mc, certificate))
     config = manifests.config_map(mc, cluster_domain)
-    if existing["ConfigMap"] is None:
+    old_config = existing[("ConfigMap", manifests.config_name(mc))]
+    if old_config is None:
         await _create(kube, config)
-    if existing["Service"] is None:
+    if existing[("Service", mc.name)] is None:
         await _create(kube, manifests.service(mc))
-    if existing["Job"] is None:
-        await _create(kube, manifests.job(mc))
-    else:
-        await _update_job(kube, mc, existing["Job"])
-    if existing["ConfigMap"] is not None and existing["ConfigMap"].get("data") != config["data"]:
+    if mc.storage and existing[("PersistentVolumeClaim", manifests.claim_name(mc))] is None:
+        await _create(kube, manifests.claim(mc))
+    for wanted in wanted_jobs:
+        current = existing.get(("Job", wanted["metadata"]["name"]))
+        if current is None:
+            await _create(kube, wanted)
+        else:
+            await _update_job(kube, mc, wanted, current)
+    if old_config is not None and old_config.get("data") != config["data"]:
         path = path_of("ConfigMap", mc.namespace, config["metadata"]["name"])
         await kube.merge_patch(path, {"data": config["data"]})
-    if existing["Job"] is not None:
-        _check_template(mc, existing["Job"])
+    for wanted in wanted_jobs:
+        current = existing.get(("Job", wanted["metadata"]["name"]))
+        if current is not None:
+            _check_template(wanted, current)
 
 
-def _check_template(mc: MiniCluster, job: Mapping[str, Any]) -> None:
+async def _check_storage_unchanged(kube: Kube, mc: MiniCluster, existing: Mapping[tuple[str, str], Any]) -> None:
+    # With storage rank 0 has its own Job: adding or dropping it would run two brokers, or none.
+    if mc.storage:
+        if existing[("Job", mc.name)] is not None and existing[("Job", mc.broker_job_name)] is None:
+            raise TemplateChanged("spec.storage cannot be added to a running MiniCluster (rank 0 would need a "
+                                  "pod of its own); recreate the MiniCluster with it")
+        return
+    broker_job = await kube.get(path_of("Job", mc.namespace, f"{mc.name}-broker"))
+    if broker_job is not None and is_owned(broker_job, mc):
+        raise TemplateChanged("spec.storage cannot be removed from a running MiniCluster; recreate it")
+
+
+def _check_template(wanted: Mapping[str, Any], job: Mapping[str, Any]) -> None:
     recorded = ((job.get("metadata") or {}).get("annotations") or {}).get(manifests.TEMPLATE_HASH)
-    if recorded and recorded != manifests.template_hash(mc):
+    if recorded and recorded != wanted["metadata"]["annotations"][manifests.TEMPLATE_HASH]:
         raise TemplateChanged(
             "changes to image, command, env, resources, volumes or placement do not reach "
             "running pods (a Job's pod template is immutable); size and suspend were applied. "
@@ -56,12 +77,15 @@ def _check_template(mc: MiniCluster, job: Mapping[str, Any]) -> None:
 
 
 def _children(mc: MiniCluster) -> list[tuple[str, str]]:
-    return [
+    children = [
         ("Secret", manifests.secret_name(mc)),
         ("ConfigMap", manifests.config_name(mc)),
         ("Service", mc.name),
         ("Job", mc.name),
     ]
+    if mc.storage:
+        children += [("Job", mc.broker_job_name), ("PersistentVolumeClaim", manifests.claim_name(mc))]
+    return children
 
 
 async def _get_owned(kube: Kube, mc: MiniCluster, kind: str, name: str) -> dict[str, Any] | None:
@@ -87,20 +111,21 @@ async def _create(kube: Kube, manifest: dict[str, Any]) -> None:
             raise
 
 
-async def _update_job(kube: Kube, mc: MiniCluster, job: Mapping[str, Any]) -> None:
-    patch = job_patch(mc, job)
+async def _update_job(kube: Kube, mc: MiniCluster, wanted: Mapping[str, Any], job: Mapping[str, Any]) -> None:
+    patch = job_patch(mc, job, wanted["spec"]["completions"])
     if patch:
-        await kube.merge_patch(path_of("Job", mc.namespace, mc.name), {"spec": patch})
+        await kube.merge_patch(path_of("Job", mc.namespace, wanted["metadata"]["name"]), {"spec": patch})
 
 
-def job_patch(mc: MiniCluster, job: Mapping[str, Any]) -> dict[str, Any]:
+def job_patch(mc: MiniCluster, job: Mapping[str, Any], completions: int | None = None) -> dict[str, Any]:
     """The Job spec fields that must change; empty when the Job is up to date."""
     spec = job.get("spec") or {}
+    size = mc.size if completions is None else completions
     patch: dict[str, Any] = {}
     # Elastic Indexed Jobs accept a new size only with completions == parallelism.
-    if spec.get("completions") != mc.size or spec.get("parallelism") != mc.size:
-        patch["completions"] = mc.size
-        patch["parallelism"] = mc.size
+    if spec.get("completions") != size or spec.get("parallelism") != size:
+        patch["completions"] = size
+        patch["parallelism"] = size
     wanted = wanted_suspend(mc, bool(spec.get("suspend")))
     if wanted != bool(spec.get("suspend")):
         patch["suspend"] = wanted

@@ -17,7 +17,9 @@ import kopf
 from minicluster.operator import handlers, metrics
 from minicluster.operator.kube import Kube, Login
 from minicluster.operator.spec import GROUP
-from minicluster.operator.status import HttpStatusFetcher, StatusFetcher, broker_url
+from minicluster.operator.status import HttpStatusFetcher, ProxyStatusFetcher, StatusFetcher, broker_url
+
+BROKER_ACCESS = ("auto", "dns", "proxy")
 
 
 async def default_login() -> kopf.ConnectionInfo:
@@ -55,11 +57,12 @@ async def operate(
     health_port: int | None = None,
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
+    broker_access: str = "auto",
 ) -> None:
     registry = registry if registry is not None else kopf.OperatorRegistry()
-    # Opens no connection unless used, so it is cheap to make and close always.
-    own_fetcher = HttpStatusFetcher(lambda mc: broker_url(mc, cluster_domain))
     kube = Kube(login)
+    # Opens no connection unless used, so it is cheap to make and close always.
+    own_fetcher = own_status_fetcher(kube, broker_access, cluster_domain)
     deps = handlers.Deps(
         kube=kube,
         fetch_status=fetch_status or own_fetcher,
@@ -96,17 +99,32 @@ async def operate(
         await kube.close()
 
 
+def own_status_fetcher(kube: Kube, access: str, cluster_domain: str) -> HttpStatusFetcher | ProxyStatusFetcher:
+    """How the operator reaches each broker's /status: by the pod's DNS name from inside the cluster, through
+    the API server's pod proxy from outside it (where no pod name resolves); "auto" tells them apart by the
+    service-account environment every pod has."""
+    if access not in BROKER_ACCESS:
+        raise ValueError(f"broker access {access!r}: choose one of {', '.join(BROKER_ACCESS)}")
+    if access == "auto":
+        access = "dns" if os.environ.get("KUBERNETES_SERVICE_HOST") else "proxy"
+    if access == "proxy":
+        return ProxyStatusFetcher(kube)
+    return HttpStatusFetcher(lambda mc: broker_url(mc, cluster_domain))
+
+
 def run(namespace: str | None = None) -> None:
     """Run the MiniCluster operator until interrupted.
 
     `namespace=None` watches MiniClusters in all namespaces (needs the
     ClusterRole in deploy/); a name restricts it to that namespace.  The
     metrics port comes from MC_OPERATOR_METRICS_PORT (default 8080, 0 = off),
-    the liveness port (/healthz) from MC_OPERATOR_HEALTH_PORT (default off).
+    the liveness port (/healthz) from MC_OPERATOR_HEALTH_PORT (default off), how
+    brokers are reached from MC_OPERATOR_BROKER_ACCESS (auto, dns or proxy).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     port = int(os.environ.get("MC_OPERATOR_METRICS_PORT", "8080"))
     health = int(os.environ.get("MC_OPERATOR_HEALTH_PORT", "0"))
     domain = os.environ.get("MC_CLUSTER_DOMAIN", "cluster.local")
+    access = os.environ.get("MC_OPERATOR_BROKER_ACCESS", "auto")
     asyncio.run(operate(namespace, metrics_port=port or None, health_port=health or None,
-                        cluster_domain=domain))
+                        cluster_domain=domain, broker_access=access))

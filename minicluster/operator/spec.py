@@ -27,12 +27,32 @@ OVERLAY_PORT = 8050
 STATUS_PORT = 8051
 CONTAINER = "minicluster"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The runtime image's user (images/runtime/Dockerfile); pods run as it, and volumes are group-owned by it.
+RUNTIME_UID = 10001
+ROLE_LABEL = f"{GROUP}/role"
+# Set by the Indexed Job controller (annotation always, label since Kubernetes 1.28).
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 
 # Pod hostnames are "<name>-<index>" and must fit a 63-character DNS label;
 # 50 leaves room for any index below the schema's maxSize limit.
 MAX_NAME_LENGTH = 50
 MAX_RANKS = 10000
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Storage:
+    """`spec.storage`: a PersistentVolumeClaim for rank 0's state directory."""
+    size: str
+    storage_class_name: str | None = None
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> "Storage | None":
+        storage = spec.get("storage")
+        if not storage:
+            return None
+        return cls(size=str(storage.get("size", "")), storage_class_name=storage.get("storageClassName"))
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,7 @@ class MiniCluster:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity: Mapping[str, Any] = field(default_factory=dict)
+    storage: Storage | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "MiniCluster":
@@ -89,11 +110,17 @@ class MiniCluster:
             node_selector=spec.get("nodeSelector") or {},
             tolerations=tuple(spec.get("tolerations") or ()),
             affinity=spec.get("affinity") or {},
+            storage=Storage.from_spec(spec),
         )
 
     @property
     def batch(self) -> bool:
         return bool(self.command)
+
+    @property
+    def broker_job_name(self) -> str:
+        """The Job whose end is the MiniCluster's: rank 0's own Job with storage, else the one Indexed Job."""
+        return f"{self.name}-broker" if self.storage else self.name
 
 
 def effective_max_size(body: Mapping[str, Any]) -> int:
@@ -131,8 +158,23 @@ def problems(body: Mapping[str, Any]) -> list[str]:
     level = (spec.get("logging") or {}).get("level", "info")
     if level not in LOG_LEVELS:
         found.append(f"spec.logging.level {level!r} is not one of {', '.join(LOG_LEVELS)}")
+    found.extend(_storage_problems(spec, max_size))
     if not found:
         found.extend(_config_problems(spec, max_size))
+    return found
+
+
+def _storage_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
+    storage = spec.get("storage")
+    if not storage:
+        return []
+    found = []
+    if not _QUANTITY.match(str(storage.get("size", ""))):
+        found.append(f"spec.storage.size {storage.get('size')!r} is not a quantity such as 1Gi")
+    # Index 0 of the workers' Job completes at once with storage (rank 0 has its own Job), and a complete Job
+    # never grows again: an elastic MiniCluster with storage keeps at least one worker.
+    if max_size > 1 and int(spec.get("size", 1)) < 2:
+        found.append("with spec.storage, spec.size must be at least 2 unless maxSize is 1")
     return found
 
 
@@ -152,5 +194,5 @@ def _config_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
 
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "NAME_LABEL", "QUEUE_LABEL",
-    "POLICIES", "LOG_LEVELS", "MiniCluster", "effective_max_size", "problems",
+    "POLICIES", "LOG_LEVELS", "MiniCluster", "Storage", "effective_max_size", "problems",
 ]

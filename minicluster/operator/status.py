@@ -1,25 +1,40 @@
-"""The MiniCluster's status: what the broker reports, merged with its Job.
+"""The MiniCluster's status: what the broker reports, merged with its Jobs and pods.
 
 The operator polls the broker's HTTP status endpoint (see docs/operator.md,
 "Why polling") through a `StatusFetcher`, an injectable async callable, so
-tests can point it at a local HTTP server.  `derive()` is pure: it turns the
-broker's report and the Job into status fields and conditions.
+tests can point it at a local HTTP server: by DNS name from inside the
+cluster, through the API server's pod proxy from outside.  `derive()` is
+pure: it turns one poll's `Observed` view into status fields and conditions.
 """
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from minicluster.operator import pods as pods_mod
+from minicluster.operator.kube import ApiError, Kube
 from minicluster.operator.spec import STATUS_PORT, MiniCluster
 
 BrokerStatus = Mapping[str, Any]
-StatusFetcher = Callable[[MiniCluster], Awaitable[BrokerStatus | None]]
+# (MiniCluster, its running rank-0 pod or None) -> the broker's /status, or None when it does not answer.
+StatusFetcher = Callable[[MiniCluster, Mapping[str, Any] | None], Awaitable[BrokerStatus | None]]
 UrlFor = Callable[[MiniCluster], str]
 
-CONDITION_TYPES = ("Ready", "Suspended", "Succeeded", "Failed")
+CONDITION_TYPES = ("Ready", "Suspended", "Succeeded", "Failed", "StateDurable")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One poll's view of a MiniCluster."""
+    job: Mapping[str, Any] | None  # the Job whose end is the MiniCluster's (MiniCluster.broker_job_name)
+    broker: BrokerStatus | None = None
+    workers: Mapping[str, Any] | None = None  # with spec.storage: the workers' Job
+    pods: Sequence[Mapping[str, Any]] = ()
+    events: Sequence[Mapping[str, Any]] = ()
 
 
 def broker_url(mc: MiniCluster, cluster_domain: str = "cluster.local") -> str:
@@ -28,7 +43,8 @@ def broker_url(mc: MiniCluster, cluster_domain: str = "cluster.local") -> str:
 
 
 class HttpStatusFetcher:
-    """GET the broker's /status; None when it is not (yet) reachable."""
+    """GET the broker's /status by its DNS name (the operator runs in the cluster); None when it does not
+    answer (yet)."""
 
     def __init__(self, url_for: UrlFor = broker_url, timeout: float = 3.0) -> None:
         self._url_for = url_for
@@ -36,7 +52,7 @@ class HttpStatusFetcher:
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
-    async def __call__(self, mc: MiniCluster) -> BrokerStatus | None:
+    async def __call__(self, mc: MiniCluster, pod: Mapping[str, Any] | None = None) -> BrokerStatus | None:
         if self._closed:
             return None
         if self._session is None:
@@ -57,6 +73,29 @@ class HttpStatusFetcher:
             self._session = None
 
 
+class ProxyStatusFetcher:
+    """GET the broker's /status through the API server's pod proxy: for an operator outside the cluster,
+    which can resolve no pod's DNS name and may reach no pod IP (needs `get` on pods/proxy)."""
+
+    def __init__(self, kube: Kube, timeout: float = 3.0) -> None:
+        self._kube = kube
+        self._timeout = timeout
+
+    async def __call__(self, mc: MiniCluster, pod: Mapping[str, Any] | None = None) -> BrokerStatus | None:
+        if pod is None:
+            return None
+        name = pod["metadata"]["name"]
+        path = f"/api/v1/namespaces/{mc.namespace}/pods/{name}:{STATUS_PORT}/proxy/status"
+        try:
+            data = await self._kube.request("GET", path, timeout=self._timeout)
+        except (ApiError, aiohttp.ClientError, asyncio.TimeoutError):
+            return None
+        return data if isinstance(data, dict) and "ranks" in data else None
+
+    async def close(self) -> None:
+        pass
+
+
 def job_conditions(job: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
     """The Job's conditions that are currently true, by type."""
     conditions = ((job or {}).get("status") or {}).get("conditions") or []
@@ -71,15 +110,10 @@ def job_suspended(job: Mapping[str, Any] | None) -> bool:
     return bool(((job or {}).get("spec") or {}).get("suspend"))
 
 
-def derive(
-    mc: MiniCluster,
-    old: Mapping[str, Any],
-    job: Mapping[str, Any] | None,
-    broker: BrokerStatus | None,
-    now: str,
-) -> dict[str, Any]:
+def derive(mc: MiniCluster, old: Mapping[str, Any], seen: Observed, now: str) -> dict[str, Any]:
     """New status fields (only those this poll owns) for the MiniCluster."""
-    phase, reason, message = _phase(mc, job, broker)
+    broker = seen.broker
+    phase, reason, message = _phase(mc, seen)
     ready = phase == "Running" and bool(broker and broker.get("ready"))
     fields: dict[str, Any] = {"phase": phase}
     if broker is not None:
@@ -92,12 +126,15 @@ def derive(
         }
         jobs = broker.get("jobs") or {}
         fields["jobs"] = {k: int(jobs.get(k, 0)) for k in ("queued", "running", "finished", "failed")}
+        if "epoch" in broker and "started" in broker:
+            fields["broker"] = {"epoch": int(broker["epoch"]), "started": str(broker["started"])}
     wanted = {
         "Ready": (ready, "AllRanksJoined" if ready else reason, message),
         "Suspended": (phase == "Suspended", reason if phase == "Suspended" else "NotSuspended", ""),
         "Succeeded": (phase == "Succeeded", reason if phase == "Succeeded" else "NotFinished", ""),
         "Failed": (phase == "Failed", reason if phase == "Failed" else "NoFailure",
                    message if phase == "Failed" else ""),
+        "StateDurable": _durability(mc, old, fields.get("broker")),
     }
     conditions: Sequence[Mapping[str, Any]] = old.get("conditions") or []
     for type_, (status, why, text) in wanted.items():
@@ -106,28 +143,48 @@ def derive(
     return fields
 
 
-def _phase(
-    mc: MiniCluster, job: Mapping[str, Any] | None, broker: BrokerStatus | None,
-) -> tuple[str, str, str]:
-    """(phase, reason, message) from the Job's verdict first, then the broker."""
-    true = job_conditions(job)
+def _durability(mc: MiniCluster, old: Mapping[str, Any], now_seen: Mapping[str, Any] | None) -> tuple[bool, str, str]:
+    """Whether rank 0's state outlives its pod, and what happened when the broker last restarted."""
+    before = old.get("broker") or {}
+    restarted = bool(now_seen and before and now_seen["started"] != before.get("started"))
+    if restarted and now_seen and now_seen["epoch"] <= int(before.get("epoch", 0)):
+        return (False, "StateLost", f"the broker restarted at {now_seen['started']} with an empty journal: the "
+                "jobs, queue and results recorded before are gone (spec.storage keeps them)")
+    previous = find_condition(old.get("conditions") or [], "StateDurable")
+    if previous.get("reason") in ("StateLost", "Resumed") and not restarted:
+        return previous.get("status") == "True", previous["reason"], previous.get("message", "")
+    if mc.storage is None:
+        return (False, "EmptyDir", "rank 0's state (queue, jobs, results) is on an emptyDir and dies with the "
+                "broker's pod; set spec.storage to keep it")
+    if restarted and now_seen:
+        return True, "Resumed", f"the broker restarted and resumed from its journal (epoch {now_seen['epoch']})"
+    return True, "PersistentVolumeClaim", f"rank 0's state is on the PersistentVolumeClaim {mc.name}-state"
+
+
+def _phase(mc: MiniCluster, seen: Observed) -> tuple[str, str, str]:
+    """(phase, reason, message) from the Jobs' verdicts first, then the broker, then the pods."""
+    true = job_conditions(seen.job)
     if "Complete" in true or "SuccessCriteriaMet" in true:
         return "Succeeded", "BrokerSucceeded", "rank 0 finished successfully"
-    for type_ in ("Failed", "FailureTarget"):
-        if type_ in true:
-            cond = true[type_]
-            return "Failed", cond.get("reason") or "JobFailed", cond.get("message", "")
-    command = (broker or {}).get("command") or {}
+    for conditions in (true, job_conditions(seen.workers)):
+        for type_ in ("Failed", "FailureTarget"):
+            if type_ in conditions:
+                cond = conditions[type_]
+                return "Failed", cond.get("reason") or "JobFailed", cond.get("message", "")
+    command = (seen.broker or {}).get("command") or {}
     if command.get("state") == "exited" and command.get("status") not in (None, 0):
         return "Failed", "CommandFailed", f"the batch command exited with status {command['status']}"
-    if job_suspended(job):
+    if job_suspended(seen.job):
         why = "QueuedInKueue" if mc.queue_name and not mc.suspend else "SuspendedBySpec"
         return "Suspended", why, ""
-    if broker is None:
-        return "Pending", "BrokerUnreachable", "the broker's status endpoint does not answer yet"
-    ranks = broker.get("ranks") or {}
-    if broker.get("ready"):
+    ranks = (seen.broker or {}).get("ranks") or {}
+    if seen.broker is not None and seen.broker.get("ready"):
         return "Running", "AllRanksJoined", f"{ranks.get('up', 0)}/{ranks.get('expected', mc.size)} ranks joined"
+    trouble = pods_mod.problem(mc, seen.pods, seen.events)
+    if trouble is not None:
+        return "Pending", trouble.reason, trouble.message
+    if seen.broker is None:
+        return "Pending", "BrokerUnreachable", "the broker's status endpoint does not answer yet"
     return "Pending", "RanksJoining", f"{ranks.get('up', 0)}/{ranks.get('expected', mc.size)} ranks joined"
 
 

@@ -329,7 +329,11 @@ async def test_operator_rbac_is_least_privilege(cluster: Cluster, installed: str
     kube = Kube(login_as(cluster, installed))
     try:
         assert await kube.get("/apis/batch/v1/namespaces/default/jobs/nothing-here") is None
-        for method, path in [("GET", "/api/v1/namespaces/default/pods"),
+        assert (await kube.get("/api/v1/namespaces/default/pods"))["items"] is not None  # read-only access
+        for method, path in [("DELETE", "/api/v1/namespaces/default/pods/anything"),
+                             ("POST", "/api/v1/namespaces/default/pods"),
+                             # Only an operator outside the cluster needs the pod proxy (deploy/outside-cluster.yaml).
+                             ("GET", "/api/v1/namespaces/default/pods/anything:8051/proxy/status"),
                              ("GET", "/api/v1/nodes"),
                              ("DELETE", "/apis/batch/v1/namespaces/default/jobs/anything"),
                              ("GET", "/api/v1/namespaces/default/secrets")]:

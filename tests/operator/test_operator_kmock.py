@@ -125,7 +125,10 @@ async def patch(kmock: kmocklib.KubernetesEmulator, name: str, data: dict[str, A
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next(c for c in status.get("conditions", []) if c["type"] == type_)
+    found = [c for c in status.get("conditions", []) if c["type"] == type_]
+    if not found:
+        raise KeyError(type_)
+    return found[0]
 
 
 Kmock = kmocklib.KubernetesEmulator
@@ -274,3 +277,40 @@ async def test_pod_template_changes_are_reported(operator: None, kmock: Kmock, m
     assert "Recreate the MiniCluster" in cond["message"]
     assert obj(kmock, JOB, "demo")["spec"]["parallelism"] == 5  # the size still applied
     assert obj(kmock, MC, "demo")["status"]["size"] == 5
+
+
+async def test_storage_gives_rank_0_a_claim_and_a_job_and_ends_the_workers_with_it(
+    operator: None, kmock: Kmock, make_body: Make,
+) -> None:
+    await create(kmock, make_body(storage={"size": "1Gi"}))
+    broker_job = await eventually(lambda: obj(kmock, JOB, "demo-broker"))
+    claim = obj(kmock, "v1/persistentvolumeclaims", "demo-state")
+    for child in (broker_job, claim, obj(kmock, JOB, "demo")):
+        assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-demo"
+    durable = await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "StateDurable"))
+    assert (durable["status"], durable["reason"]) == ("True", "PersistentVolumeClaim")
+    # Rank 0's Job is the MiniCluster's verdict; a failed broker leaves no workers behind.
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy"}]}}
+    async with kmock.patch("/apis/batch/v1/namespaces/default/jobs/demo-broker/status", json=failed) as resp:
+        assert resp.status < 300
+    await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Failed")
+    await eventually(lambda: obj(kmock, JOB, "demo")["spec"]["suspend"] is True)
+
+
+async def test_pods_own_reasons_reach_the_ready_condition(
+    operator: None, kmock: Kmock, make_body: Make,
+) -> None:
+    await create(kmock, make_body())
+    await eventually(lambda: obj(kmock, JOB, "demo"))
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "demo-3-abcde", "namespace": "default",
+                        "labels": {"minicluster.dev/name": "demo"},
+                        "annotations": {"batch.kubernetes.io/job-completion-index": "3"}},
+           "spec": {"containers": [{"name": "minicluster", "image": "nope:1"}]},
+           "status": {"phase": "Pending", "containerStatuses": [{"name": "minicluster", "state": {"waiting": {
+               "reason": "ErrImagePull", "message": 'pull access denied for nope'}}}]}}
+    async with kmock.post("/api/v1/namespaces/default/pods", json=pod) as resp:
+        assert resp.status < 300, await resp.text()
+    ready = await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Ready")["reason"] == "ErrImagePull"
+                             and condition(obj(kmock, MC, "demo")["status"], "Ready"))
+    assert ready["message"] == "rank 3 (pod demo-3-abcde): pull access denied for nope"

@@ -15,6 +15,7 @@ import zmq.auth
 from minicluster.config import from_mapping
 from minicluster.operator import manifests, reconcile
 from minicluster.operator.spec import MiniCluster, problems
+from tests.e2e.podsecurity import restricted_violations
 
 # Indexed Job successPolicy and podFailurePolicy are GA only in recent releases.
 K8S_VERSION = kubernetes_validate.latest_version()
@@ -47,6 +48,7 @@ def render(body: dict[str, Any]) -> list[dict[str, Any]]:
                 {"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
         "serviceAccountName": "runner",
     },
+    {"storage": {"size": "2Gi", "storageClassName": "fast"}, "command": ["mc", "run", "true"]},
 ])
 def test_every_child_validates_strictly(make_body: Any, spec: dict[str, Any]) -> None:
     for obj in render(make_body(**spec)):
@@ -75,6 +77,54 @@ def test_job_is_an_indexed_job_that_completes_with_rank_0(make_body: Any) -> Non
     assert pod["automountServiceAccountToken"] is False
     [container] = pod["containers"]
     assert container["command"] == ["mc", "boot", "--config", "/etc/minicluster/config.toml", "--", "hostname"]
+
+
+@pytest.mark.parametrize("spec", [{}, {"storage": {"size": "1Gi"}}])
+def test_pods_pass_pod_security_restricted_as_the_image_user(make_body: Any, spec: dict[str, Any]) -> None:
+    mc = MiniCluster.from_body(make_body(**spec))
+    for job in manifests.jobs(mc):
+        pod = job["spec"]["template"]["spec"]
+        assert restricted_violations(pod) == []
+        sc = pod["securityContext"]
+        # fsGroup: the kubelet hands the key (item mode 0400, owned by root) to the image user's group.
+        assert sc["runAsUser"] == sc["runAsGroup"] == sc["fsGroup"] == 10001
+
+
+def test_restricted_check_catches_what_the_old_template_lacked() -> None:
+    old = {"containers": [{"name": "minicluster", "securityContext": {"allowPrivilegeEscalation": False}}],
+           "volumes": [{"name": "x", "emptyDir": {}}]}
+    found = "; ".join(restricted_violations(old))
+    assert "unrestricted capabilities" in found and "runAsNonRoot" in found and "seccompProfile" in found
+    assert "hostPath" in "; ".join(restricted_violations({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}))
+
+
+def test_pods_find_the_broker_without_being_told(body: dict[str, Any]) -> None:
+    mc = MiniCluster.from_body(body)
+    [container] = manifests.job(mc)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    config = from_mapping(tomllib.loads(manifests.config_map(mc)["data"]["config.toml"]))
+    assert env["MC_URI"] == f"unix://{config.socket_path}"  # `kubectl exec POD -- mc-submit` works as is
+    assert config.listen == "*"
+
+
+def test_storage_gives_rank_0_a_job_and_a_claim_of_its_own(make_body: Any) -> None:
+    mc = MiniCluster.from_body(make_body(size=3, storage={"size": "5Gi", "storageClassName": "ssd"},
+                                         command=["mc", "run", "hostname"]))
+    kinds = [(o["kind"], o["metadata"]["name"]) for o in render(make_body(size=3, storage={"size": "5Gi"}))]
+    assert kinds[-3:] == [("PersistentVolumeClaim", "demo-state"), ("Job", "demo-broker"), ("Job", "demo")]
+    claim = manifests.claim(mc)
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}},
+                             "storageClassName": "ssd"}
+    broker, workers = manifests.jobs(mc)
+    bpod = broker["spec"]["template"]["spec"]
+    assert broker["spec"]["completions"] == 1 and bpod["hostname"] == "demo-0" and bpod["subdomain"] == "demo"
+    assert {"name": "minicluster-state", "persistentVolumeClaim": {"claimName": "demo-state"}} in bpod["volumes"]
+    assert bpod["containers"][0]["command"][-5:] == ["--rank", "0", "--", "mc", "run", "hostname"][-5:]
+    wpod = workers["spec"]["template"]["spec"]
+    # Only rank 0 mounts the (ReadWriteOnce) claim; index 0 of the workers' Job steps aside.
+    assert not any("persistentVolumeClaim" in v for v in wpod["volumes"])
+    assert "--broker-elsewhere" in wpod["containers"][0]["command"]
+    assert "successPolicy" not in workers["spec"] and workers["spec"]["completionMode"] == "Indexed"
 
 
 def test_pod_failure_policy_ignores_disruptions_and_fails_on_program_errors(body: dict[str, Any]) -> None:
@@ -133,6 +183,9 @@ def test_config_and_key_share_one_projected_directory(body: dict[str, Any]) -> N
     ({"image": ""}, "spec.image is required"),
     ({"policy": "random"}, "unknown policy"),
     ({"logging": {"level": "loud"}}, "spec.logging.level"),
+    ({"storage": {"size": "lots"}}, "spec.storage.size"),
+    ({"storage": {"size": "1Gi"}, "size": 1}, "at least 2"),
+    ({"storage": {"size": "1Gi"}, "size": 1, "maxSize": 1}, ""),
 ])
 def test_problems(make_body: Any, spec: dict[str, Any], message: str) -> None:
     found = problems(make_body(**spec))
@@ -168,6 +221,7 @@ def test_job_patch(make_body: Any, spec: dict[str, Any], current: dict[str, Any]
 
 def test_template_hash_tracks_pod_fields_only(make_body: Any) -> None:
     base = manifests.template_hash(MiniCluster.from_body(make_body()))
+    assert manifests.job(MiniCluster.from_body(make_body()))["metadata"]["annotations"][manifests.TEMPLATE_HASH] == base
     assert manifests.template_hash(MiniCluster.from_body(make_body(size=6))) == base
     assert manifests.template_hash(MiniCluster.from_body(make_body(suspend=True))) == base
     assert manifests.template_hash(MiniCluster.from_body(make_body(image="other:1"))) != base

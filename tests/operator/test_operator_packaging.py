@@ -109,8 +109,10 @@ def test_rbac_lists_exactly_what_the_operator_does() -> None:
         ("", "secrets"): {"get", "create"},
         ("", "services"): {"get", "create"},
         ("", "configmaps"): {"get", "create", "patch"},
+        ("", "persistentvolumeclaims"): {"get", "create"},
         ("batch", "jobs"): {"get", "create", "patch"},
-        ("", "events"): {"create"},
+        ("", "pods"): {"get", "list"},
+        ("", "events"): {"create", "list"},
     }
     assert binding["subjects"][0]["name"] == "minicluster-operator"
 

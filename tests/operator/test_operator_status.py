@@ -7,7 +7,7 @@ import pytest
 
 from minicluster.operator.metrics import Metrics
 from minicluster.operator.spec import MiniCluster
-from minicluster.operator.status import changed, derive, set_condition
+from minicluster.operator.status import Observed, changed, derive, set_condition
 
 NOW, LATER = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 BROKER = {"ready": False, "ranks": {"up": 1, "expected": 4, "unresponsive": 1, "lost": 0},
@@ -41,7 +41,7 @@ def mc(body: dict[str, Any]) -> MiniCluster:
     (job(), {**BROKER, "command": {"state": "exited", "status": 2}}, "Failed", "CommandFailed"),
 ])
 def test_phase(mc: MiniCluster, the_job: dict[str, Any], broker: Any, phase: str, reason: str) -> None:
-    fields = derive(mc, {}, the_job, broker, NOW)
+    fields = derive(mc, {}, Observed(the_job, broker), NOW)
     assert fields["phase"] == phase
     states = conditions(fields)
     if phase in ("Suspended", "Succeeded", "Failed"):
@@ -51,7 +51,7 @@ def test_phase(mc: MiniCluster, the_job: dict[str, Any], broker: Any, phase: str
 
 
 def test_ready_only_when_every_expected_rank_joined(mc: MiniCluster) -> None:
-    fields = derive(mc, {}, job(), BROKER, NOW)
+    fields = derive(mc, {}, Observed(job(), BROKER), NOW)
     assert fields["ranks"] == {"joined": 1, "expected": 4, "unresponsive": 1, "lost": 0}
     ready = next(c for c in fields["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and ready["message"] == "1/4 ranks joined"
@@ -59,7 +59,7 @@ def test_ready_only_when_every_expected_rank_joined(mc: MiniCluster) -> None:
 
 def test_unreachable_broker_keeps_the_last_known_counts(mc: MiniCluster) -> None:
     old = {"jobs": {"queued": 0, "running": 0, "finished": 9, "failed": 1}}
-    assert "jobs" not in changed(old, derive(mc, old, job(), None, NOW))
+    assert "jobs" not in changed(old, derive(mc, old, Observed(job()), NOW))
 
 
 def test_transition_time_moves_only_on_a_flip() -> None:
@@ -71,8 +71,88 @@ def test_transition_time_moves_only_on_a_flip() -> None:
 
 
 def test_unchanged_status_costs_no_write(mc: MiniCluster) -> None:
-    fields = derive(mc, {}, job(), BROKER, NOW)
-    assert changed(fields, derive(mc, fields, job(), BROKER, LATER)) == {}
+    fields = derive(mc, {}, Observed(job(), BROKER), NOW)
+    assert changed(fields, derive(mc, fields, Observed(job(), BROKER), LATER)) == {}
+
+
+def pod(name: str, index: int | None, phase: str = "Pending", created: str = NOW, **status: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "creationTimestamp": created}
+    if index is not None:
+        meta["annotations"] = {"batch.kubernetes.io/job-completion-index": str(index)}
+    return {"metadata": meta, "status": {"phase": phase, **status}}
+
+
+def waiting(reason: str, message: str) -> dict[str, Any]:
+    return {"containerStatuses": [{"name": "minicluster", "state": {"waiting": {"reason": reason,
+                                                                                "message": message}}}]}
+
+
+def terminated(code: int, reason: str = "Error", message: str = "") -> dict[str, Any]:
+    ended = {"exitCode": code, "reason": reason, **({"message": message} if message else {})}
+    return {"containerStatuses": [{"name": "minicluster", "state": {"terminated": ended}}]}
+
+
+REFUSED = {"reason": "FailedCreate", "lastTimestamp": LATER,
+           "message": 'Error creating: pods "demo-0-x" is forbidden: violates PodSecurity "restricted:latest": '
+                      "allowPrivilegeEscalation != false"}
+
+
+@pytest.mark.parametrize("pods, events, reason, text", [
+    ([], [REFUSED], "FailedCreate", "violates PodSecurity"),
+    ([pod("demo-1-a", 1, created=NOW)], [REFUSED], "FailedCreate", "restricted"),
+    ([pod("demo-0-a", 0, created="2026-01-01T00:09:00Z")], [REFUSED], "BrokerUnreachable", ""),  # stale event
+    ([pod("demo-2-a", 2, **waiting("ImagePullBackOff", 'Back-off pulling image "nope:1"'))], [],
+     "ImagePullBackOff", 'rank 2 (pod demo-2-a): Back-off pulling image "nope:1"'),
+    ([pod("demo-1-a", 1, "Failed", **terminated(1, message="curve.key_secret: Permission denied")),
+      pod("demo-1-b", 1, "Failed", created=LATER, **terminated(1, message="curve.key_secret: Permission denied"))],
+     [], "PodFailed", "rank 1's pod failed 2 times; last demo-1-b: exit code 1 (Error): curve.key_secret: Permission"),
+    # A failure whose rank runs again is history, not the current problem.
+    ([pod("demo-1-a", 1, "Failed", **terminated(137, "OOMKilled")), pod("demo-1-b", 1, "Running")], [],
+     "BrokerUnreachable", ""),
+    ([pod("demo-0-a", 0, conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                       "message": "0/3 nodes are available: 3 Insufficient cpu."}])],
+     [], "Unschedulable", "rank 0 (pod demo-0-a): 0/3 nodes are available"),
+])
+def test_pods_own_reasons_explain_missing_ranks(mc: MiniCluster, pods: list[Any], events: list[Any],
+                                                 reason: str, text: str) -> None:
+    fields = derive(mc, {}, Observed(job(), None, pods=pods, events=events), NOW)
+    ready = next(c for c in fields["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", reason)
+    assert text in ready.get("message", "")
+
+
+def durability(fields: dict[str, Any]) -> tuple[str, str]:
+    cond = next(c for c in fields["conditions"] if c["type"] == "StateDurable")
+    return cond["status"], cond["reason"]
+
+
+def test_state_without_storage_is_said_to_die_with_the_pod_and_its_loss_is_reported(mc: MiniCluster) -> None:
+    first = derive(mc, {}, Observed(job(), {**BROKER, "epoch": 1, "started": "t1"}), NOW)
+    assert durability(first) == ("False", "EmptyDir")
+    assert "dies with the broker's pod" in next(c for c in first["conditions"] if c["type"] == "StateDurable")["message"]
+    same = derive(mc, first, Observed(job(), {**BROKER, "epoch": 1, "started": "t1"}), LATER)
+    assert durability(same) == ("False", "EmptyDir")
+    # A new broker whose epoch did not grow started from an empty journal.
+    lost = derive(mc, same, Observed(job(), {**BROKER, "epoch": 1, "started": "t2"}), LATER)
+    assert durability(lost) == ("False", "StateLost")
+    assert durability(derive(mc, lost, Observed(job(), {**BROKER, "epoch": 1, "started": "t2"}), LATER)) == \
+        ("False", "StateLost")
+
+
+def test_state_with_storage_is_durable_and_a_restart_resumes(make_body: Any) -> None:
+    mc = MiniCluster.from_body(make_body(storage={"size": "1Gi"}))
+    first = derive(mc, {}, Observed(job(), {**BROKER, "epoch": 1, "started": "t1"}), NOW)
+    assert durability(first) == ("True", "PersistentVolumeClaim")
+    resumed = derive(mc, first, Observed(job(), {**BROKER, "epoch": 2, "started": "t2"}), LATER)
+    assert durability(resumed) == ("True", "Resumed") and resumed["broker"] == {"epoch": 2, "started": "t2"}
+
+
+def test_with_storage_a_failed_workers_job_fails_the_minicluster(make_body: Any) -> None:
+    mc = MiniCluster.from_body(make_body(storage={"size": "1Gi"}))
+    fields = derive(mc, {}, Observed(job(), BROKER, workers=job(Failed="PodFailurePolicy")), NOW)
+    assert fields["phase"] == "Failed"
+    # Index 0 of the workers' Job completes at once (rank 0 has its own Job): that is no success.
+    assert derive(mc, {}, Observed(job(), BROKER, workers=job(Complete="Completed")), NOW)["phase"] == "Pending"
 
 
 def test_metrics_text() -> None:
