@@ -71,6 +71,20 @@ def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
     return builder.sign(issuer_key, hashes.SHA256())
 
 
+def serving_certificate(directory: Path, name: str) -> tuple[Path, Path, Path]:
+    """(CA, certificate, key) files for an HTTPS server on 127.0.0.1 that the API server calls (a webhook, a
+    kubelet), signed by a CA of its own."""
+    ca_key = _key()
+    ca = _cert(f"{name}-ca", ca_key, None, ca_key, ca=True)
+    key = _key()
+    cert = _cert(name, key, ca, ca_key, ca=False)
+    paths = (directory / f"{name}-ca.crt", directory / f"{name}.crt", directory / f"{name}.key")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(_pem_key(key))
+    return paths
+
+
 @dataclass
 class Cluster:
     workdir: Path
@@ -168,6 +182,9 @@ class Cluster:
         (w / "server.key").write_bytes(_pem_key(server_key))
         (w / "sa.key").write_bytes(_pem_key(_key()))
         (w / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+
+    def admin_kubeconfig(self) -> Path:
+        return self._admin_kubeconfig()
 
     def _admin_kubeconfig(self) -> Path:
         path = self.workdir / "admin.kubeconfig"

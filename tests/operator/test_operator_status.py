@@ -189,3 +189,18 @@ async def test_metrics_endpoint_serves_prometheus_text() -> None:
                 assert 'handler="status"} 1' in await resp.text()
     finally:
         await runner.cleanup()
+
+
+def test_broker_access_inside_and_outside_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    from minicluster.operator.kube import Kube
+    from minicluster.operator.runner import own_status_fetcher
+    from minicluster.operator.status import HttpStatusFetcher, ProxyStatusFetcher
+
+    kube = Kube(lambda: None)  # type: ignore[arg-type, return-value]
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert isinstance(own_status_fetcher(kube, "auto", "cluster.local"), ProxyStatusFetcher)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    assert isinstance(own_status_fetcher(kube, "auto", "cluster.local"), HttpStatusFetcher)
+    assert isinstance(own_status_fetcher(kube, "proxy", "cluster.local"), ProxyStatusFetcher)
+    with pytest.raises(ValueError, match="choose one of auto, dns, proxy"):
+        own_status_fetcher(kube, "carrier-pigeon", "cluster.local")

@@ -1,0 +1,157 @@
+"""`kubectl mc`: run the MiniCluster tools in a MiniCluster's broker pod, found by name.
+
+    kubectl mc submit NAME [mc-submit options] -- COMMAND...    # mc-submit
+    kubectl mc run|jobs|attach|cancel|logs|... NAME [ARGS...]   # mc run, mc jobs, ...
+    kubectl mc exec NAME -- COMMAND...                          # anything, e.g. a shell
+
+kubectl runs any `kubectl-mc` on PATH as `kubectl mc`.  The plugin reads the MiniCluster, finds its running rank-0
+pod (an index of its Indexed Job, or rank 0's own Job with spec.storage) and execs the tool there through the API
+server, as `kubectl exec` does; the exit status is the tool's.  Credentials: KUBECONFIG / ~/.kube/config (or
+--kubeconfig, --context), else the in-cluster service account.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from typing import Any
+
+from minicluster.operator import pods as pods_mod
+from minicluster.operator.spec import CONTAINER, GROUP, NAME_LABEL, PLURAL, VERSION, MiniCluster
+
+EXIT_ERROR = 1
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+class PluginError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kubectl mc", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="commands: submit (mc-submit), exec (any command), or any `mc` command")
+    p.add_argument("-n", "--namespace", help="the MiniCluster's namespace (default: the context's)")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--kubeconfig", help="kubeconfig file")
+    p.add_argument("-i", "--stdin", action="store_true", help="pass stdin to the command")
+    p.add_argument("command", help="submit, exec, or an mc command (run, jobs, attach, cancel, logs, ...)")
+    p.add_argument("name", help="the MiniCluster")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the command")
+    return p
+
+
+def remote_argv(command: str, args: list[str]) -> list[str]:
+    """What runs in the broker pod for `kubectl mc COMMAND NAME ARGS...`."""
+    if command == "exec":
+        argv = args[1:] if args[:1] == ["--"] else args
+        if not argv:
+            raise PluginError("kubectl mc exec NAME -- COMMAND...: no command given")
+        return argv
+    if command == "submit":
+        return ["mc-submit", *args]
+    return ["mc", command, *args]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        command = remote_argv(args.command, list(args.args))
+        api, namespace = _connect(args)
+        pod = find_broker_pod(api, namespace, args.name)
+        return _exec(api, namespace, pod, command, args.stdin)
+    except PluginError as exc:
+        print(f"kubectl mc: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _connect(args: argparse.Namespace) -> tuple[Any, str]:
+    from kubernetes import client, config
+
+    try:
+        config.load_kube_config(config_file=args.kubeconfig, context=args.context)
+        _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
+        namespace = args.namespace or (active.get("context") or {}).get("namespace") or "default"
+        if args.context:
+            contexts, _ = config.list_kube_config_contexts(config_file=args.kubeconfig)
+            chosen = next(c for c in contexts if c["name"] == args.context)
+            namespace = args.namespace or (chosen.get("context") or {}).get("namespace") or "default"
+    except (config.ConfigException, OSError, StopIteration):
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            raise PluginError("no kubeconfig and not in a cluster: set KUBECONFIG or pass --kubeconfig") from None
+        namespace = args.namespace or _own_namespace()
+    return client.ApiClient(), namespace
+
+
+def _own_namespace() -> str:
+    try:
+        with open(SA_NAMESPACE) as f:
+            return f.read().strip()
+    except OSError:
+        return "default"
+
+
+def find_broker_pod(api: Any, namespace: str, name: str) -> str:
+    """The running rank-0 pod of MiniCluster `name`, or a PluginError saying why there is none."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        body = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"{NAME_LABEL}={name}")
+    except ApiException as exc:
+        if exc.status == 404:
+            raise PluginError(f"MiniCluster {name!r} not found in namespace {namespace!r}") from None
+        raise PluginError(f"the API server refused: {exc.status} {exc.reason}") from None
+    mc = MiniCluster.from_body(body)
+    pod = pods_mod.broker_pod(mc, [api.sanitize_for_serialization(p) for p in pods.items])
+    if pod is None:
+        phase = (body.get("status") or {}).get("phase", "unknown")
+        raise PluginError(f"MiniCluster {name!r} has no running broker pod (phase {phase}); "
+                          f"`kubectl describe mc {name}` says why")
+    return str(pod["metadata"]["name"])
+
+
+def _exec(api: Any, namespace: str, pod: str, argv: list[str], with_stdin: bool) -> int:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+    from kubernetes.stream import stream
+
+    core = client.CoreV1Api(api)
+    try:
+        ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, container=CONTAINER, command=argv,
+                    stdin=with_stdin, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True)
+    except ApiException as exc:
+        raise PluginError(f"cannot exec in pod {pod}: {exc.status} {exc.reason}") from None
+    if with_stdin:
+        threading.Thread(target=_pump_stdin, args=(ws,), daemon=True).start()
+    while ws.is_open():
+        ws.update(timeout=1)
+        _copy(ws.read_stdout(), sys.stdout)
+        _copy(ws.read_stderr(), sys.stderr)
+    _copy(ws.read_stdout(), sys.stdout)
+    _copy(ws.read_stderr(), sys.stderr)
+    code = ws.returncode
+    ws.close()
+    ws.sock.shutdown()  # websocket-client's close() leaves the socket open when the server closed first
+    return int(code) if code is not None else EXIT_ERROR
+
+
+def _copy(data: bytes | str, out: Any) -> None:
+    if data:
+        out.buffer.write(data if isinstance(data, bytes) else data.encode())
+        out.flush()
+
+
+def _pump_stdin(ws: Any) -> None:
+    while True:
+        chunk = sys.stdin.buffer.read1(64 * 1024)
+        if not chunk:
+            return
+        ws.write_stdin(chunk)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,493 @@
+"""The emulated node: a kubelet, a scheduler and the 1.33 Job semantics the 1.20 control plane lacks.
+
+Each sync (every 0.2 s) reads pods, Jobs and claims from the real API server and:
+* binds pending pods to this Node (the only node; no scheduler runs) and starts their containers (kubelet.py),
+  writing their status back: Pending, Running with the pod IP, then Succeeded or Failed with the exit code;
+* handles graceful deletion: SIGTERM, the grace period, SIGKILL, final status, then the final delete;
+* plays the parts of a 1.33 Job controller that 1.20 drops from the Job (taken from the Job the operator
+  renders for its MiniCluster, `manifests.jobs()`): Indexed completion (the lowest free index as the pod's
+  `batch.kubernetes.io/job-completion-index` annotation and label, JOB_COMPLETION_INDEX, hostname
+  JOB-INDEX), a replacement starting only once its predecessor is gone (podReplacementPolicy Failed),
+  `successPolicy` (index 0 succeeded: Job SuccessCriteriaMet + Complete, the rest terminated) and the
+  podFailurePolicy's FailJob rule (FailureTarget + Failed, the rest terminated).  Creating replacement pods,
+  counting failures against backoffLimit and plain completion stay 1.20's own.  Not emulated: the Ignore rule
+  for DisruptionTarget (1.20 counts those failures too), `suspend`, elastic resizing;
+* provisions claims as a local-path provisioner would (a hostPath PersistentVolume per claim, deleted when
+  released);
+* keeps cluster DNS as hosts entries in every pod (HOSTNAME.SUBDOMAIN.NS.svc.cluster.local).
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import shutil
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from minicluster.operator import manifests
+from minicluster.operator.kube import ApiError, Kube
+from minicluster.operator.spec import INDEX_KEY, KIND, MiniCluster
+from tests.e2e import image as image_mod
+from tests.e2e import kubelet
+from tests.e2e.network import Bridge
+
+log = logging.getLogger("e2e.node")
+FAMILY_LABEL = "e2e.minicluster.dev/ip-family"
+TERMINAL = ("Succeeded", "Failed")
+Obj = dict[str, Any]
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def owner(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    return next((r for r in (obj["metadata"].get("ownerReferences") or []) if r.get("kind") == kind), None)
+
+
+def index_of(pod: Mapping[str, Any]) -> int | None:
+    value = (pod["metadata"].get("annotations") or {}).get(INDEX_KEY)
+    return int(value) if value is not None else None
+
+
+def phase(pod: Mapping[str, Any]) -> str:
+    return (pod.get("status") or {}).get("phase", "Pending")
+
+
+def exit_code(pod: Mapping[str, Any], container: str) -> int | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container and (status.get("state") or {}).get("terminated"):
+            return int(status["state"]["terminated"]["exitCode"])
+    return None
+
+
+class Node:
+    def __init__(self, kube: Kube, run_id: str, workdir: Path, image: image_mod.Image, checkout: Path,
+                 bridge: Bridge) -> None:
+        self.kube = kube
+        self.run_id = run_id
+        self.name = f"e2e-node-{run_id}"
+        self.workdir = workdir
+        self.image = image
+        self.checkout = checkout
+        self.bridge = bridge
+        self.port = 0
+        self.containers: dict[str, kubelet.Container] = {}  # pod uid -> its container
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.indexes: dict[str, int] = {}  # pod uid -> index given (before the API server shows it)
+        self.deleting: set[str] = set()
+        self.finished_jobs: set[str] = set()
+        self.provisioned: set[str] = set()
+        self.ns_family: dict[str, str] = {}
+        self._hosts: dict[str, list[tuple[str, str, str]]] = {}
+        self._intended: dict[str, Obj | None] = {}
+        self._heartbeat = 0.0
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    async def register(self, port: int) -> None:
+        self.port = port
+        node = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": self.name, "labels": {"kubernetes.io/hostname": self.name,
+                                                           "kubernetes.io/os": "linux"}},
+                "status": self._node_status()}
+        await self.kube.create("/api/v1/nodes", node)
+
+    def _node_status(self) -> Obj:
+        stamp = now()
+        return {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
+                "capacity": {"cpu": "2", "memory": "24Gi", "pods": "110"},
+                "allocatable": {"cpu": "2", "memory": "24Gi", "pods": "110"},
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "message": "minicluster e2e node", "lastHeartbeatTime": stamp,
+                                "lastTransitionTime": stamp}]}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.sync()
+            except Exception:  # one bad sync must not end the node; the next one retries
+                log.exception("node sync failed")
+            try:
+                await asyncio.wait_for(stop.wait(), 0.2)
+            except asyncio.TimeoutError:
+                pass
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        for c in list(self.containers.values()):
+            kubelet.signal_container(c, signal.SIGKILL)
+            if c.proc is not None and c.proc.returncode is None:
+                c.proc.kill()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks.values()), timeout=15)
+
+    # --- one sync --------------------------------------------------------------------------------------------
+
+    async def sync(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._heartbeat > 10:
+            self._heartbeat = loop.time()
+            await self.kube.merge_patch(f"/api/v1/nodes/{self.name}/status", {"status": self._node_status()})
+        await self._provision()
+        pods = (await self.kube.get("/api/v1/pods"))["items"]
+        jobs = (await self.kube.get("/apis/batch/v1/jobs"))["items"]
+        by_job: dict[str, list[Obj]] = {}
+        for pod in pods:
+            ref = owner(pod, "Job")
+            if ref:
+                by_job.setdefault(ref["uid"], []).append(pod)
+        job_of = {job["metadata"]["uid"]: job for job in jobs}
+        for job in jobs:
+            await self._judge(job, by_job.get(job["metadata"]["uid"], []))
+        for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", "")):
+            ref = owner(pod, "Job")
+            job = job_of.get(ref["uid"]) if ref else None
+            await self._handle(pod, job, by_job.get(ref["uid"], []) if ref else [])
+        self._update_hosts()
+
+    async def _handle(self, pod: Obj, job: Obj | None, siblings: list[Obj]) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        uid = meta["uid"]
+        if spec.get("nodeName") not in (None, self.name):
+            return
+        c = self.containers.get(uid)
+        if meta.get("deletionTimestamp"):
+            if c is not None and not c.stopping and c.exit_code is None:
+                grace = float(meta.get("deletionGracePeriodSeconds", 30))
+                asyncio.ensure_future(kubelet.terminate(c, grace))
+            elif uid not in self.tasks and spec.get("nodeName") == self.name:
+                await self._finalize(pod)
+            return
+        if uid in self.tasks or phase(pod) in TERMINAL:
+            return
+        if job is not None and (job["metadata"]["uid"] in self.finished_jobs or _finished(job)):
+            return
+        if not spec.get("nodeName"):
+            if job is not None and not await self._admit(pod, job, siblings):
+                return
+            await self._bind(pod)
+        self.tasks[uid] = asyncio.ensure_future(self._run_pod(uid, meta["namespace"], meta["name"]))
+        self.tasks[uid].add_done_callback(lambda _t, uid=uid: self.tasks.pop(uid, None))
+
+    # --- the 1.33 Job controller's share ---------------------------------------------------------------------
+
+    async def intended_job(self, job: Obj) -> Obj | None:
+        """The Job as the operator rendered it (1.20 drops its newer fields), or None for other Jobs."""
+        uid = job["metadata"]["uid"]
+        if uid not in self._intended:
+            ref = owner(job, KIND)
+            body = None
+            if ref is not None:
+                body = await self.kube.get(
+                    f"/apis/minicluster.dev/v1alpha1/namespaces/{job['metadata']['namespace']}/miniclusters/"
+                    f"{ref['name']}")
+            wanted = manifests.jobs(MiniCluster.from_body(body)) if body else []
+            self._intended[uid] = next((j for j in wanted if j["metadata"]["name"] == job["metadata"]["name"]), None)
+        return self._intended[uid]
+
+    async def _admit(self, pod: Obj, job: Obj, siblings: list[Obj]) -> bool:
+        """May this new pod of `job` start now?  Indexed: give it the lowest free index.  Either way a pod
+        starts only once its predecessor is fully gone (podReplacementPolicy Failed, as with a
+        podFailurePolicy)."""
+        intended = await self.intended_job(job) or job
+        spec = intended["spec"]
+        others = [p for p in siblings if p["metadata"]["uid"] != pod["metadata"]["uid"]]
+        if spec.get("completionMode") != "Indexed":
+            busy = [p for p in others if p["spec"].get("nodeName") and phase(p) not in TERMINAL]
+            return len(busy) < int(spec.get("parallelism", 1))
+        held = {self.indexes.get(p["metadata"]["uid"], index_of(p)) for p in others if phase(p) != "Failed"}
+        free = [i for i in range(int(spec["completions"])) if i not in held]
+        if not free:
+            return False
+        self.indexes[pod["metadata"]["uid"]] = free[0]
+        patch = {"metadata": {"annotations": {INDEX_KEY: str(free[0])}, "labels": {INDEX_KEY: str(free[0])}}}
+        await self.kube.merge_patch(self._pod_path(pod), patch)
+        return True
+
+    async def _judge(self, job: Obj, pods: list[Obj]) -> None:
+        uid = job["metadata"]["uid"]
+        if _finished(job) or uid in self.finished_jobs:
+            if uid in self.finished_jobs:
+                await self._end_pods(pods)
+            return
+        intended = await self.intended_job(job)
+        if intended is None:
+            return
+        verdict = _verdict(intended, pods)
+        if verdict is None:
+            return
+        kind, reason, message = verdict
+        stamp = now()
+        first = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
+        conditions = [{"type": t, "status": "True", "reason": reason, "message": message,
+                       "lastProbeTime": stamp, "lastTransitionTime": stamp} for t in (first, kind)]
+        status: Obj = {"conditions": conditions}
+        if kind == "Complete":
+            status["completionTime"] = stamp
+        await self.kube.merge_patch(f"/apis/batch/v1/namespaces/{job['metadata']['namespace']}/jobs/"
+                                    f"{job['metadata']['name']}/status", {"status": status})
+        self.finished_jobs.add(uid)
+        await self._end_pods(pods)
+
+    async def _end_pods(self, pods: list[Obj]) -> None:
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            if phase(pod) not in TERMINAL and uid not in self.deleting and not pod["metadata"].get("deletionTimestamp"):
+                self.deleting.add(uid)
+                await self._delete(pod, grace=None)
+
+    # --- pods ------------------------------------------------------------------------------------------------
+
+    def _pod_path(self, pod: Mapping[str, Any]) -> str:
+        return f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
+
+    async def _bind(self, pod: Obj) -> None:
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}}
+        await self.kube.create(f"{self._pod_path(pod)}/binding", binding)
+
+    async def _delete(self, pod: Mapping[str, Any], grace: int | None) -> None:
+        body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": pod["metadata"]["uid"]}}
+        if grace is not None:
+            body["gracePeriodSeconds"] = grace
+        try:
+            await self.kube.request("DELETE", self._pod_path(pod), body)
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    async def _finalize(self, pod: Mapping[str, Any]) -> None:
+        await self._delete(pod, grace=0)
+
+    async def _patch_status(self, namespace: str, name: str, status: Obj) -> None:
+        # Strategic merge: conditions merge by type, so others' (e.g. DisruptionTarget) are kept, as a kubelet does.
+        try:
+            await self.kube.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                                    {"status": status}, "application/strategic-merge-patch+json")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    async def _run_pod(self, uid: str, namespace: str, name: str) -> None:
+        pod = await self.kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        if pod is None or pod["metadata"]["uid"] != uid:
+            return
+        try:
+            c, argv, cwd, mounts, container = await self._prepare(pod)
+        except kubelet.CannotStart as exc:
+            await self._waiting(pod, exc)
+            return
+        except Exception as exc:  # a harness failure shows on the pod, as a runtime's would
+            log.exception("preparing pod %s/%s", namespace, name)
+            await self._waiting(pod, kubelet.CannotStart("RunContainerError", str(exc)))
+            return
+        try:
+            await kubelet.start(c, argv, cwd, mounts, self.checkout, pod["spec"], container)
+            c.started_at = now()
+            await self._patch_status(namespace, name, self._running_status(pod, c))
+            code = await kubelet.wait(c)
+            await self._patch_status(namespace, name, self._ended_status(pod, c, code))
+        except Exception:
+            log.exception("running pod %s/%s", namespace, name)
+        finally:
+            if c.exit_code is None:
+                c.exit_code = kubelet.START_ERROR
+                c.done.set()
+            kubelet.cleanup(c, self.bridge)
+            self._update_hosts()
+        if c.stopping:
+            await self._finalize(pod)
+
+    async def _waiting(self, pod: Obj, exc: kubelet.CannotStart) -> None:
+        meta = pod["metadata"]
+        status = {"phase": "Pending", "hostIP": "127.0.0.1", "conditions": [
+            {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False",
+                                                         "reason": "ContainersNotReady"}],
+            "containerStatuses": [{"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
+                                   "restartCount": 0, "state": {"waiting": {"reason": exc.reason,
+                                                                            "message": exc.message}}}
+                                  for c in pod["spec"]["containers"]]}
+        await self._patch_status(meta["namespace"], meta["name"], status)
+        if exc.reason == "ContainerCreating":  # e.g. a claim not bound yet: the next sync tries again
+            return
+        if exc.reason == "ErrImagePull":
+            await asyncio.sleep(1.0)
+            await self._waiting(pod, kubelet.CannotStart("ImagePullBackOff", f"Back-off pulling image: {exc.message}"))
+        # Like a kubelet, keep the pod: deleting it is its owner's decision.  Hold the task until then.
+        while meta["uid"] not in self.deleting:
+            await asyncio.sleep(1.0)
+            current = await self.kube.get(self._pod_path(pod))
+            if current is None or current["metadata"]["uid"] != meta["uid"]:
+                return
+            if current["metadata"].get("deletionTimestamp"):
+                await self._finalize(current)
+                return
+
+    async def _prepare(self, pod: Obj) -> tuple[kubelet.Container, list[str], str, list[Obj], Obj]:
+        meta, spec = pod["metadata"], pod["spec"]
+        [container] = spec["containers"]
+        if container["image"] != image_mod.NAME:
+            raise kubelet.CannotStart("ErrImagePull", f'rpc error: pull access denied for {container["image"]}, '
+                                                      "repository does not exist or may require authorization")
+        objects = await self._referenced_objects(pod)
+        user = kubelet.user_of(spec, container)
+        job_ref = owner(pod, "Job")
+        index = index_of(pod)
+        hostname = spec.get("hostname") or (f"{job_ref['name']}-{index}" if job_ref and index is not None
+                                            else meta["name"])
+        subdomain = spec.get("subdomain")
+        fqdn = f"{hostname}.{subdomain}.{meta['namespace']}.svc.cluster.local" if subdomain else hostname
+        directory = self.workdir / "pods" / meta["uid"]
+        directory.mkdir(parents=True, exist_ok=True)
+        lookup = lambda kind, name: objects.get((kind, name))  # noqa: E731
+        env = kubelet.environment(pod, container, self.image, hostname, lookup)
+        mounts = kubelet.mounts_for(pod, container, directory, lookup, lambda claim: objects[("Claim", claim)],
+                                    user["fs_group"])
+        family = await self._family(meta["namespace"])
+        net = await asyncio.to_thread(self.bridge.attach, family)
+        c = kubelet.Container(meta["namespace"], meta["name"], meta["uid"], hostname, fqdn, net, env, user,
+                              directory, kubelet.cgroups_for(self.run_id, meta["uid"], container))
+        (directory / "hostname").write_text(hostname + "\n")
+        (directory / "resolv.conf").write_text(f"search {meta['namespace']}.svc.cluster.local svc.cluster.local "
+                                               "cluster.local\noptions ndots:5\n")
+        self.containers[meta["uid"]] = c
+        self._update_hosts()
+        argv = [*(container.get("command") or ["mc"]), *(container.get("args") or [])]
+        return c, argv, container.get("workingDir") or kubelet.IMAGE_WORKDIR, mounts, container
+
+    async def _referenced_objects(self, pod: Obj) -> dict[tuple[str, str], Any]:
+        ns = pod["metadata"]["namespace"]
+        found: dict[tuple[str, str], Any] = {}
+        for volume in pod["spec"].get("volumes") or []:
+            sources = [volume] + list((volume.get("projected") or {}).get("sources") or [])
+            for source in sources:
+                if "configMap" in source:
+                    name = source["configMap"]["name"]
+                    found[("ConfigMap", name)] = await self.kube.get(f"/api/v1/namespaces/{ns}/configmaps/{name}")
+                if "secret" in source:
+                    name = source["secret"].get("secretName") or source["secret"].get("name")
+                    found[("Secret", name)] = await self.kube.get(f"/api/v1/namespaces/{ns}/secrets/{name}")
+            if "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                found[("Claim", claim)] = await self._claim_dir(ns, claim)
+        return found
+
+    async def _claim_dir(self, namespace: str, claim: str) -> Path:
+        pvc = await self.kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+        volume = (pvc or {}).get("spec", {}).get("volumeName")
+        if not volume or (pvc or {}).get("status", {}).get("phase") != "Bound":
+            raise kubelet.CannotStart("ContainerCreating", f'persistentvolumeclaim "{claim}" is not bound yet')
+        pv = await self.kube.get(f"/api/v1/persistentvolumes/{volume}")
+        return Path(pv["spec"]["hostPath"]["path"])
+
+    async def _family(self, namespace: str) -> str:
+        if namespace not in self.ns_family:
+            ns = await self.kube.get(f"/api/v1/namespaces/{namespace}") or {}
+            self.ns_family[namespace] = ((ns.get("metadata") or {}).get("labels") or {}).get(FAMILY_LABEL, "ipv4")
+        return self.ns_family[namespace]
+
+    def _running_status(self, pod: Obj, c: kubelet.Container) -> Obj:
+        [container] = pod["spec"]["containers"]
+        return {"phase": "Running", "hostIP": "127.0.0.1", "podIP": c.net.address, "podIPs": [{"ip": c.net.address}],
+                "startTime": c.started_at,
+                "conditions": [{"type": t, "status": "True", "lastTransitionTime": c.started_at}
+                               for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+                "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
+                                       "containerID": f"e2e://{c.uid}", "ready": True, "started": True,
+                                       "restartCount": 0, "state": {"running": {"startedAt": c.started_at}}}]}
+
+    def _ended_status(self, pod: Obj, c: kubelet.Container, code: int) -> Obj:
+        [container] = pod["spec"]["containers"]
+        stamp = now()
+        reason = "Completed" if code == 0 else "Error"
+        return {"phase": "Succeeded" if code == 0 else "Failed",
+                "conditions": [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
+                               for t in ("Ready", "ContainersReady")],
+                "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
+                                       "containerID": f"e2e://{c.uid}", "ready": False, "started": False,
+                                       "restartCount": 0, "state": {"terminated": {
+                                           "exitCode": code, "reason": reason, "startedAt": c.started_at,
+                                           "finishedAt": stamp, "containerID": f"e2e://{c.uid}"}}}]}
+
+    # --- cluster DNS and storage -----------------------------------------------------------------------------
+
+    def _update_hosts(self) -> None:
+        live = [c for c in self.containers.values() if c.exit_code is None]
+        for c in live:
+            entries = sorted((o.net.address, o.fqdn, o.hostname) for o in live if o.namespace == c.namespace)
+            if self._hosts.get(c.uid) != entries:
+                self._hosts[c.uid] = entries
+                kubelet.write_hosts(c.hosts, entries)
+        for uid in [u for u in self._hosts if u not in {c.uid for c in live}]:
+            del self._hosts[uid]
+
+    async def _provision(self) -> None:
+        claims = (await self.kube.get("/api/v1/persistentvolumeclaims"))["items"]
+        for pvc in claims:
+            meta, spec = pvc["metadata"], pvc["spec"]
+            if spec.get("volumeName") or meta["uid"] in self.provisioned:
+                continue
+            self.provisioned.add(meta["uid"])
+            path = self.workdir / "volumes" / meta["uid"]
+            path.mkdir(parents=True, mode=0o755)
+            pv = {"apiVersion": "v1", "kind": "PersistentVolume",
+                  "metadata": {"name": f"e2e-{self.run_id}-{meta['uid'][:8]}",
+                               "labels": {"e2e.minicluster.dev/run": self.run_id}},
+                  "spec": {"capacity": {"storage": spec["resources"]["requests"]["storage"]},
+                           "accessModes": spec["accessModes"], "persistentVolumeReclaimPolicy": "Retain",
+                           "storageClassName": spec.get("storageClassName") or "",
+                           "hostPath": {"path": str(path), "type": "Directory"},
+                           "claimRef": {"namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"]}}}
+            await self.kube.create("/api/v1/persistentvolumes", pv)
+        volumes = (await self.kube.get(f"/api/v1/persistentvolumes?labelSelector=e2e.minicluster.dev/run={self.run_id}"))
+        for pv in volumes["items"]:
+            if (pv.get("status") or {}).get("phase") == "Released":  # the provisioner's Delete policy
+                await self.kube.request("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
+                shutil.rmtree(pv["spec"]["hostPath"]["path"], ignore_errors=True)
+
+    # --- for the tests ---------------------------------------------------------------------------------------
+
+    def find(self, namespace: str, name: str) -> kubelet.Container | None:
+        return next((c for c in self.containers.values()
+                     if c.namespace == namespace and c.name == name and c.exit_code is None), None)
+
+    def kill(self, namespace: str, name: str) -> None:
+        """The container dies (SIGKILL, as the OOM killer or a crash would end it)."""
+        c = self.find(namespace, name)
+        assert c is not None, f"no running container for {namespace}/{name}"
+        kubelet.signal_container(c, signal.SIGKILL)
+
+    def logs(self, namespace: str, name: str) -> str:
+        found = [c for c in self.containers.values() if c.namespace == namespace and c.name == name]
+        return "".join(c.log.read_text(errors="replace") for c in found if c.log.exists())
+
+
+def _finished(job: Mapping[str, Any]) -> bool:
+    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+               for c in (job.get("status") or {}).get("conditions") or [])
+
+
+def _verdict(intended: Mapping[str, Any], pods: list[Obj]) -> tuple[str, str, str] | None:
+    spec = intended["spec"]
+    for rule in (spec.get("successPolicy") or {}).get("rules") or []:
+        wanted = {int(i) for i in str(rule.get("succeededIndexes", "")).split(",") if i.isdigit()}
+        done = {index_of(p) for p in pods if phase(p) == "Succeeded"}
+        if wanted and wanted <= done:
+            return "Complete", "SuccessPolicy", "Matched rules at index 0"
+    for i, rule in enumerate((spec.get("podFailurePolicy") or {}).get("rules") or []):
+        on_codes = rule.get("onExitCodes")
+        if rule.get("action") != "FailJob" or not on_codes:
+            continue
+        for pod in pods:
+            code = exit_code(pod, on_codes.get("containerName", ""))
+            if phase(pod) == "Failed" and code is not None and code in on_codes["values"]:
+                meta = pod["metadata"]
+                return ("Failed", "PodFailurePolicy",
+                        f"Container {on_codes['containerName']} for pod {meta['namespace']}/{meta['name']} failed "
+                        f"with exit code {code} matching FailJob rule at index {i}")
+    return None

@@ -1,0 +1,351 @@
+"""The MiniCluster's own pods, run on an emulated node against the real API server (conftest.py, node.py).
+
+The interactive MiniCluster `demo` lives in a namespace that enforces Pod Security "restricted"; the tests on it
+run in file order and each leaves it Ready again, except the last, which deletes it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from minicluster import exitcodes
+from minicluster.operator.kube import Kube
+from tests.e2e.conftest import (
+    ADMIN_TOKEN, MC_API, REPO, Env, _login, kubectl_exec, make_namespace, minicluster, until,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.apiserver, pytest.mark.slow, pytest.mark.timeout(300)]
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+# --- helpers -------------------------------------------------------------------------------------------------
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+async def get_mc(admin: Kube, ns: str, name: str) -> dict[str, Any]:
+    return await admin.get(f"{MC_API}/namespaces/{ns}/miniclusters/{name}") or {}
+
+
+async def wait_condition(admin: Kube, ns: str, name: str, type_: str, status: str = "True",
+                         timeout: float = 90, reason: str | None = None) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        cond = condition(await get_mc(admin, ns, name), type_)
+        ok = cond.get("status") == status and (reason is None or cond.get("reason") == reason)
+        return cond if ok else None
+    return await until(check, timeout)
+
+
+async def pods(admin: Kube, ns: str, name: str) -> list[dict[str, Any]]:
+    return (await admin.get(f"/api/v1/namespaces/{ns}/pods?labelSelector=minicluster.dev/name={name}"))["items"]
+
+
+async def running_pod(admin: Kube, ns: str, name: str, index: int, role: str | None = None) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        for pod in await pods(admin, ns, name):
+            meta = pod["metadata"]
+            mine = ((meta.get("labels") or {}).get("minicluster.dev/role") == role if role
+                    else (meta.get("annotations") or {}).get(INDEX) == str(index))
+            if mine and pod["status"].get("phase") == "Running" and not meta.get("deletionTimestamp"):
+                return pod
+        return None
+    return await until(check, 90)
+
+
+async def _absent(admin: Kube, path: str) -> bool:
+    return await admin.get(path) is None
+
+
+def exit_code_of(pod: dict[str, Any]) -> int | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        ended = (status.get("state") or {}).get("terminated")
+        if ended:
+            return int(ended["exitCode"])
+    return None
+
+
+def watch_exit_code(e2e: Env, ns: str, pod: dict[str, Any]) -> "asyncio.Future[int | None]":
+    """Start watching `pod` (from the version seen) for the exit code its node reports; a deleted pod's final
+    status lives only for an instant, which polling would miss.  Start it before ending the pod."""
+    def watch() -> int | None:
+        from kubernetes import client, config
+        from kubernetes import watch as k8s_watch
+
+        api = config.new_client_from_config(str(e2e.kubeconfig))
+        try:
+            stream = k8s_watch.Watch().stream(
+                client.CoreV1Api(api).list_namespaced_pod, ns, field_selector=f"metadata.name={pod['metadata']['name']}",
+                resource_version=pod["metadata"]["resourceVersion"], timeout_seconds=90)
+            for event in stream:
+                for status in event["object"].status.container_statuses or []:
+                    if status.state.terminated is not None:
+                        return int(status.state.terminated.exit_code)
+                if event["type"] == "DELETED":
+                    return None
+            return None
+        finally:
+            api.close()
+    return asyncio.ensure_future(asyncio.to_thread(watch))
+
+
+def kubectl_mc(e2e: Env, ns: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["kubectl-mc", "--kubeconfig", str(e2e.kubeconfig), "-n", ns, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+async def exec_in(e2e: Env, ns: str, pod: dict[str, Any], *argv: str) -> tuple[int, str, str]:
+    return await asyncio.to_thread(kubectl_exec, e2e, ns, pod["metadata"]["name"], list(argv))
+
+
+async def create(admin: Kube, body: dict[str, Any]) -> None:
+    await admin.create(f"{MC_API}/namespaces/{body['metadata']['namespace']}/miniclusters", body)
+
+
+# --- the interactive MiniCluster -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def demo(e2e: Env) -> Iterator[str]:
+    async def setup() -> str:
+        admin = Kube(_login(e2e.cluster, ADMIN_TOKEN))
+        try:
+            ns = await make_namespace(admin, e2e.namespace("main"))
+            t0 = time.monotonic()
+            # A 1-CPU limit per pod on this 2-core node.
+            await create(admin, minicluster("demo", ns, resources={"limits": {"cpu": "1"}}))
+            await wait_condition(admin, ns, "demo", "Ready")
+            e2e.timings["ready_3_of_3_s"] = time.monotonic() - t0
+            return ns
+        finally:
+            await admin.close()
+    yield asyncio.run(setup())
+
+
+async def test_pods_pass_restricted_run_as_the_image_user_and_read_the_key(e2e: Env, admin: Kube, demo: str) -> None:
+    broker = await running_pod(admin, demo, "demo", 0)
+    code, out, err = await exec_in(e2e, demo, broker, "sh", "-c",
+                                   "id -u; id -g; id -G; stat -L -c '%a %u %g' /etc/minicluster/curve/curve.key_secret;"
+                                   " echo $$; cat /proc/1/cmdline | tr '\\0' ' '")
+    assert code == 0, err
+    uid, gid, groups, key, _shell, pid1 = out.splitlines()
+    assert (uid, gid) == ("10001", "10001") and "10001" in groups.split()
+    # The Secret item is 0400 and root's; fsGroup gives the image user's group read access (0440 root:10001).
+    assert key == "440 0 10001"
+    assert pid1.startswith("/var/cache/minicluster/") and " boot " in pid1  # mc boot is the container's PID 1
+
+
+async def test_kubectl_exec_mc_submit_works_as_documented(e2e: Env, admin: Kube, demo: str) -> None:
+    broker = await running_pod(admin, demo, "demo", 0)
+    # docs/operator.md: kubectl exec -it $BROKER -- mc-submit -N 3 hostname; then mc jobs.
+    code, out, err = await exec_in(e2e, demo, broker, "mc-submit", "-N", "3", "--wait", "hostname")
+    assert code == 0, err
+    code, out, err = await exec_in(e2e, demo, broker, "mc", "run", "-N", "3", "hostname")
+    assert code == 0, err
+    assert sorted(out.split()) == ["demo-0", "demo-1", "demo-2"]
+
+
+async def test_kubectl_mc_plugin_finds_the_broker(e2e: Env, demo: str) -> None:
+    run = await asyncio.to_thread(kubectl_mc, e2e, demo, "run", "demo", "-N", "3", "hostname")
+    assert run.returncode == 0, run.stderr
+    assert sorted(run.stdout.split()) == ["demo-0", "demo-1", "demo-2"]
+    submitted = await asyncio.to_thread(kubectl_mc, e2e, demo, "submit", "demo", "--", "sh", "-c", "exit 3")
+    assert submitted.returncode == 0 and submitted.stdout.strip().isdigit(), submitted.stderr
+    failing = await asyncio.to_thread(kubectl_mc, e2e, demo, "exec", "demo", "--", "sh", "-c", "exit 7")
+    assert failing.returncode == 7  # the remote status comes back
+    missing = await asyncio.to_thread(kubectl_mc, e2e, demo, "jobs", "nosuch")
+    assert missing.returncode == 1 and "not found" in missing.stderr
+
+
+async def test_cpu_limit_is_what_each_rank_advertises(e2e: Env, admin: Kube, demo: str) -> None:
+    broker = await running_pod(admin, demo, "demo", 0)
+    code, out, err = await exec_in(e2e, demo, broker, "mc", "resources", "--json")
+    assert code == 0, err
+    assert [r["cores_total"] for r in json.loads(out)["ranks"]] == [1, 1, 1]  # limits.cpu "1", not the node's 2
+
+
+async def test_pid_1_reaps_orphans_in_every_pod(e2e: Env, admin: Kube, demo: str) -> None:
+    broker = await running_pod(admin, demo, "demo", 0)
+    code, _, err = await exec_in(e2e, demo, broker, "mc", "run", "-N", "3", "sh", "-c",
+                                 "for i in 1 2 3; do sleep 0.2 & done; exit 0")
+    assert code == 0, err
+    await asyncio.sleep(1.5)
+    count = "grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l"
+    for index in range(3):
+        pod = await running_pod(admin, demo, "demo", index)
+        code, out, err = await exec_in(e2e, demo, pod, "sh", "-c", count)
+        assert (code, out.strip()) == (0, "0"), f"zombies in rank {index}'s pod: {out} {err}"
+
+
+async def test_a_crashed_worker_comes_back_at_its_rank(e2e: Env, admin: Kube, demo: str) -> None:
+    worker = await running_pod(admin, demo, "demo", 2)
+    t0 = time.monotonic()
+    ended = watch_exit_code(e2e, demo, worker)
+    e2e.on_node(lambda: e2e.node.kill(demo, worker["metadata"]["name"]))
+    assert await ended == 137  # killed: counts against backoffLimit, retried
+    replacement = await running_pod(admin, demo, "demo", 2)
+    assert replacement["metadata"]["uid"] != worker["metadata"]["uid"]
+    e2e.timings["crashed_worker_replaced_s"] = time.monotonic() - t0
+    await wait_condition(admin, demo, "demo", "Ready")
+    run = await asyncio.to_thread(kubectl_mc, e2e, demo, "run", "demo", "-N", "3", "hostname")
+    assert sorted(run.stdout.split()) == ["demo-0", "demo-1", "demo-2"], run.stderr
+
+
+async def test_an_evicted_worker_exits_as_a_disruption_and_rejoins(e2e: Env, admin: Kube, demo: str) -> None:
+    worker = await running_pod(admin, demo, "demo", 1)
+    name = worker["metadata"]["name"]
+    # Kubernetes >= 1.26 marks an evicted pod DisruptionTarget (the podFailurePolicy's Ignore rule); 1.20 does not.
+    disruption = {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True",
+                                             "reason": "EvictionByEvictionAPI"}]}}
+    await admin.request("PATCH", f"/api/v1/namespaces/{demo}/pods/{name}/status", disruption,
+                        "application/strategic-merge-patch+json")
+    ended = watch_exit_code(e2e, demo, worker)
+    await admin.create(f"/api/v1/namespaces/{demo}/pods/{name}/eviction",
+                       {"apiVersion": "policy/v1beta1", "kind": "Eviction",
+                        "metadata": {"name": name, "namespace": demo}})
+    assert await ended == exitcodes.DISRUPTED  # 143, never 0
+    await running_pod(admin, demo, "demo", 1)
+    await wait_condition(admin, demo, "demo", "Ready")
+    assert (await get_mc(admin, demo, "demo"))["status"]["phase"] == "Running"
+
+
+async def test_deleting_the_broker_is_a_disruption_and_without_storage_its_state_is_reported_lost(
+    e2e: Env, admin: Kube, demo: str,
+) -> None:
+    broker = await running_pod(admin, demo, "demo", 0)
+    durable = condition(await get_mc(admin, demo, "demo"), "StateDurable")
+    assert (durable["status"], durable["reason"]) == ("False", "EmptyDir") and "dies with" in durable["message"]
+    code, job_id, err = await exec_in(e2e, demo, broker, "mc-submit", "-N", "2", "sleep", "300")
+    assert code == 0, err
+    workers = {p["metadata"]["uid"] for p in await pods(admin, demo, "demo")
+               if p["status"].get("phase") == "Running" and p["metadata"]["uid"] != broker["metadata"]["uid"]}
+    t0 = time.monotonic()
+    ended = watch_exit_code(e2e, demo, broker)
+    await admin.request("DELETE", f"/api/v1/namespaces/{demo}/pods/{broker['metadata']['name']}")
+    assert await ended == exitcodes.DISRUPTED
+    job = await admin.get(f"/apis/batch/v1/namespaces/{demo}/jobs/demo")
+    assert not any(c["type"] == "Complete" for c in job["status"].get("conditions") or [])
+    new_broker = await running_pod(admin, demo, "demo", 0)
+    await wait_condition(admin, demo, "demo", "Ready")
+    e2e.timings["broker_replaced_ready_s"] = time.monotonic() - t0
+    # The workers were not told to stop: the same pods are still running.
+    still = {p["metadata"]["uid"] for p in await pods(admin, demo, "demo") if p["status"].get("phase") == "Running"}
+    assert workers <= still
+    lost = await wait_condition(admin, demo, "demo", "StateDurable", "False", reason="StateLost")
+    assert "empty journal" in lost["message"]
+    code, out, err = await exec_in(e2e, demo, new_broker, "mc", "jobs", "-a", "--json")
+    assert code == 0 and json.loads(out)["jobs"] == [], (out, err)
+    events = await admin.get(f"/api/v1/namespaces/{demo}/events?fieldSelector=involvedObject.name=demo")
+    assert "StateLost" in {e["reason"] for e in events["items"]}
+
+
+async def test_deleting_the_minicluster_collects_everything(e2e: Env, admin: Kube, demo: str) -> None:
+    await admin.request("DELETE", f"{MC_API}/namespaces/{demo}/miniclusters/demo")
+
+    async def collected() -> bool:
+        paths = [f"/apis/batch/v1/namespaces/{demo}/jobs/demo", f"/api/v1/namespaces/{demo}/services/demo",
+                 f"/api/v1/namespaces/{demo}/configmaps/demo-config", f"/api/v1/namespaces/{demo}/secrets/demo-curve",
+                 f"{MC_API}/namespaces/{demo}/miniclusters/demo"]
+        gone = [await admin.get(p) is None for p in paths]
+        return all(gone) and not await pods(admin, demo, "demo")
+    await until(collected, 90)
+
+
+# --- durable state -------------------------------------------------------------------------------------------
+
+async def test_with_storage_a_new_broker_pod_resumes_the_queue_and_running_jobs(e2e: Env, admin: Kube) -> None:
+    ns = await make_namespace(admin, e2e.namespace("store"))
+    # high-id places the long job on the worker: rank 0's own tasks die with its pod, whatever the storage.
+    await create(admin, minicluster("keep", ns, size=2, storage={"size": "1Gi"}, policy="high-id"))
+    await wait_condition(admin, ns, "keep", "Ready")
+    broker = await running_pod(admin, ns, "keep", 0, role="broker")
+    code, done_id, err = await exec_in(e2e, ns, broker, "mc-submit", "--wait", "true")
+    assert code == 0, err
+    code, long_id, err = await exec_in(e2e, ns, broker, "mc-submit", "sleep", "300")
+    assert code == 0, err
+    ended = watch_exit_code(e2e, ns, broker)
+    await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{broker['metadata']['name']}")
+    assert await ended == exitcodes.DISRUPTED
+    new_broker = await running_pod(admin, ns, "keep", 0, role="broker")
+    assert new_broker["metadata"]["uid"] != broker["metadata"]["uid"]
+    resumed = await wait_condition(admin, ns, "keep", "StateDurable", reason="Resumed")
+    assert "epoch 2" in resumed["message"]
+    code, out, err = await exec_in(e2e, ns, new_broker, "mc", "jobs", "-a", "--json")
+    states = {j["id"]: (j["state"], j["result"]) for j in json.loads(out)["jobs"]}
+    assert states[int(done_id)] == ("INACTIVE", "COMPLETED")
+    assert states[int(long_id)][0] == "RUN", states  # reattached: its tasks never stopped
+    # Only rank 0's pod mounts the claim; index 0 of the workers' Job stepped aside.
+    placeholder = [p for p in await pods(admin, ns, "keep")
+                   if (p["metadata"].get("annotations") or {}).get(INDEX) == "0"]
+    assert placeholder and all(p["status"]["phase"] == "Succeeded" for p in placeholder)
+    await admin.request("DELETE", f"{MC_API}/namespaces/{ns}/miniclusters/keep")
+    await until(lambda: _absent(admin, f"/api/v1/namespaces/{ns}/persistentvolumeclaims/keep-state"), 90)
+
+
+# --- batch MiniClusters --------------------------------------------------------------------------------------
+
+async def test_batch_minicluster_succeeds_and_one_whose_command_fails_fails(e2e: Env, admin: Kube) -> None:
+    ns = await make_namespace(admin, e2e.namespace("batch"))
+    await create(admin, minicluster("good", ns, size=2, command=["mc", "run", "-N", "2", "hostname"]))
+    await create(admin, minicluster("bad", ns, size=2, command=["sh", "-c", "exit 3"]))
+    done = await wait_condition(admin, ns, "good", "Succeeded", timeout=120)
+    assert done["reason"] == "BrokerSucceeded"
+    failed = await wait_condition(admin, ns, "bad", "Failed", timeout=120)
+    assert failed["reason"] in ("PodFailurePolicy", "CommandFailed") and "3" in failed["message"]
+    good = [p for p in await pods(admin, ns, "good")]
+    broker_log = e2e.on_node(lambda: e2e.node.logs(ns, next(
+        p["metadata"]["name"] for p in good if (p["metadata"].get("annotations") or {}).get(INDEX) == "0")))
+    assert "good-0" in broker_log and "good-1" in broker_log
+    for name in ("good", "bad"):
+        await until(lambda name=name: _no_live_pods(admin, ns, name), 60)
+
+
+async def _no_live_pods(admin: Kube, ns: str, name: str) -> bool:
+    return all(p["status"].get("phase") in ("Succeeded", "Failed") for p in await pods(admin, ns, name))
+
+
+async def test_the_mpi_example_runs_across_pods(e2e: Env, admin: Kube) -> None:
+    ns = await make_namespace(admin, e2e.namespace("mpi"))
+    body = yaml.safe_load((REPO / "examples" / "03-mpi" / "minicluster.yaml").read_text())
+    body["metadata"]["namespace"] = ns
+    t0 = time.monotonic()
+    await create(admin, body)
+    await wait_condition(admin, ns, "mpi", "Succeeded", timeout=180)
+    e2e.timings["mpi_example_s"] = time.monotonic() - t0
+    broker = next(p for p in await pods(admin, ns, "mpi") if (p["metadata"].get("annotations") or {}).get(INDEX) == "0")
+    log = e2e.on_node(lambda: e2e.node.logs(ns, broker["metadata"]["name"]))
+    hellos = [line for line in log.splitlines() if line.startswith("Hello, World! I am process")]
+    assert len(hellos) == 8 and {line.rsplit(" on ", 1)[1].rstrip(".") for line in hellos} == {
+        "mpi-0", "mpi-1", "mpi-2", "mpi-3"}, log[-2000:]
+
+
+# --- what users see when pods cannot run ----------------------------------------------------------------------
+
+async def test_pod_failures_show_their_own_reasons(e2e: Env, admin: Kube) -> None:
+    ns = await make_namespace(admin, e2e.namespace("trouble"))
+    await create(admin, minicluster("nopull", ns, size=2, image="example.org/missing:1"))
+    host_path = {"volumes": [{"name": "host", "hostPath": {"path": "/etc"}}],
+                 "volumeMounts": [{"name": "host", "mountPath": "/host"}]}
+    await create(admin, minicluster("refused", ns, size=2, **host_path))
+    pull = await wait_condition(admin, ns, "nopull", "Ready", "False", reason="ImagePullBackOff")
+    assert "example.org/missing:1" in pull["message"]
+    refused = await wait_condition(admin, ns, "refused", "Ready", "False", reason="FailedCreate")
+    assert 'violates PodSecurity "restricted:latest"' in refused["message"] and "hostPath" in refused["message"]
+
+
+# --- IPv6 ---------------------------------------------------------------------------------------------------
+
+async def test_an_ipv6_only_cluster_joins_and_runs(e2e: Env, admin: Kube) -> None:
+    ns = await make_namespace(admin, e2e.namespace("six"), family="ipv6")
+    await create(admin, minicluster("six", ns, size=2))
+    await wait_condition(admin, ns, "six", "Ready")
+    broker = await running_pod(admin, ns, "six", 0)
+    assert ":" in broker["status"]["podIP"]
+    run = await asyncio.to_thread(kubectl_mc, e2e, ns, "run", "six", "-N", "2", "hostname")
+    assert sorted(run.stdout.split()) == ["six-0", "six-1"], run.stderr
