@@ -125,6 +125,10 @@ class Overlay:
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        # A replaced parent pod has a new IP, and a connect to the old one may get no answer at all (its network
+        # namespace is gone): give up after 2 s and resolve the name again, instead of the kernel's ~2 min SYN
+        # retries (seen in tests/e2e as workers rejoining a new broker 70 s late).
+        sock.setsockopt(zmq.CONNECT_TIMEOUT, 2000)
         curve.make_client(sock, self._cert)
         # Without it libzmq resolves names to IPv4 only, and an IPv6-only cluster never connects.
         sock.setsockopt(zmq.IPV6, ipv6_available())

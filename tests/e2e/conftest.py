@@ -4,7 +4,6 @@ under its own ServiceAccount, and an emulated node (node.py) that runs the MiniC
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import secrets
@@ -27,10 +26,11 @@ from tests.e2e import endpoints, image
 from tests.e2e.network import Bridge
 from tests.e2e.node import FAMILY_LABEL, Node
 from tests.e2e.podsecurity import ENFORCE_LABEL
-from tests.operator.k8s_control_plane import ADMIN_TOKEN, Cluster, find_binaries, serving_certificate
+from tests.operator.k8s_control_plane import (
+    ADMIN_TOKEN, Cluster, collection_path, find_binaries, operator_token, serving_certificate,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-OPERATOR_NS = "minicluster-system"
 MC_API = "/apis/minicluster.dev/v1alpha1"
 TOOLS = ("ip", "unshare", "nsenter", "setpriv")
 
@@ -197,7 +197,7 @@ async def _install(cluster: Cluster, node_env: _NodeThread) -> str:
         for doc in docs:
             await kube.create(collection_path(doc), doc)
         await until(lambda: _established(kube), 60)
-        return await until(lambda: _token(kube), 60)
+        return await until(lambda: operator_token(kube), 60)
     finally:
         await kube.close()
 
@@ -206,15 +206,6 @@ async def _established(kube: Kube) -> bool:
     crd = await kube.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/miniclusters.minicluster.dev")
     return any(c["type"] == "Established" and c["status"] == "True"
                for c in (crd or {}).get("status", {}).get("conditions", []))
-
-
-async def _token(kube: Kube) -> str | None:
-    sa = await kube.get(f"/api/v1/namespaces/{OPERATOR_NS}/serviceaccounts/minicluster-operator")
-    for ref in (sa or {}).get("secrets") or []:
-        secret = await kube.get(f"/api/v1/namespaces/{OPERATOR_NS}/secrets/{ref['name']}")
-        if secret and "token" in secret.get("data", {}):
-            return base64.b64decode(secret["data"]["token"]).decode()
-    return None
 
 
 def _start_operator(cluster: Cluster, token: str, stops: list[Callable[[], None]]) -> None:
@@ -233,17 +224,6 @@ def _start_operator(cluster: Cluster, token: str, stops: list[Callable[[], None]
         stop.set()
         thread.join(30)
     stops.append(halt)
-
-
-def collection_path(obj: dict[str, Any]) -> str:
-    group_version = obj["apiVersion"]
-    prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
-    plural = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
-              "ClusterRoleBinding": "clusterrolebindings", "MiniCluster": "miniclusters",
-              "CustomResourceDefinition": "customresourcedefinitions",
-              "ValidatingWebhookConfiguration": "validatingwebhookconfigurations"}[obj["kind"]]
-    ns = obj["metadata"].get("namespace")
-    return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
 
 
 async def until(check: Callable[[], Any], timeout: float = 60.0, every: float = 0.3) -> Any:

@@ -232,13 +232,17 @@ async def test_deleting_the_broker_is_a_disruption_and_without_storage_its_state
     job = await admin.get(f"/apis/batch/v1/namespaces/{demo}/jobs/demo")
     assert not any(c["type"] == "Complete" for c in job["status"].get("conditions") or [])
     new_broker = await running_pod(admin, demo, "demo", 0)
-    await wait_condition(admin, demo, "demo", "Ready")
-    e2e.timings["broker_replaced_ready_s"] = time.monotonic() - t0
+    e2e.timings["broker_deleted_to_new_pod_running_s"] = time.monotonic() - t0
+    lost = await wait_condition(admin, demo, "demo", "StateDurable", "False", reason="StateLost")
+    assert "empty journal" in lost["message"]
+    e2e.timings["broker_deleted_to_state_lost_reported_s"] = time.monotonic() - t0
+    # Bounded: workers whose connect to the old broker IP hung in SYN retries rejoined only after ~70 s.
+    await wait_condition(admin, demo, "demo", "Ready", timeout=30)
+    # Seen by the operator: the new broker answers (that is how the loss was noticed) with every rank joined.
+    e2e.timings["broker_deleted_to_new_broker_ready_s"] = time.monotonic() - t0
     # The workers were not told to stop: the same pods are still running.
     still = {p["metadata"]["uid"] for p in await pods(admin, demo, "demo") if p["status"].get("phase") == "Running"}
     assert workers <= still
-    lost = await wait_condition(admin, demo, "demo", "StateDurable", "False", reason="StateLost")
-    assert "empty journal" in lost["message"]
     code, out, err = await exec_in(e2e, demo, new_broker, "mc", "jobs", "-a", "--json")
     assert code == 0 and json.loads(out)["jobs"] == [], (out, err)
     events = await admin.get(f"/api/v1/namespaces/{demo}/events?fieldSelector=involvedObject.name=demo")

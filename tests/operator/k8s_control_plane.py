@@ -8,6 +8,7 @@ authorization is RBAC only, as in a real cluster.
 """
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
 import os
@@ -19,6 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -69,6 +71,32 @@ def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
             x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         ]), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
+
+
+PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
+           "ClusterRoleBinding": "clusterrolebindings", "MiniCluster": "miniclusters",
+           "CustomResourceDefinition": "customresourcedefinitions",
+           "ValidatingWebhookConfiguration": "validatingwebhookconfigurations"}
+
+
+def collection_path(obj: dict) -> str:
+    """The API path to create `obj` at (the kinds the tests install)."""
+    group_version = obj["apiVersion"]
+    prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    ns = obj["metadata"].get("namespace")
+    plural = PLURALS[obj["kind"]]
+    return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
+
+
+async def operator_token(kube: Any, namespace: str = "minicluster-system") -> str | None:
+    """The token kube-controller-manager minted for the operator's ServiceAccount, once it exists (1.20 keeps
+    service-account tokens in Secrets)."""
+    sa = await kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/minicluster-operator")
+    for ref in (sa or {}).get("secrets") or []:
+        secret = await kube.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
+        if secret and "token" in secret.get("data", {}):
+            return base64.b64decode(secret["data"]["token"]).decode()
+    return None
 
 
 def serving_certificate(directory: Path, name: str) -> tuple[Path, Path, Path]:

@@ -9,7 +9,6 @@ tests check what 1.20 keeps (tier (a) checks the modern fields).
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import threading
@@ -22,7 +21,7 @@ import kopf
 import pytest
 import yaml
 
-from k8s_control_plane import ADMIN_TOKEN, Cluster, find_binaries
+from k8s_control_plane import ADMIN_TOKEN, Cluster, collection_path, find_binaries, operator_token
 from minicluster.operator import operate
 from minicluster.operator.kube import ApiError, Kube
 from minicluster.operator.status import HttpStatusFetcher
@@ -30,7 +29,6 @@ from minicluster.operator.status import HttpStatusFetcher
 pytestmark = pytest.mark.apiserver
 
 REPO = Path(__file__).resolve().parents[2]
-OPERATOR_NS = "minicluster-system"
 MC_PATH = "/apis/minicluster.dev/v1alpha1/namespaces/{ns}/miniclusters"
 
 # Broker reports served over real HTTP, keyed by "namespace/name".
@@ -66,16 +64,6 @@ async def admin_apply(cluster: Cluster, *objs: dict[str, Any]) -> None:
         await kube.close()
 
 
-def collection_path(obj: dict[str, Any]) -> str:
-    group_version = obj["apiVersion"]
-    prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
-    plural = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
-              "ClusterRoleBinding": "clusterrolebindings",
-              "CustomResourceDefinition": "customresourcedefinitions"}[obj["kind"]]
-    ns = obj["metadata"].get("namespace")
-    return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
-
-
 async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -89,14 +77,7 @@ async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
 
 async def service_account_token(kube: Kube) -> str:
     """The token kube-controller-manager minted for the operator's ServiceAccount."""
-    async def token() -> str | None:
-        sa = await kube.get(f"/api/v1/namespaces/{OPERATOR_NS}/serviceaccounts/minicluster-operator")
-        for ref in (sa or {}).get("secrets") or []:
-            secret = await kube.get(f"/api/v1/namespaces/{OPERATOR_NS}/secrets/{ref['name']}")
-            if secret and "token" in secret.get("data", {}):
-                return base64.b64decode(secret["data"]["token"]).decode()
-        return None
-    return await until(token)
+    return await until(lambda: operator_token(kube))
 
 
 @pytest.fixture(scope="module")
