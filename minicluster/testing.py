@@ -87,7 +87,11 @@ class LocalCluster:
             TaskExecutor.kill_orphans(str(pidfile))
 
     def __enter__(self) -> "LocalCluster":
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()  # a cluster that never came up must not outlive the test
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
