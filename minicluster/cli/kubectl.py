@@ -12,6 +12,7 @@ server, as `kubectl exec` does; the exit status is the tool's.  Credentials: KUB
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from typing import Any
@@ -20,6 +21,7 @@ from minicluster.operator import pods as pods_mod
 from minicluster.operator.spec import CONTAINER, GROUP, NAME_LABEL, PLURAL, VERSION, MiniCluster
 
 EXIT_ERROR = 1
+KUBECONFIG = "~/.kube/config"
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -66,23 +68,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _connect(args: argparse.Namespace) -> tuple[Any, str]:
+    """An API client and the namespace, from the kubeconfig as kubectl reads it, else the in-cluster account."""
     from kubernetes import client, config
 
-    try:
-        config.load_kube_config(config_file=args.kubeconfig, context=args.context)
-        _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
-        namespace = args.namespace or (active.get("context") or {}).get("namespace") or "default"
-        if args.context:
-            contexts, _ = config.list_kube_config_contexts(config_file=args.kubeconfig)
-            chosen = next(c for c in contexts if c["name"] == args.context)
-            namespace = args.namespace or (chosen.get("context") or {}).get("namespace") or "default"
-    except (config.ConfigException, OSError, StopIteration):
+    path = args.kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or KUBECONFIG
+    if args.kubeconfig or os.path.exists(os.path.expanduser(path)):
         try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            raise PluginError("no kubeconfig and not in a cluster: set KUBECONFIG or pass --kubeconfig") from None
-        namespace = args.namespace or _own_namespace()
-    return client.ApiClient(), namespace
+            config.load_kube_config(config_file=path, context=args.context)
+            contexts, active = config.list_kube_config_contexts(config_file=path)
+        except (config.ConfigException, OSError) as exc:
+            raise PluginError(f"kubeconfig {path}: {exc}") from None
+        chosen = next((c for c in contexts if c["name"] == args.context), {}) if args.context else active
+        return client.ApiClient(), args.namespace or (chosen.get("context") or {}).get("namespace") or "default"
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        raise PluginError(f"no kubeconfig ({path}) and not in a cluster: set KUBECONFIG or pass --kubeconfig") from None
+    return client.ApiClient(), args.namespace or _own_namespace()
 
 
 def _own_namespace() -> str:
