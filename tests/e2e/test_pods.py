@@ -41,7 +41,12 @@ async def wait_condition(admin: Kube, ns: str, name: str, type_: str, status: st
         cond = condition(await get_mc(admin, ns, name), type_)
         ok = cond.get("status") == status and (reason is None or cond.get("reason") == reason)
         return cond if ok else None
-    return await until(check, timeout)
+    try:
+        return await until(check, timeout)
+    except AssertionError:
+        status_now = (await get_mc(admin, ns, name)).get("status", {})
+        raise AssertionError(f"{ns}/{name}: no {type_}={status} ({reason}) in {timeout}s; "
+                             f"phase {status_now.get('phase')}, conditions {status_now.get('conditions')}") from None
 
 
 async def pods(admin: Kube, ns: str, name: str) -> list[dict[str, Any]]:
