@@ -117,6 +117,16 @@ def test_rbac_lists_exactly_what_the_operator_does() -> None:
     assert binding["subjects"][0]["name"] == "minicluster-operator"
 
 
+def test_outside_cluster_rbac_adds_only_the_pod_proxy() -> None:
+    # Not in the kustomization: only an operator run outside the cluster needs it (docs/operator.md).
+    assert "outside-cluster.yaml" not in (REPO / "deploy" / "kustomization.yaml").read_text()
+    [role, binding] = load_all(REPO / "deploy" / "outside-cluster.yaml")
+    for doc in (role, binding):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]}]
+    assert binding["subjects"][0]["name"] == "minicluster-operator"
+
+
 @pytest.mark.parametrize("image", ["runtime", "operator"])
 def test_dockerfiles_are_pinned_non_root_and_runnable(image: str) -> None:
     text = (REPO / "images" / image / "Dockerfile").read_text()
