@@ -350,7 +350,7 @@ async def test_pod_failures_show_their_own_reasons(e2e: Env, admin: Kube) -> Non
 
 # --- IPv6 ---------------------------------------------------------------------------------------------------
 
-async def test_an_ipv6_only_cluster_joins_and_runs(e2e: Env, admin: Kube) -> None:
+async def test_an_ipv6_only_cluster_joins_runs_and_shuts_down(e2e: Env, admin: Kube) -> None:
     ns = await make_namespace(admin, e2e.namespace("six"), family="ipv6")
     await create(admin, minicluster("six", ns, size=2))
     await wait_condition(admin, ns, "six", "Ready")
@@ -358,3 +358,7 @@ async def test_an_ipv6_only_cluster_joins_and_runs(e2e: Env, admin: Kube) -> Non
     assert ":" in broker["status"]["podIP"]
     run = await asyncio.to_thread(kubectl_mc, e2e, ns, "run", "six", "-N", "2", "hostname")
     assert sorted(run.stdout.split()) == ["six-0", "six-1"], run.stderr
+    # `mc shutdown` is how an interactive MiniCluster ends successfully.
+    done = await asyncio.to_thread(kubectl_mc, e2e, ns, "shutdown", "six")
+    assert done.returncode == 0, done.stderr
+    assert (await wait_condition(admin, ns, "six", "Succeeded"))["reason"] == "BrokerSucceeded"
