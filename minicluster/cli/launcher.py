@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from minicluster import config as config_mod
+from minicluster import exitcodes
 from minicluster.cli.common import Parser, UsageError
 from minicluster.cli.options import positive_int
 from minicluster.overlay import curve
@@ -231,8 +232,9 @@ def _run(config: config_mod.InstanceConfig, config_path: str, command: list[str]
     if status < 0:
         return 128 - status
     late = [s for s in stop_signal if s != signal.SIGINT]
-    # Stopped by a signal and nothing else to report: exit as a process that signal ended would.
-    return 128 + late[0] if late and status == 0 and not command else status
+    # Stopped by a signal and nothing else to report (the ranks it stopped say 143, a disruption): exit as a
+    # process that signal ended would.
+    return 128 + late[0] if late and status in (0, exitcodes.DISRUPTED) and not command else status
 
 
 def _signal_all(pids: dict[int, int], sig: int) -> None:
