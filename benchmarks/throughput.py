@@ -338,8 +338,13 @@ def target_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         "queued_1m_rss_mb": results["memory"]["queued"]["rss_mb"],
         "bytes_per_retained_job": results["memory"]["retained"]["bytes_per_retained_job"],
     }
+    return compare(values, TARGETS)
+
+
+def compare(values: dict[str, float], targets: dict[str, tuple[float, str]]) -> list[dict[str, Any]]:
+    """One row per target: the value, the target, and their ratio (>= 1 when met)."""
     rows = []
-    for name, (target, kind) in TARGETS.items():
+    for name, (target, kind) in targets.items():
         value = values[name]
         ratio = value / target if kind == "min" else target / value if value > 0 else float("inf")
         rows.append({"name": name, "value": value, "target": target, "kind": kind,

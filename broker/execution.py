@@ -58,6 +58,8 @@ class Execution:
         self.tasks_ended = 0
         manager.kill_tasks = self.kill_job
         manager.job_finished = lambda job: self.stdin.ended(job.id)
+        manager.retime = self.retime
+        manager.running_tasks = lambda job: [task for _, task in self.by_job.get(job.id, ())]
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
@@ -108,7 +110,11 @@ class Execution:
         batch = batches.setdefault(rank, {"jobs": {}, "tasks": []})
         if job.id not in batch["jobs"]:
             batch["jobs"][job.id] = self._jobinfo(job, [[rank, 1]])
-        batch["tasks"].append([job.id, task, job.index_of(task), list(slot.cores), list(slot.gpus)])
+        entry = [job.id, task, job.index_of(task), list(slot.cores), list(slot.gpus)]
+        flow = job.flow
+        if flow is not None and flow.attempts and task in flow.attempts:
+            entry.append(flow.attempts[task])   # protocol.md §2.9; absent means attempt 0
+        batch["tasks"].append(entry)
 
     def _start_job(self, job: Job, st: sched.Start, now: float,
                    gangs: list[tuple[Job, list[tuple[int, sched.Slot]], dict[str, Any]]]) -> asyncio.Future[None]:
@@ -133,10 +139,11 @@ class Execution:
             if job.id not in self._undispatched:
                 continue
             self._undispatched.discard(job.id)
+            attempt = [job.flow.attempt] if job.flow is not None and job.flow.attempt else []
             for task, (rank, slot) in enumerate(slots):
                 body = per_rank.setdefault(rank, {"jobs": {}, "tasks": []})
                 body["jobs"][job.id] = info
-                body["tasks"].append([job.id, task, task, list(slot.cores), list(slot.gpus)])
+                body["tasks"].append([job.id, task, task, list(slot.cores), list(slot.gpus), *attempt])
             if info["stdin"]:
                 reading = set(info["stdin"])
                 targets: dict[int, list[int]] = {}
@@ -187,29 +194,52 @@ class Execution:
         keys = []
         released: list[tuple[int, int]] = []
         now = self.manager.clock()
+        attempts = self.manager.workflow.attempts
         for result in results:
-            job_id, task, status, exit_code, sig, error, started, ended = result
-            keys.append([job_id, task])
+            job_id, task, status, exit_code, sig, error, started, ended = result[:8]
+            attempt = result[8] if len(result) > 8 else 0
+            keys.append([job_id, task, attempt] if attempt else [job_id, task])
             job = self.manager.jobs.get(job_id)
-            if job is None or job.state == State.INACTIVE or not job.mark_done(task):
+            if job is None or job.state == State.INACTIVE or not 0 <= task < job.total_tasks or job.is_done(task):
                 continue  # a duplicate (re-sent after a restart) or a purged job: acknowledge only
+            counted, cancelled = status, False
+            flow = job.flow
+            if flow is not None:
+                if attempt != (flow.attempt if job.array is None else flow.attempts.get(task, 0)):
+                    continue  # an older attempt's straggler (protocol.md §2.9): acknowledge only
+                # Most elements exit 0 with nothing to judge: that path stays as cheap as a plain array's.
+                judged = attempts.judge(job, task, rank, result, attempt) if status or flow.judge_all else (0, False)
+                if judged is None:
+                    # Not final: recorded as an attempt, queued again once that is durable.
+                    running = self._untrack((job_id, task))
+                    if running is not None:
+                        job.running -= 1
+                        if job.is_array:
+                            released.append((job_id, running.element))
+                    touched[job_id] = job
+                    continue
+                counted, cancelled = judged
+            job.mark_done(task)
             running = self._untrack((job_id, task))
             self.tasks_ended += 1
             statements.append(("INSERT OR REPLACE INTO tasks VALUES (?,?,?,?,?,?,?,?,?,?)",
                                (job_id, task, job.index_of(task), rank, status, exit_code, sig, error,
                                 started, ended)))
-            job.record_result(status, was_running=running is not None)
+            job.record_result(counted, was_running=running is not None, cancelled=cancelled)
             if running is not None and job.is_array:
                 released.append((job_id, running.element))
-            if status and not job.ending:
+            if status and not job.ending and not cancelled:   # a task a workflow rule cut short is a consequence
                 failure = self._failure(job, task, rank, status, error)
-                job.first_failure = job.first_failure or failure
+                # A success_task job is decided by its driver: another task failing does not end it.
+                if job.spec is None or job.spec.success_task in (None, task):
+                    job.first_failure = job.first_failure or failure
                 if error and job.reason is None:
                     job.reason = failure[1]
             touched[job_id] = job
         if released:
             # Array elements free their cores together: one accounting pass per node.
             self.manager.scheduler.release_many(released, now)
+        attempts.commit()
         fut = self.manager.journal.write(statements)
         if ack and keys:
             fut.add_done_callback(lambda f: f.exception() or self.send("done-ack", rank, {"keys": keys}))
@@ -219,6 +249,8 @@ class Execution:
     def _after_results(self, job: Job, now: float) -> None:
         if not job.is_array and job.running == 0 and job.state == State.RUN:
             self.manager.scheduler.release(job.id, 0, now)
+        if job.flow is not None:
+            self.manager.workflow.attempts.after_results(job)
         self._abort_gang(job)
         self.manager.maybe_finish(job)
         self.manager.wake_scheduler()
@@ -255,7 +287,13 @@ class Execution:
             oseq = job.oseq
             job.oseq += 1
             statements.append(("INSERT INTO output VALUES (?,?,?,?,?)", (job_id, oseq, task, stream, data)))
-            published.append((job_id, [oseq, task, stream, data]))
+            attempt = job.flow.attempt_of(task, job.is_array) if job.flow is not None else 0
+            if attempt:
+                # Output of attempts after the first is tagged (protocol.md §2.9), for `output` by attempt.
+                statements.append(("INSERT INTO output_attempts VALUES (?,?,?)", (job_id, oseq, attempt)))
+                published.append((job_id, [oseq, task, stream, data, attempt]))
+            else:
+                published.append((job_id, [oseq, task, stream, data]))
         if statements:
             fut = self.manager.journal.write(statements)
             watchers = self.manager.watchers
@@ -300,14 +338,24 @@ class Execution:
         while self._deadlines and self._deadlines[0][0] <= now:
             _, job_id, task = heapq.heappop(self._deadlines)
             job = self.manager.jobs.get(job_id)
-            if job is None or (job_id, task) not in self.tasks:
+            running = self.tasks.get((job_id, task))
+            if job is None or running is None or job.spec is None:
                 continue
+            if running.started + self.manager.time_limit(job.spec) > now:
+                continue  # the limit was raised since (`update`); a later entry stands for it
             if job.is_array:
                 log.info("job %d task %d reached its time limit", job_id, task)
                 self._signal([(job_id, task)], signal.SIGTERM)
             else:
                 assert job.spec is not None
                 self.manager.raise_exception(job, "timeout", f"time limit of {self.manager.time_limit(job.spec):g}s reached")
+
+    def retime(self, job: Job) -> None:
+        """The job's time limit changed: its running tasks get deadlines from their start and the new limit."""
+        assert job.spec is not None
+        limit = self.manager.time_limit(job.spec)
+        for key in self.by_job.get(job.id, ()):
+            heapq.heappush(self._deadlines, (self.tasks[key].started + limit, job.id, key[1]))
 
     # --- ranks ---------------------------------------------------------------------------------------------
 

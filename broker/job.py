@@ -29,8 +29,15 @@ TRANSITIONS: dict[str, tuple[set[State], State]] = {
     "depend": ({State.DEPEND}, State.PRIORITY),
     "priority": ({State.PRIORITY}, State.SCHED),
     "alloc": ({State.SCHED}, State.RUN),
-    "finish": ({State.RUN, State.SCHED}, State.CLEANUP),
+    # A job can also end while it waits for a dependency (exception `dependency`, a cancel).
+    "finish": ({State.RUN, State.SCHED, State.DEPEND, State.PRIORITY}, State.CLEANUP),
     "clean": ({State.CLEANUP, State.SCHED}, State.INACTIVE),
+}
+# A plain job whose attempt is retried or requeued goes back to the queue (protocol.md §3.9.2); an array
+# stays in RUN while some of its indexes run again.
+PLAIN_TRANSITIONS: dict[str, tuple[set[State], State]] = {
+    "retry": ({State.RUN}, State.SCHED),
+    "requeue": ({State.RUN}, State.SCHED),
 }
 
 
@@ -44,7 +51,7 @@ class Job:
         "status", "exception", "seq", "spec", "array", "pending_map", "next_element",
         "running", "succeeded", "failed", "cancelled", "ranks", "deadline", "output_bytes", "oseq",
         "truncated", "ending", "tasks_left", "done_bits", "closed", "ranks_text",
-        "cause_status", "first_failure", "pmi_used", "reason",
+        "cause_status", "first_failure", "pmi_used", "reason", "flow", "retries",
     )
 
     def __init__(self, job_id: int, uid: int, spec: Jobspec, t_submit: float, gid: int = -1) -> None:
@@ -93,6 +100,10 @@ class Job:
         self.reason: str | None = None
         # True once the `clean` event is durable; `state` runs ahead of the disk, followers must not.
         self.closed = False
+        # Workflow state (broker/flowstate.py) of a job that has dependencies, a policy, a hold or retries.
+        self.flow: Any = None
+        # Retries made (protocol.md §3.9.2; all indexes of an array together), kept once inactive.
+        self.retries = 0
 
     @property
     def is_array(self) -> bool:
@@ -120,9 +131,11 @@ class Job:
         byte, bit = divmod(task, 8)
         return bool(self.done_bits[byte] & (1 << bit))
 
-    def record_result(self, status: int, was_running: bool) -> None:
+    def record_result(self, status: int, was_running: bool, cancelled: bool = False) -> None:
         self.status = status if self.status is None else max(self.status, status)
-        if status == 0:
+        if cancelled:
+            self.cancelled += 1
+        elif status == 0:
             self.succeeded += 1
         elif self.exception == "cancel":
             self.cancelled += 1
@@ -139,18 +152,31 @@ class Job:
             return f"{who} on rank {rank}: {error}"
         return f"{who} on rank {rank} exited with status {status}"
 
+    def new_attempt(self) -> None:
+        """Reset what one run of a plain job counts, before it runs again (a retry or a requeue)."""
+        self.tasks_left = self.ntasks
+        self.done_bits = bytearray((self.ntasks + 7) // 8)
+        self.succeeded = self.failed = self.cancelled = 0
+        self.status = None
+        self.first_failure = None
+        self.reason = None
+        self.ranks = set()
+
     def retire(self) -> None:
         """Drop what only an active job needs, keeping the record `mc jobs` shows."""
         self.spec = None
         self.done_bits = bytearray()
         self.pending_map = None
+        self.flow = None
         self.ranks_text = str(IdSet.from_ints(self.ranks))
         self.ranks = set()
 
     def apply(self, event: str) -> None:
         rule = TRANSITIONS.get(event)
         if rule is None:
-            return
+            rule = PLAIN_TRANSITIONS.get(event) if self.array is None else None
+            if rule is None:
+                return
         allowed, target = rule
         if self.state not in allowed:
             raise TransitionError(f"job {self.id}: event {event} not allowed in state {self.state.value}")

@@ -20,6 +20,7 @@ from broker import sched
 from broker.job import Job, State
 from broker.journal import Journal, Statement
 from broker.watchers import Watchers
+from broker.workflow import Workflow, WorkflowRefusal
 from minicluster.config import InstanceConfig
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec
@@ -63,6 +64,10 @@ def request_of(spec: Jobspec) -> sched.Request:
     )
 
 
+# Events the workflow follows: a start satisfies `afterstart`, a job's end decides its dependants.
+_OBSERVED = frozenset(("start", "clean"))
+
+
 def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
@@ -93,6 +98,12 @@ class JobManager:
         self._feasible: dict[sched.Request, str] = {}
         # Inactive job ids in the order they became inactive: purge takes from the front.
         self.inactive_order: deque[int] = deque()
+        # Set by the broker: a running job's time limit changed (execution.retime), and which tasks of a job
+        # run now (their task numbers).
+        self.retime: Callable[[Job], None] = lambda job: None
+        self.running_tasks: Callable[[Job], list[int]] = lambda job: []
+        # Dependencies, failure and success policies, holds, updates and requeues (protocol.md §3.8).
+        self.workflow = Workflow(self)
 
     # --- submit --------------------------------------------------------------------------------------------
 
@@ -129,6 +140,10 @@ class JobManager:
             raise JobError("permission", f"this instance runs tasks as uid {self.owner_uid} only; "
                                          f"uid {uid} may watch but not submit")
         request = self.validate(spec)
+        try:
+            self.workflow.check(uid, spec)
+        except WorkflowRefusal as exc:
+            raise JobError(exc.code, str(exc)) from None
         now = self.clock()
         job = Job(self.next_id, uid, spec, now, gid)
         self.next_id += 1
@@ -139,21 +154,29 @@ class JobManager:
             ("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self.next_id,)),
         ]
         self.post(job, "submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array}, statements)
+        if self.workflow.admit(job):
+            # Dependencies, a hold or a policy: the workflow queues it when it may run. Journal writes commit
+            # in order, so this empty write is durable once all of the job's events are.
+            return job.id, self.journal.write([])
         self.post(job, "depend")
         fut = self.post(job, "priority", {"priority": job.urgency}, durable=True)
         assert fut is not None
         self.enqueue(job, request)
         return job.id, fut
 
-    def enqueue(self, job: Job, request: sched.Request, count: int | None = None) -> None:
+    def enqueue(self, job: Job, request: sched.Request, count: int | None = None, first: int = 0) -> None:
         spec = job.spec
         assert spec is not None
         self.scheduler.enqueue(sched.SchedJob(
             job_id=job.id, urgency=job.urgency, submit_time=job.t_submit, request=request,
             time_limit=self.time_limit(spec), policy=spec.policy,
-            count=count if count is not None else job.total_tasks if job.is_array else 1,
+            count=count if count is not None else job.total_tasks if job.is_array else 1, first_element=first,
         ))
         self.wake_scheduler()
+
+    def request(self, job: Job) -> sched.Request:
+        assert job.spec is not None
+        return request_of(job.spec)
 
     def time_limit(self, spec: Jobspec) -> float:
         return spec.time_limit or self.config.default_time_limit
@@ -178,16 +201,21 @@ class JobManager:
         ]
         event = [seq, ts, name, context]
         job_id = job.id
+        fut = None
         if not durable:
             self.journal.append(statements, lambda: self.watchers.event(job_id, event))
-            return None
-        fut = self.journal.write(statements)
-        fut.add_done_callback(lambda f: f.exception() or self.watchers.event(job_id, event))
+        else:
+            fut = self.journal.write(statements)
+            fut.add_done_callback(lambda f: f.exception() or self.watchers.event(job_id, event))
+        if name in _OBSERVED:
+            self.workflow.observe(job, name)
         return fut
 
     def raise_exception(self, job: Job, kind: str, note: str, severity: int = 0, status: int | None = None) -> None:
         """Post an exception; severity 0 ends the job, with `status` (default: by kind, EXCEPTION_STATUS)."""
         if job.state == State.INACTIVE or (job.ending and severity == 0):
+            return
+        if severity == 0 and job.flow is not None and self.workflow.attempts.absorbs(job, kind, note):
             return
         if severity != 0:
             self.post(job, "exception", {"type": kind, "severity": severity, "note": note})
@@ -206,6 +234,8 @@ class JobManager:
 
     def maybe_finish(self, job: Job) -> None:
         if job.running == 0 and (job.ending or job.tasks_left == 0) and job.state in (State.RUN, State.SCHED):
+            if job.flow is not None and self.workflow.attempts.before_finish(job):
+                return
             self.finish(job)
 
     def finish(self, job: Job) -> None:
@@ -277,6 +307,7 @@ class JobManager:
             if not job.is_array:
                 ranks.update(graph.held_ranks((job.id, 0)))
             out["alloc"] = graph.placement(ranks)
+        self.workflow.summary(job, out)
         return out
 
     def _estimated_start(self, job_id: int) -> float | None:
@@ -316,7 +347,8 @@ class JobManager:
                 doomed.append(job.id)
         if doomed:
             statements: list[Statement] = []
-            for table, column in (("jobs", "id"), ("events", "job"), ("tasks", "job"), ("output", "job")):
+            for table, column in (("jobs", "id"), ("events", "job"), ("tasks", "job"), ("output", "job"),
+                                  ("attempts", "job"), ("output_attempts", "job")):
                 statements.extend((f"DELETE FROM {table} WHERE {column}=?", (j,)) for j in doomed)
             self.journal.write(statements)
         return len(doomed)

@@ -172,23 +172,25 @@ def output(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[s
     record = broker.manager.get(_field(req, "job", int))
     follow = _field(req, "follow", bool, False)
     index = _field(req, "index", int, None)
+    attempt = _field(req, "attempt", int, None)
     task = None
     if index is not None:
         task = _task_of_index(record, index)
-    return _output(broker, record, follow, task)
+    return _output(broker, record, follow, task, attempt)
 
 
-async def _output(broker: Any, record: Any, follow: bool, task: int | None) -> AsyncIterator[dict[str, Any]]:
+async def _output(broker: Any, record: Any, follow: bool, task: int | None,
+                  attempt: int | None) -> AsyncIterator[dict[str, Any]]:
     """History read in pages, then live chunks; responses of at most OUTPUT_RESPONSE_BYTES (protocol.md §3.3)."""
     follower = broker.watchers.follow_output(record.id) if follow and not record.closed else None
-    batch = _Chunks(task)
+    batch = _Chunks(task, attempt)
     try:
         files = await _output_files(broker, record)
         if files is not None:
             batch.extra["files"] = files
         next_seq = 0
         while True:
-            page = await broker.journal.read(lambda c, start=next_seq: _output_page(c, record.id, start))
+            page = await broker.journal.read(lambda c, start=next_seq: _output_page(c, record.id, start, attempt))
             for item in page:
                 if batch.add(item):
                     yield batch.take()
@@ -222,8 +224,9 @@ async def _output(broker: Any, record: Any, follow: bool, task: int | None) -> A
 class _Chunks:
     """Output chunks gathered into one response, up to OUTPUT_RESPONSE_BYTES of data."""
 
-    def __init__(self, task: int | None) -> None:
+    def __init__(self, task: int | None, attempt: int | None = None) -> None:
         self.task = task
+        self.attempt = attempt
         self.chunks: list[list[Any]] = []
         self.size = 0
         self.extra: dict[str, Any] = {}
@@ -233,9 +236,10 @@ class _Chunks:
         return self.size >= OUTPUT_RESPONSE_BYTES
 
     def add(self, item: list[Any]) -> bool:
-        """Add [oseq, task, stream, data] if it is visible; True once the response is full."""
-        if self.task is None or item[1] == self.task:
-            self.chunks.append(item[1:])
+        """Add [oseq, task, stream, data(, attempt)] if it is visible; True once the response is full."""
+        if (self.task is None or item[1] == self.task) and (
+                self.attempt is None or (item[4] if len(item) > 4 else 0) == self.attempt):
+            self.chunks.append(item[1:4])
             self.size += len(item[3]) + 16
         return self.full
 
@@ -245,10 +249,18 @@ class _Chunks:
         return body
 
 
-def _output_page(c: Any, job_id: int, start: int) -> list[list[Any]]:
+def _output_page(c: Any, job_id: int, start: int, attempt: int | None = None) -> list[list[Any]]:
     rows, size = [], 0
-    for row in c.execute("SELECT oseq, task, stream, data FROM output WHERE job=? AND oseq>=? ORDER BY oseq",
-                         (job_id, start)):
+    if attempt is None:
+        cursor = c.execute("SELECT oseq, task, stream, data FROM output WHERE job=? AND oseq>=? ORDER BY oseq",
+                           (job_id, start))
+    else:
+        # Output of attempts after the first is tagged in output_attempts (protocol.md §2.9).
+        cursor = c.execute("SELECT o.oseq, o.task, o.stream, o.data, COALESCE(a.attempt, 0) FROM output o "
+                           "LEFT JOIN output_attempts a ON a.job = o.job AND a.oseq = o.oseq "
+                           "WHERE o.job=? AND o.oseq>=? AND COALESCE(a.attempt, 0)=? ORDER BY o.oseq",
+                           (job_id, start, attempt))
+    for row in cursor:
         rows.append(list(row))
         size += len(row[3])
         if size >= OUTPUT_PAGE_BYTES:
@@ -332,8 +344,10 @@ def task_results(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
     start = _field(req, "from", int, 0)
     limit = _field(req, "limit", int, 10_000)
     errors_only = " AND error IS NOT NULL" if _field(req, "errors", bool, False) else ""
-    sql = (f"SELECT task, idx, rank, status, exit_code, signal, error FROM tasks WHERE job=? AND task>=?{errors_only} "
-           "ORDER BY task LIMIT ?")
+    # The last column is the final attempt's number: how many earlier attempts the task had (protocol.md §2.9).
+    sql = ("SELECT task, idx, rank, status, exit_code, signal, error, "
+           "(SELECT COUNT(*) FROM attempts a WHERE a.job = t.job AND a.task = t.task) FROM tasks t "
+           f"WHERE job=? AND task>=?{errors_only} ORDER BY task LIMIT ?")
     fut = broker.journal.read(lambda c: [list(r) for r in c.execute(sql, (record.id, start, limit))])
     return asyncio.ensure_future(_wrap(fut, "tasks"))
 

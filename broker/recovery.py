@@ -111,7 +111,8 @@ class Reattach:
 
     def __init__(self, manager: JobManager, active: list[Job]) -> None:
         self.manager = manager
-        self.active = active
+        # Jobs still waiting for their dependencies are the workflow's to recover (broker/flowrecovery.py).
+        self.active = [job for job in active if job.state not in (State.DEPEND, State.PRIORITY)]
         # rank -> what it runs; a rank may join several times in the window, its last report counts.
         self.by_rank: dict[int, list[list[Any]]] = {}
 
@@ -124,8 +125,16 @@ class Reattach:
 
     def _reports(self) -> dict[int, list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]]:
         out: dict[int, list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]] = defaultdict(list)
+        self.stale: list[tuple[int, int, int]] = []
         for rank, running in self.by_rank.items():
             for entry in running:
+                job = self.manager.jobs.get(int(entry[0]))
+                attempt = int(entry[4]) if len(entry) > 4 else 0
+                if job is not None and job.flow is not None and not job.flow.current(int(entry[1]), attempt,
+                                                                                     job.is_array):
+                    # An attempt that was already recorded as ended (protocol.md §2.9): kill it.
+                    self.stale.append((rank, job.id, int(entry[1])))
+                    continue
                 out[int(entry[0])].append((rank, int(entry[1]), tuple(entry[2]), tuple(entry[3])))
         return out
 
@@ -143,6 +152,8 @@ class Reattach:
             if job_id not in known:
                 for rank, task, _, _ in entries:
                     strays[rank].append([job_id, task])
+        for rank, job_id, task in self.stale:
+            strays[rank].append([job_id, task])
         for rank, keys in strays.items():
             execution.send("kill", rank, {"keys": keys, "signal": 9, "grace": 0.0})
 

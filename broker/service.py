@@ -16,7 +16,9 @@ from typing import Any
 
 from broker import nodes, sched
 from broker.clientapi import ClientServer
+from broker import flowops  # noqa: F401  (registers the workflow operations)
 from broker.execution import Execution
+from broker.flowrecovery import recover as recover_workflows, settled as settle_workflows
 from broker.job import State
 from broker.jobmanager import JobManager
 from broker.journal import Journal
@@ -58,6 +60,7 @@ class Broker:
         self.epoch = recovered.epoch
         self.manager.next_id = recovered.next_id
         self.reattach = Reattach(self.manager, recovered.active)
+        self.workflows = recover_workflows(self.manager.workflow, self.journal, recovered.active)
         # Drains outlive restarts: applied as each rank's resources are added.
         self.drains = dict(self.journal.query("SELECT rank, reason FROM drains"))
         for rank in self.described & self.drains.keys():
@@ -89,6 +92,7 @@ class Broker:
         tasks = [asyncio.ensure_future(c) for c in loops]
         if not self.reattach.needed:
             self.reattach = None  # type: ignore[assignment]
+            settle_workflows(self.manager.workflow, self.workflows)
         else:
             tasks.append(asyncio.ensure_future(self._close_reattach_window()))
         log.info("broker up: epoch %d, %s", self.epoch, self.uri)
@@ -288,6 +292,7 @@ class Broker:
         await asyncio.sleep(min(0.5, self.config.heartbeat_interval))
         reattach, self.reattach = self.reattach, None
         reattach.settle(self.execution, time.time())
+        settle_workflows(self.manager.workflow, self.workflows)
         self.manager.all_ranks_seen = self.ranks.all_up()
         self._wake_scheduler()
 

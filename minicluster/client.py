@@ -278,31 +278,33 @@ class Client:
     def cancel(self, job_ids: Iterable[int]) -> tuple[list[int], dict[int, str]]:
         """Cancel jobs: (the cancelled ids, {job: why not} for the others)."""
         msg = self.call("cancel", jobs=list(job_ids))
-        errors = {int(k): v for k, v in (msg.get("errors") or {}).items()}
-        return msg.get("cancelled", []), errors
+        return msg.get("cancelled", []), _errors(msg)
 
     def eventlog(self, job_id: int, from_: int = 0, follow: bool = False) -> Iterator[list[Any]]:
         """Events `[seq, time, name, context]`; with `follow`, until the `clean` event."""
         for msg in self.stream("eventlog", job=job_id, **{"from": from_}, follow=follow):
             yield from msg.get("events", [])
 
-    def output(self, job_id: int, follow: bool = False,
-               index: int | None = None) -> Iterator[tuple[int, int, bytes]]:
-        """Output chunks `(task, stream, data)`, stream 1 = stdout, 2 = stderr.
+    def output(self, job_id: int, follow: bool = False, index: int | None = None,
+               attempt: int | None = None) -> Iterator[tuple[int, int, bytes]]:
+        """Output chunks `(task, stream, data)`, stream 1 = stdout, 2 = stderr; `attempt` selects one attempt's
+        output (0 the first run, 1 the first retry or requeue, ...).
 
         `stream("output", ...)` gives the responses themselves, with `files` and `truncated` (protocol.md §3.3).
         """
         fields: dict[str, Any] = {"job": job_id, "follow": follow}
         if index is not None:
             fields["index"] = index
+        if attempt is not None:
+            fields["attempt"] = attempt
         for msg in self.stream("output", **fields):
             for task, stream, data in msg.get("chunks", []):
                 yield task, stream, data
 
     def task_results(self, job_id: int, from_: int = 0, limit: int | None = None,
                      errors: bool = False) -> list[list[Any]]:
-        """`[task, index, rank, status, exit_code, signal, error]` per ended task (`errors`: only those with
-        an error, such as a command not found)."""
+        """`[task, index, rank, status, exit_code, signal, error, attempt]` per ended task, its final attempt
+        (`errors`: only those with an error, such as a command not found)."""
         fields: dict[str, Any] = {"job": job_id, "from": from_, "errors": errors}
         if limit is not None:
             fields["limit"] = limit
@@ -311,6 +313,39 @@ class Client:
     def stdin(self, job_id: int, data: bytes, eof: bool = False) -> bool:
         """Write to the job's standard input (protocol.md §3.8); False once no task reads it any more."""
         return bool(self.call("stdin", job=job_id, data=data, eof=eof).get("open"))
+
+    # ------------------------------------------------------------ workflows (protocol.md §3.9)
+
+    def attempts(self, job_id: int, index: int | None = None, failed: bool = False, from_: int = 0,
+                 limit: int | None = None) -> list[list[Any]]:
+        """Every recorded attempt: `[task, index, attempt, rank, status, exit_code, signal, error, started, ended,
+        outcome]`, outcome `retry`, `requeue`, `node-lost`, `broker-restart` or `final`; `failed` keeps the tasks
+        that failed for good or ran more than once."""
+        fields: dict[str, Any] = {"job": job_id, "from": from_, "failed": failed}
+        if index is not None:
+            fields["index"] = index
+        if limit is not None:
+            fields["limit"] = limit
+        return self.call("attempts", **fields)["attempts"]
+
+    def hold(self, job_ids: Iterable[int]) -> tuple[list[int], dict[int, str]]:
+        """Keep pending jobs from starting: (the held ids, {job: why not} for the others)."""
+        msg = self.call("hold", jobs=list(job_ids))
+        return msg.get("held", []), _errors(msg)
+
+    def release(self, job_ids: Iterable[int]) -> tuple[list[int], dict[int, str]]:
+        """Lift holds: (the released ids, {job: why not})."""
+        msg = self.call("release", jobs=list(job_ids))
+        return msg.get("released", []), _errors(msg)
+
+    def update(self, job_id: int, **changes: Any) -> dict[str, Any]:
+        """Change `urgency`, `time_limit` (seconds) and/or `name` of an active job; all or nothing."""
+        return self.call("update", job=job_id, **changes)["updated"]
+
+    def requeue(self, job_ids: Iterable[int]) -> tuple[list[int], dict[int, str]]:
+        """Kill running jobs and put them back in the queue; returns once they are queued again."""
+        msg = self.call("requeue", jobs=list(job_ids))
+        return msg.get("requeued", []), _errors(msg)
 
     # ------------------------------------------------------------ instance
 
@@ -339,6 +374,10 @@ def _checked(msg: dict[str, Any]) -> dict[str, Any]:
         error = msg.get("error") or {}
         raise ClientError(str(error.get("code", "error")), str(error.get("message", "request failed")))
     return msg
+
+
+def _errors(msg: dict[str, Any]) -> dict[int, str]:
+    return {int(k): v for k, v in (msg.get("errors") or {}).items()}
 
 
 def _fields(msg: dict[str, Any]) -> dict[str, Any]:

@@ -57,6 +57,10 @@ class WorkerAgent:
         self._uid = os.getuid()
         self.jobs: dict[int, dict[str, Any]] = {}
         self.running: dict[Key, tuple[list[int], list[int]]] = {}
+        # Attempt numbers (protocol.md §2.9) of running tasks past their first attempt, and runs of a newer
+        # attempt that wait for the older one, which rank 0 killed, to exit: key -> (entry, jobinfo).
+        self.attempts: dict[Key, int] = {}
+        self._after_exit: dict[Key, tuple[list[Any], dict[str, Any]]] = {}
         self.job_running: dict[int, int] = {}
         self.output_sent: dict[int, int] = {}
         self.unacked: dict[Key, list[Any]] = {}
@@ -87,7 +91,8 @@ class WorkerAgent:
                 pass
 
     def join(self) -> None:
-        running = [[job, task, cores, gpus] for (job, task), (cores, gpus) in self.running.items()]
+        running = [[job, task, cores, gpus, *self._attempt_list((job, task))]
+                   for (job, task), (cores, gpus) in self.running.items()]
         # Results travel with the join, so a restarted rank 0 knows what ended before it settles reattachment.
         results = list(self.unacked.values())[:JOIN_RESULTS]
         self.send("join", 0, {"pid": os.getpid(), "hostname": self.resources.hostname,
@@ -136,7 +141,7 @@ class WorkerAgent:
             if info is None:
                 log.warning("run for job %d without its job info", job_id)
                 continue
-            fresh = [e for e in entries if (job_id, e[1]) not in self.running and (job_id, e[1]) not in self.unacked]
+            fresh = self._fresh(job_id, entries, info)
             try:
                 pmi_env = self.pmi.prepare(job_id, info, [e[1] for e in fresh]) if info.get("mpi") else None
             except Exception as exc:  # e.g. no libpmix on this node: the job fails, the worker runs on
@@ -144,19 +149,42 @@ class WorkerAgent:
                 self.pmi.finished(job_id)
                 self._fail_unstarted(job_id, [e[1] for e in fresh], f"cannot serve PMI: {exc}")
                 continue
-            for job, task, index, cores, gpus in fresh:
-                self._start(job, task, index, cores, gpus, info, pmi_env)
+            for job, task, index, cores, gpus, *attempt in fresh:
+                self._start(job, task, index, cores, gpus, info, pmi_env, attempt[0] if attempt else 0)
             if pmi_env is not None:
                 self.pmi.spawned(job_id)
 
+    def _fresh(self, job_id: int, entries: list[list[Any]], info: dict[str, Any]) -> list[list[Any]]:
+        """The entries to start now: not a repeat of a run this rank has (running or ended, not yet
+        acknowledged); a newer attempt of a task still running waits for it to exit."""
+        fresh = []
+        for entry in entries:
+            key = (job_id, entry[1])
+            attempt = entry[5] if len(entry) > 5 else 0
+            if key in self.running:
+                if self.attempts.get(key, 0) < attempt:
+                    self._after_exit[key] = (entry, info)
+                continue
+            row = self.unacked.get(key)
+            if row is not None and (row[8] if len(row) > 8 else 0) >= attempt:
+                continue
+            fresh.append(entry)
+        return fresh
+
+    def _attempt_list(self, key: Key) -> list[int]:
+        attempt = self.attempts.get(key, 0)
+        return [attempt] if attempt else []
+
     def _start(self, job: int, task: int, index: int, cores: list[int], gpus: list[int], info: dict[str, Any],
-               pmi_env: dict[int, tuple[dict[str, str], tuple[int, ...]]] | None) -> None:
+               pmi_env: dict[int, tuple[dict[str, str], tuple[int, ...]]] | None, attempt: int = 0) -> None:
         key = (job, task)
         env = dict(info["env"])
         env.update(MC_JOB_ID=str(job), MC_TASK_RANK=str(task), MC_TASK_COUNT=str(info["ntasks"]),
-                   MC_NODE_RANK=str(self.rank), MC_URI=self.uri)
+                   MC_NODE_RANK=str(self.rank), MC_TASK_ATTEMPT=str(attempt), MC_URI=self.uri)
         if info.get("array"):
             env["MC_TASK_INDEX"] = str(index)
+        if attempt:
+            self.attempts[key] = attempt
         fds: tuple[int, ...] = ()
         if pmi_env is not None:
             extra, fds = pmi_env[task]
@@ -212,8 +240,12 @@ class WorkerAgent:
                 self.executor.signal(key, sig)
 
     def _on_done_ack(self, body: dict[str, Any]) -> None:
-        for job, task in body.get("keys", []):
-            self.unacked.pop((job, task), None)
+        for entry in body.get("keys", []):
+            key = (entry[0], entry[1])
+            row = self.unacked.get(key)
+            # Only the acknowledged attempt's result (protocol.md §2.9); a missing attempt means 0.
+            if row is not None and (row[8] if len(row) > 8 else 0) == (entry[2] if len(entry) > 2 else 0):
+                del self.unacked[key]
 
     def _on_pmi_kvs(self, body: dict[str, Any]) -> None:
         self.pmi.exchanged(int(body["job"]), int(body["seq"]), body)
@@ -272,10 +304,15 @@ class WorkerAgent:
                 self.output_sent.pop(key[0], None)
                 self.pmi.finished(key[0])
         row = [key[0], key[1], result.status, result.exit_code, result.signal, error,
-               result.started, result.ended]
+               result.started, result.ended, *self._attempt_list(key)]
+        self.attempts.pop(key, None)
         self.unacked[key] = row
         self._done.append(row)
         self._schedule_flush()
+        waiting = self._after_exit.pop(key, None)
+        if waiting is not None:
+            entry, info = waiting
+            self._on_run({"jobs": {key[0]: info}, "tasks": [entry]})
 
     def _remove_group(self, group: TaskMemoryGroup, tries: int = 20) -> None:
         # The task's leftover processes were just SIGKILLed; the group empties once they are gone.

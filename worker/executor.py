@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import functools
 import logging
 import os
 import shutil
@@ -24,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from minicluster.model.idset import IdSet, IdSetError
 from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup
 
@@ -469,6 +471,11 @@ def _starttime(pid: int) -> int | None:
 
 # Above the largest possible pid_max, so a stray kill() can never hit a real process.
 _FAKE_PID_BASE = 1 << 22
+
+
+@functools.lru_cache(maxsize=16)
+def _idset(text: str) -> IdSet:
+    return IdSet.parse(text)
 # Signals whose default action does not end a process.
 _NON_FATAL = frozenset({0, _signal.SIGCHLD, _signal.SIGCONT, _signal.SIGURG, _signal.SIGWINCH,
                         _signal.SIGSTOP, _signal.SIGTSTP, _signal.SIGTTIN, _signal.SIGTTOU})
@@ -488,6 +495,9 @@ class _MockTask:
 class TestExecutor(_Executor):
     """Pretends to run tasks: each lasts MC_TEST_RUN_DURATION s and exits MC_TEST_EXIT_CODE.
 
+    MC_TEST_FAIL_ONCE=IDSET makes the first attempt (MC_TASK_ATTEMPT 0) of those array indexes exit
+    MC_TEST_FAIL_CODE (default 1) instead, so retries can be measured (benchmarks/workflows.py).
+
     Zero-length tasks complete in one batch on the next loop iteration, so the
     cost per task is a few dict operations and a TaskResult.
     """
@@ -506,7 +516,11 @@ class TestExecutor(_Executor):
         try:
             duration = float(spec.env.get("MC_TEST_RUN_DURATION", "0"))
             code = int(spec.env.get("MC_TEST_EXIT_CODE", "0"))
-        except ValueError as e:
+            fail_once = spec.env.get("MC_TEST_FAIL_ONCE")
+            if fail_once and spec.env.get("MC_TASK_ATTEMPT", "0") == "0" and \
+                    int(spec.env.get("MC_TASK_INDEX", "-1")) in _idset(fail_once):
+                code = int(spec.env.get("MC_TEST_FAIL_CODE", "1"))
+        except (ValueError, IdSetError) as e:
             self._fail_soon(loop, spec.key, STATUS_CANNOT_RUN, f"mock task: {e}", started)
             return None
         self._next_pid += 1

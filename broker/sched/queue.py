@@ -48,6 +48,9 @@ class SchedJob:
     time_limit: float | None = None
     policy: str | None = None
     count: int = 1
+    # Elements are numbered first_element .. first_element+count-1: an array's indexes queued again (a retry,
+    # a release after a hold) continue the numbering, so they never collide with elements still running.
+    first_element: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.urgency <= 31:
@@ -87,7 +90,7 @@ class _Pending:
 
     def __init__(self, job: SchedJob, fast: bool = True) -> None:
         self.job = job
-        self.started = 0
+        self.started = job.first_element
         req = job.request
         # Array fast path (graph.alloc_array): elements that are one flat
         # CPU-only, non-exclusive slot are started many per pass.
@@ -95,7 +98,7 @@ class _Pending:
 
     @property
     def remaining(self) -> int:
-        return self.job.count - self.started
+        return self.job.first_element + self.job.count - self.started
 
 
 class Scheduler:
@@ -142,6 +145,19 @@ class Scheduler:
         if self._reservation is not None and self._reservation.job_id == job_id:
             self._reservation = None
         return entry.remaining
+
+    def extend(self, job_id: int, count: int) -> bool:
+        """Add `count` elements to a queued array (numbered after its last); False when it is not queued."""
+        entry = self._pending.get(job_id)
+        if entry is None:
+            return False
+        job = entry.job
+        grown = _Pending(SchedJob(job.job_id, job.urgency, job.submit_time, job.request, job.time_limit,
+                                  job.policy, job.count + count, job.first_element), self.array_fast_path)
+        grown.started = entry.started
+        self._pending[job_id] = grown
+        self._queue_version += 1
+        return True
 
     def pending_count(self) -> int:
         """Pending elements (an array job counts each element not yet started)."""

@@ -13,7 +13,8 @@ import sys
 from minicluster.cli.common import Parser, capture_parser
 
 # Subcommands whose positional arguments are job ids, and whether finished jobs are worth offering.
-JOB_ARGUMENTS = {"cancel": False, "attach": True, "logs": True, "eventlog": True, "jobs": True}
+JOB_ARGUMENTS = {"cancel": False, "attach": True, "logs": True, "eventlog": True, "jobs": True, "hold": False,
+                 "release": False, "requeue": False, "update": False}
 RANK_ARGUMENTS = ("drain", "undrain")
 # Process entry points: no options worth completing.
 INTERNAL = ("broker", "worker", "boot")

@@ -5,6 +5,7 @@ import datetime
 import io
 import json
 import pwd
+import signal
 import sys
 from functools import lru_cache
 from typing import Any
@@ -18,7 +19,7 @@ from minicluster.model.idset import IdSet
 # Keys of one job in `mc jobs --json`, in order. Adding keys is allowed; removing or renaming is not.
 JOB_KEYS = ("id", "name", "uid", "user", "state", "result", "urgency", "t_submit", "t_run",
             "t_inactive", "runtime", "ntasks", "nnodes", "ranks", "status", "exception", "counts",
-            "est_start", "reason")
+            "est_start", "reason", "waiting", "held", "retries")
 COUNT_KEYS = ("pending", "running", "succeeded", "failed", "cancelled")
 _COUNT_LABELS = {"pending": "pending", "running": "running", "succeeded": "ok", "failed": "failed",
                  "cancelled": "cancelled"}
@@ -135,12 +136,48 @@ def jobs_table(summaries: list[dict[str, Any]], now: float) -> Table:
             info.append(f"starts in ~{duration(max(0.0, s['est_start'] - now))}")
         if s.get("reason"):
             info.append(s["reason"])
+        info.extend(workflow_info(s))
         status = s.get("status")
         t.add_row(str(s.get("id")), str(s.get("name", "")), user_name(s.get("uid")),
                   styled(state, _RESULT_STYLE), str(s.get("ntasks", "")),
                   _nodes(s), s.get("ranks") or "-", duration(runtime(s, now)),
                   "-" if status is None else str(status), escape("; ".join(i for i in info if i)) or "-")
     return t
+
+
+def workflow_info(summary: dict[str, Any]) -> list[str]:
+    """What a job waits for, its hold and its retries, for the INFO column."""
+    out = []
+    if summary.get("held"):
+        out.append("held")
+    waiting = summary.get("waiting") or []
+    if waiting:
+        shown = ", ".join(waiting[:3]) + (f" and {len(waiting) - 3} more" if len(waiting) > 3 else "")
+        out.append(f"waits for {shown}")
+    if summary.get("retries"):
+        out.append(f"{summary['retries']} retr{'y' if summary['retries'] == 1 else 'ies'}")
+    return out
+
+
+_OUTCOMES = {"retry": "retried", "requeue": "requeued", "node-lost": "node lost, requeued",
+             "broker-restart": "broker restarted, requeued", "final": "final"}
+
+
+def attempt_text(row: list[Any]) -> str:
+    """One attempt of `attempts` (protocol.md §3.3): `1: exit 3 (retried)`."""
+    _task, _index, attempt, _rank, status, exit_code, sig, error, *_times, outcome = row
+    if sig is not None:
+        try:
+            how = f"signal {signal.Signals(sig).name}"
+        except ValueError:
+            how = f"signal {sig}"
+    elif error:
+        how = str(error)
+    elif status is None:
+        how = "no exit"
+    else:
+        how = f"exit {exit_code if exit_code is not None else status}"
+    return f"{attempt}: {how} ({_OUTCOMES.get(outcome, outcome)})"
 
 
 def _nodes(summary: dict[str, Any]) -> str:

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 from minicluster.cli.common import Parser, job_id
-from minicluster.cli.format import alloc_table, dumps, job_json, jobs_table, print_table
+from minicluster.cli.format import alloc_table, attempt_text, dumps, job_json, jobs_table, print_table
 from minicluster.cli.options import positive_int
 from minicluster.client import Client
 
@@ -17,12 +18,16 @@ def main(argv: list[str]) -> int:
     parser = Parser(prog="mc jobs", description=HELP, epilog=(
         "--json prints {\"jobs\": [JOB, ...]}, JOB being {id, name, uid, user, state, result, urgency, "
         "t_submit, t_run, t_inactive, runtime, ntasks, nnodes, ranks, status, exception, counts: "
-        "{pending, running, succeeded, failed, cancelled}, est_start, reason} (with -o alloc also alloc: "
-        "[{path, ranks}]); with --failed: "
-        "{\"jobs\": [{id, failed}]}, failed being an idset of array indices."))
+        "{pending, running, succeeded, failed, cancelled}, est_start, reason, waiting, held, retries} (with -o "
+        "alloc also alloc: [{path, ranks}]); with --failed: "
+        "{\"jobs\": [{id, failed, attempts}]}, failed being an idset of array indices and attempts (when some "
+        "index ran more than once) {INDEX: [{attempt, rank, status, exit_code, signal, error, outcome}, ...]} for "
+        "the indices that failed or ran more than once."))
     parser.add_argument("-a", "--all", action="store_true", help="include inactive jobs")
     parser.add_argument("--json", action="store_true", help="machine-readable output (shape below)")
-    parser.add_argument("--failed", action="store_true", help="print the failed indices of array job IDs")
+    parser.add_argument("--failed", action="store_true",
+                        help="print the failed indices of array job IDs, then the attempts of each index that "
+                             "failed or was retried")
     parser.add_argument("-L", "--limit", type=positive_int, metavar="N", help="at most N jobs")
     parser.add_argument("-o", "--format", choices=("default", "alloc"), default="default",
                         help="alloc: which topology vertices (racks, zones) each job's ranks are in")
@@ -48,16 +53,35 @@ def main(argv: list[str]) -> int:
 
 
 def _failed(client: Client, ids: list[int], as_json: bool) -> int:
-    """One line per job: the idset of its failed array indices (empty line if none)."""
+    """Per job: the idset of its failed array indices (empty line if none), then one line per index that
+    failed or ran more than once, with its attempts."""
     failed = {job: client.job(job).get("failed") or "" for job in ids}
+    histories = {job: _attempts_by_index(client.attempts(job, failed=True, limit=100_000)) for job in ids}
+    # Attempts are worth showing only when some index ran more than once.
+    retried = {job: any(len(rows) > 1 for rows in history.values()) for job, history in histories.items()}
     if as_json:
-        print(dumps({"jobs": [{"id": job, "failed": f} for job, f in failed.items()]}))
-    elif len(ids) == 1:
-        print(failed[ids[0]])
-    else:
-        for job, f in failed.items():
-            print(f"{job}: {f}")
+        print(dumps({"jobs": [{"id": job, "failed": f, **({"attempts": {
+            str(index): [_attempt_json(r) for r in rows] for index, rows in histories[job].items()}}
+            if retried[job] else {})} for job, f in failed.items()]}))
+        return 0
+    for job, f in failed.items():
+        print(f if len(ids) == 1 else f"{job}: {f}")
+        if retried[job]:
+            for index, rows in histories[job].items():
+                print(f"  index {index}: " + ", ".join(attempt_text(r) for r in rows))
     return 0
+
+
+def _attempts_by_index(rows: list[list[Any]]) -> dict[int, list[list[Any]]]:
+    out: dict[int, list[list[Any]]] = {}
+    for row in rows:
+        out.setdefault(row[1], []).append(row)
+    return {index: attempts for index, attempts in out.items() if len(attempts) > 1 or attempts[-1][4] != 0}
+
+
+def _attempt_json(row: list[Any]) -> dict[str, Any]:
+    keys = ("attempt", "rank", "status", "exit_code", "signal", "error")
+    return {**dict(zip(keys, row[2:8])), "outcome": row[10]}
 
 
 def cancel(argv: list[str]) -> int:

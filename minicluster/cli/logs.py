@@ -23,6 +23,8 @@ def logs(argv: list[str]) -> int:
         "submitted with --output, and whether the output was truncated at the instance's output_cap."))
     parser.add_argument("-f", "--follow", action="store_true", help="keep streaming until the job ends")
     parser.add_argument("--index", type=non_negative_int, metavar="N", help="only array index N")
+    parser.add_argument("--attempt", type=non_negative_int, metavar="K",
+                        help="only attempt K (0 the first run, 1 the first retry or requeue, ...)")
     parser.add_argument("-l", "--label", action="store_true", help=LABEL_HELP)
     parser.add_argument("id", type=job_id, metavar="ID")
     args = parser.parse_args(argv)
@@ -34,6 +36,8 @@ def logs(argv: list[str]) -> int:
         fields = {"job": args.id, "follow": args.follow}
         if args.index is not None:
             fields["index"] = args.index
+        if args.attempt is not None:
+            fields["attempt"] = args.attempt
         for msg in client.stream("output", **fields):
             for task, stream, data in msg.get("chunks", ()):
                 writer.write(task, stream, data)

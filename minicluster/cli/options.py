@@ -4,11 +4,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from minicluster.config import POLICIES
 from minicluster.model.idset import IdSet, IdSetError
+from minicluster.model import workflow
 from minicluster.model.jobspec import MPI_MODES, InvalidJobspec, from_wire
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -158,6 +160,78 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mpi", choices=MPI_MODES,
                    help="PMI to serve: pmi1 (MPICH), pmix (Open MPI), auto (from the program's libraries), none "
                         "(default: the instance's mpi_default, pmi1, when ntasks > 1)")
+    add_workflow_options(parser)
+
+
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a workflow parser: its error becomes a one-line usage error."""
+    def check(text: str) -> Any:
+        try:
+            parse(text)
+        except workflow.WorkflowError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+    return check
+
+
+def duration(text: str) -> float:
+    try:
+        return workflow.parse_duration(text)
+    except workflow.WorkflowError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_workflow_options(parser: argparse.ArgumentParser) -> None:
+    """Dependencies, failure and success policies, holds (protocol.md §3.9, docs/workflows.md)."""
+    g = parser.add_argument_group("workflow")
+    g.add_argument("-d", "--dependency", action="append", default=[], metavar="TYPE:ID[:ID...]",
+                   type=_checked(lambda t: workflow.parse_dependencies([t])),
+                   help="wait for jobs: afterok, afterany, afternotok, afterstart (after), aftercorr (array "
+                        "index by index), or singleton; comma-separated or repeated")
+    g.add_argument("--begin-time", metavar="TIME", type=_checked(lambda t: workflow.parse_begin_time(t, 0.0)),
+                   help="not before TIME: +10m, 12:30, 2025-01-31T12:00, @EPOCH")
+    g.add_argument("--hold", action="store_true", help="submit held; `mc release ID` lets it run")
+    g.add_argument("--retries", type=int_at_least(0, "a number of retries"), metavar="N",
+                   help="run a failed job again up to N times (arrays: N retries for all indexes together)")
+    g.add_argument("--retry-delay", type=duration, metavar="TIME",
+                   help="wait TIME (90s, 10m) before the first retry, doubling for each next one")
+    g.add_argument("--on-exit", action="append", default=[], metavar="CODES=ACTION,...",
+                   type=_checked(workflow.parse_exit_rules),
+                   help="by exit code, first match wins: 42=fail-job,3-5=retry,2=fail,0=ignore")
+    g.add_argument("--on-signal", action="append", default=[], metavar="SIGNALS=ACTION,...",
+                   type=_checked(workflow.parse_signal_rules), help="by signal: KILL=retry,SEGV+ABRT=fail")
+    g.add_argument("--max-retries-per-index", type=int_at_least(0, "a number of retries"), metavar="N",
+                   help="arrays: retries of each index")
+    g.add_argument("--max-failed-indexes", type=int_at_least(0, "a number of indexes"), metavar="N",
+                   help="arrays: fail (and cancel the rest) once more than N indexes failed for good")
+    g.add_argument("--success-indexes", type=idset, metavar="IDSET",
+                   help="arrays: succeed once these indexes succeeded; the rest is cancelled")
+    g.add_argument("--success-count", type=positive_int, metavar="N",
+                   help="arrays: succeed once N indexes (of --success-indexes, if given) succeeded")
+    g.add_argument("--success-task", type=non_negative_int, metavar="T",
+                   help="multi-task jobs: the job's result is task T's (a driver); the others are stopped")
+
+
+def workflow_fields(args: argparse.Namespace, now: float) -> dict[str, Any]:
+    """The jobspec's workflow fields from the parsed options (only those given)."""
+    out: dict[str, Any] = {}
+    if args.dependency:
+        out["dependencies"] = workflow.parse_dependencies(args.dependency)
+    if args.begin_time:
+        out["begin_time"] = workflow.parse_begin_time(args.begin_time, now)
+    if args.hold:
+        out["hold"] = True
+    rules = [("on_exit", args.on_exit, workflow.parse_exit_rules),
+             ("on_signal", args.on_signal, workflow.parse_signal_rules)]
+    for name, texts, parse in rules:
+        if texts:
+            out[name] = [rule for text in texts for rule in parse(text)]
+    optional = {"retries": args.retries, "retry_delay": args.retry_delay,
+                "max_retries_per_index": args.max_retries_per_index, "max_failed_indexes": args.max_failed_indexes,
+                "success_indexes": args.success_indexes, "success_count": args.success_count,
+                "success_task": args.success_task}
+    out.update({k: v for k, v in optional.items() if v is not None})
+    return out
 
 
 def add_command_argument(parser: argparse.ArgumentParser) -> None:
@@ -225,5 +299,9 @@ def jobspec_from_args(args: argparse.Namespace, command: Sequence[str],
         spec["gpu_affinity"] = True
     if args.resources is not None and not args.ntasks:
         del spec["ntasks"]  # the tree says how many tasks
+    try:
+        spec.update(workflow_fields(args, time.time()))
+    except workflow.WorkflowError as exc:
+        raise InvalidJobspec(str(exc)) from None
     from_wire(spec)
     return spec

@@ -27,7 +27,7 @@ def task_errors(client: Client, job: int, array: bool, index: int | None = None)
 
 
 def _task_line(row: list[Any], array: bool) -> str:
-    task, index, rank, status, _code, _signal, error = row
+    task, index, rank, status, _code, _signal, error, *_attempt = row
     who = f"index {index}" if array else f"task {task}"
     return f"{who} on rank {rank}: {error} (status {status})"
 

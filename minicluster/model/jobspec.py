@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from minicluster.model import restree
+from minicluster.model import restree, workflow
 from minicluster.model.idset import IdSet, IdSetError
 
 MPI_MODES = ("pmi1", "pmix", "auto", "none")
@@ -42,6 +42,19 @@ class Jobspec:
     locality: str | None = None
     spread: str | None = None
     gpu_affinity: bool = False
+    # Workflow fields (protocol.md §3.9), stored and sent only when set.
+    dependencies: tuple[workflow.Dependency, ...] = ()
+    begin_time: float | None = None
+    hold: bool = False
+    retries: int | None = None
+    retry_delay: float = 0.0
+    max_retries_per_index: int | None = None
+    max_failed_indexes: int | None = None
+    on_exit: tuple[workflow.Rule, ...] = ()
+    on_signal: tuple[workflow.Rule, ...] = ()
+    success_indexes: str | None = None
+    success_count: int | None = None
+    success_task: int | None = None
 
     @property
     def stdin_tasks(self) -> list[int]:
@@ -87,10 +100,33 @@ class Jobspec:
         d = {name: getattr(self, name) for name in _FIELD_NAMES}
         d["argv"] = list(self.argv)
         d["requires"] = list(self.requires)
+        for name, default in _WORKFLOW_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
+        if self.dependencies:
+            d["dependencies"] = [dep.to_wire() for dep in self.dependencies]
+        for name in ("on_exit", "on_signal"):
+            if name in d:
+                d[name] = [list(rule) for rule in d[name]]
         return d
+
+    @property
+    def failure_policy(self) -> bool:
+        """True when the job has a failure policy (protocol.md §3.9.2): disruptions requeue it."""
+        return (self.retries is not None or self.max_retries_per_index is not None or bool(self.on_exit)
+                or bool(self.on_signal))
+
+    @property
+    def workflow(self) -> bool:
+        """True when any workflow field is set."""
+        return any(getattr(self, name) != default for name, default in _WORKFLOW_DEFAULTS.items())
 
 
 _FIELD_NAMES = tuple(Jobspec.__dataclass_fields__)
+_WORKFLOW_DEFAULTS = {
+    name: Jobspec.__dataclass_fields__[name].default
+    for name in _FIELD_NAMES[_FIELD_NAMES.index("dependencies"):_FIELD_NAMES.index("success_task") + 1]
+}
 
 _INT_FIELDS = {
     "ntasks": 1, "nnodes": 0, "tasks_per_node": 0, "cores_per_task": 1,
@@ -119,8 +155,16 @@ def from_wire(data: Any) -> Jobspec:
             values[name] = _int(data, name, minimum)
     values.update(_optional_fields(data))
     values.update(_tree_fields(data))
+    try:
+        values.update(_workflow_fields(data))
+    except workflow.WorkflowError as exc:
+        raise InvalidJobspec(str(exc)) from None
     spec = Jobspec(**values)
     _check_consistency(spec)
+    try:
+        _check_workflow(spec)
+    except workflow.WorkflowError as exc:
+        raise InvalidJobspec(str(exc)) from None
     if not spec.name:
         spec = replace(spec, name=os.path.basename(spec.argv[0])[:64])
     return spec
@@ -197,6 +241,60 @@ def _tree_fields(data: dict[str, Any]) -> dict[str, Any]:
     out["resources"] = restree.to_wire(vertices)
     out["ntasks"] = shape.total_slots
     return out
+
+
+def _workflow_fields(data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if data.get("dependencies") is not None:
+        out["dependencies"] = workflow.dependencies_from_wire(data["dependencies"])
+    begin = data.get("begin_time")
+    if begin is not None:
+        if isinstance(begin, bool) or not isinstance(begin, (int, float)) or not 0 <= begin < 1e11:
+            raise workflow.WorkflowError(f"begin_time: must be seconds since the epoch, got {begin!r}")
+        out["begin_time"] = float(begin)
+    hold = data.get("hold", False)
+    if not isinstance(hold, bool):
+        raise workflow.WorkflowError("hold: must be true or false")
+    out["hold"] = hold
+    for name in ("retries", "max_retries_per_index"):
+        out[name] = workflow.optional_int(data, name, 0, workflow.MAX_RETRIES)
+    out["max_failed_indexes"] = workflow.optional_int(data, "max_failed_indexes", 0, workflow.MAX_RETRIES * 100)
+    out["success_count"] = workflow.optional_int(data, "success_count", 1, workflow.MAX_RETRIES * 100)
+    out["success_task"] = workflow.optional_int(data, "success_task", 0, 1 << 20)
+    out["retry_delay"] = workflow.optional_seconds(data, "retry_delay", workflow.MAX_RETRY_DELAY) or 0.0
+    out["on_exit"] = workflow.rules_from_wire("on_exit", data.get("on_exit") or [], 255)
+    out["on_signal"] = workflow.rules_from_wire("on_signal", data.get("on_signal") or [], workflow.MAX_SIGNAL)
+    indexes = data.get("success_indexes")
+    if indexes is not None and (not isinstance(indexes, str) or not indexes):
+        raise workflow.WorkflowError("success_indexes: must be an idset such as 0 or 0-9")
+    out["success_indexes"] = indexes
+    return out
+
+
+def _check_workflow(spec: Jobspec) -> None:
+    """Rules between workflow fields and the job's shape (protocol.md §3.9)."""
+    array = spec.array_ids
+    for name in ("max_retries_per_index", "max_failed_indexes", "success_count"):
+        if getattr(spec, name) is not None and array is None:
+            raise workflow.WorkflowError(f"{name}: only for arrays (--cc)")
+    if any(dep.type == "aftercorr" for dep in spec.dependencies) and array is None:
+        raise workflow.WorkflowError("dependencies: aftercorr is only for arrays (--cc)")
+    indexes = workflow.success_indexes(spec.success_indexes, array)
+    if array is not None and spec.success_count is not None:
+        pool = len(indexes) if indexes is not None else len(array)
+        if spec.success_count > pool:
+            raise workflow.WorkflowError(f"success_count: {spec.success_count} is more than the {pool} indexes "
+                                         "that could succeed")
+    if spec.success_task is not None:
+        if array is not None or spec.ntasks < 2:
+            raise workflow.WorkflowError("success_task: only for jobs of several tasks (-n 2 or more)")
+        if spec.success_task >= spec.ntasks:
+            raise workflow.WorkflowError(f"success_task: {spec.success_task} is not a task of 0..{spec.ntasks - 1}")
+    retries_given = spec.retries is not None or spec.max_retries_per_index is not None
+    if not retries_given and any(action == "retry" for _, action in spec.on_exit + spec.on_signal):
+        raise workflow.WorkflowError("on_exit/on_signal: a retry rule needs retries or max_retries_per_index")
+    if not retries_given and spec.retry_delay:
+        raise workflow.WorkflowError("retry_delay: needs retries or max_retries_per_index")
 
 
 def _check_consistency(spec: Jobspec) -> None:

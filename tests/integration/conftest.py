@@ -55,3 +55,10 @@ def output_of(client: Client, job_id: int) -> dict[int, bytes]:
 
 def event_names(client: Client, job_id: int) -> list[str]:
     return [e[2] for e in client.eventlog(job_id)]
+
+
+def started(client: Client, job_id: int) -> None:
+    """Return once the job's `start` event is visible."""
+    for event in client.eventlog(job_id, follow=True):
+        if event[2] == "start":
+            return

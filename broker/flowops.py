@@ -1,0 +1,95 @@
+"""Client operations of workflows (protocol.md §3.3, §3.9.4): hold, release, update, requeue, attempts."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from broker.clientapi import Peer
+from broker.job import Job
+from broker.jobmanager import JobError
+from broker.ops import _field, _task_of_index, _then, op
+from broker.workflow import WorkflowRefusal
+
+ATTEMPT_COLUMNS = "task, idx, attempt, rank, status, exit_code, signal, error, started, ended, outcome"
+
+
+def _each(broker: Any, peer: Peer, req: dict[str, Any],
+          action: Callable[[Job], Any]) -> tuple[list[int], dict[str, str], list[Any]]:
+    """Apply `action` to every job of `jobs`: (the ids it applied to, {job: why not}, what it returned)."""
+    done: list[int] = []
+    errors: dict[str, str] = {}
+    results: list[Any] = []
+    for job_id in _field(req, "jobs", list):
+        try:
+            job = broker.manager.get(job_id)
+            results.append(action(job))
+            done.append(job.id)
+        except (JobError, WorkflowRefusal) as exc:
+            errors[str(job_id)] = str(exc)
+    return done, errors, results
+
+
+@op("hold")
+def hold(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    held, errors, _ = _each(broker, peer, req, lambda job: broker.manager.workflow.hold(job, peer.uid))
+    return {"held": held, "errors": errors}
+
+
+@op("release")
+def release(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    released, errors, _ = _each(broker, peer, req, lambda job: broker.manager.workflow.release(job, peer.uid))
+    return {"released": released, "errors": errors}
+
+
+@op("requeue")
+def requeue(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    requeued, errors, waiters = _each(broker, peer, req,
+                                      lambda job: broker.manager.workflow.requeue(job, peer.uid))
+    done = asyncio.gather(*waiters) if waiters else asyncio.sleep(0)
+    return _then(asyncio.ensure_future(done), {"requeued": requeued, "errors": errors})
+
+
+@op("update")
+def update(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    job = broker.manager.get(_field(req, "job", int))
+    changes = {k: v for k, v in req.items() if k not in ("v", "id", "op", "job")}
+    try:
+        updated = broker.manager.workflow.update(job, peer.uid, changes)
+    except WorkflowRefusal as exc:
+        raise JobError(exc.code, str(exc)) from None
+    return {"job": job.id, "updated": updated}
+
+
+@op("attempts")
+def attempts(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+    record = broker.manager.get(_field(req, "job", int))
+    index = _field(req, "index", int, None)
+    start = _field(req, "from", int, 0)
+    limit = min(_field(req, "limit", int, 10_000), 100_000)
+    only_failed = _field(req, "failed", bool, False)
+    task = _task_of_index(record, index) if index is not None else None
+
+    def query(c: Any) -> list[list[Any]]:
+        where, params = "job=? AND task>=?", [record.id, start]
+        if task is not None:
+            where += " AND task=?"
+            params.append(task)
+        earlier = [list(r) for r in c.execute(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {where} ORDER BY task, attempt", params)]
+        retried = {r[0] for r in earlier}
+        final = [list(r) for r in c.execute(
+            f"SELECT task, idx, (SELECT COUNT(*) FROM attempts a WHERE a.job=t.job AND a.task=t.task), rank, "
+            f"status, exit_code, signal, error, started, ended, 'final' FROM tasks t WHERE {where} ORDER BY task",
+            params)]
+        if only_failed:
+            final = [r for r in final if r[4] != 0 or r[0] in retried]
+            failed = {r[0] for r in final}
+            earlier = [r for r in earlier if r[0] in failed or r[0] in retried]
+        rows = sorted(earlier + final, key=lambda r: (r[0], r[2]))
+        return rows[:limit]
+
+    async def answer() -> dict[str, Any]:
+        return {"attempts": await broker.journal.read(query)}
+
+    return asyncio.ensure_future(answer())

@@ -1,0 +1,270 @@
+"""Workflows across a broker restart (architecture.md#restart, protocol.md §3.9).
+
+`recover` runs right after broker/recovery.py loaded the journal: it rebuilds the dependency graph and each
+job's workflow state (attempt numbers, retries, holds, delays, aftercorr progress) from the jobspecs, the
+`attempts` table and the workflow events, without posting anything. `settled` runs once the reattach window
+closed: it applies what the rebuilt state decides (dependencies whose targets ended meanwhile, holds, retries
+still waiting out their delay) and posts the events.
+"""
+from __future__ import annotations
+
+import logging
+from array import array
+from collections import defaultdict
+from typing import Any
+
+import msgpack
+
+from broker.depgraph import BEGIN, SINGLETON, Verdict
+from broker.flowstate import Corr, Flow
+from broker.job import Job, State
+from broker.journal import Journal
+from broker.workflow import Workflow, index_outcomes, target_state
+
+log = logging.getLogger(__name__)
+
+_FLOW_EVENTS = ("dependency-remove", "hold", "release", "retry", "requeue", "success")
+
+
+class Recovered:
+    """What `settled` still has to do."""
+
+    def __init__(self) -> None:
+        self.verdicts: list[Verdict] = []
+        self.delayed: dict[int, list[tuple[int, float]]] = {}     # job -> [(task or -1, due)]
+        self.jobs: list[Job] = []
+
+
+def recover(workflow: Workflow, journal: Journal, active: list[Job]) -> Recovered:
+    out = Recovered()
+    jobs = workflow.manager.jobs
+    for job_id, count in journal.query("SELECT job, COUNT(*) FROM attempts WHERE outcome='retry' GROUP BY job"):
+        if job_id in jobs and jobs[job_id].state == State.INACTIVE:
+            jobs[job_id].retries = count
+    if not active:
+        return out
+    workflow.recovering = True
+    workflow.attempts.recovering_ids = {job.id for job in active if job.state not in (State.DEPEND,
+                                                                                      State.PRIORITY)}
+    by_id = {job.id: job for job in active}
+    events = _workflow_events(journal, list(by_id))
+    attempts = _attempt_rows(journal, list(by_id))
+    now = workflow.manager.clock()
+    for job in sorted(active, key=lambda j: j.id):
+        seen = events.get(job.id, {})
+        rows = attempts.get(job.id, [])
+        spec = job.spec
+        assert spec is not None
+        if spec.workflow or seen or rows:
+            job.flow = Flow(spec)
+            _restore_counts(job, seen, rows, now, out)
+            out.jobs.append(job)
+        removed = seen.get("removed", set())
+        deps = [(dep.type, t) for dep in spec.dependencies for t in dep.jobs if f"{dep.type}:{t}" not in removed]
+        singleton = any(d.type == SINGLETON for d in spec.dependencies) and SINGLETON not in removed
+        begin = spec.begin_time
+        if begin is not None and f"{BEGIN}={begin!r}" in removed:
+            begin = None
+        if job.state not in (State.DEPEND, State.PRIORITY):
+            deps = [d for d in deps if d[0] == "aftercorr"]
+            singleton, begin = False, None
+        deps = [d for d in deps if d[1] in workflow.manager.jobs or _lost(out, job, d)]
+        _, decided = workflow.graph.add(job.id, deps, workflow._lookup, key=(job.uid, job.name),
+                                        singleton=singleton, begin_time=begin, now=now)
+        out.verdicts.extend(decided)
+        corr = next((t for kind, t in deps if kind == "aftercorr"), None)
+        if corr is not None:
+            _restore_corr(workflow, journal, job, corr, out)
+    _restore_results(journal, [j for j in out.jobs if j.flow.policy or j.flow.success or not j.is_array])
+    return out
+
+
+def _lost(out: Recovered, job: Job, dep: tuple[str, int]) -> bool:
+    out.verdicts.append(Verdict(job.id, f"{dep[0]}:{dep[1]}", False,
+                                f"{dep[0]}:{dep[1]} can never be satisfied: job {dep[1]} was purged"))
+    return False
+
+
+def _workflow_events(journal: Journal, ids: list[int]) -> dict[int, dict[str, Any]]:
+    marks = ",".join("?" * len(ids))
+    names = ",".join("?" * len(_FLOW_EVENTS))
+    rows = journal.query(f"SELECT job, name, context FROM events WHERE job IN ({marks}) AND name IN ({names}) "
+                         "ORDER BY job, seq", [*ids, *_FLOW_EVENTS])
+    out: dict[int, dict[str, Any]] = defaultdict(lambda: {"removed": set(), "retry": 0, "requeue": 0})
+    for job_id, name, blob in rows:
+        seen = out[job_id]
+        context = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+        if name == "dependency-remove":
+            seen["removed"].add(context.get("description"))
+        elif name == "hold":
+            seen["held"] = True
+        elif name == "release" and "uid" in context:
+            seen["held"] = False
+        elif name in ("retry", "requeue") and "attempt" in context:
+            seen[name] += 1
+        elif name == "success":
+            seen["success"] = True
+    return dict(out)
+
+
+def _attempt_rows(journal: Journal, ids: list[int]) -> dict[int, list[tuple[Any, ...]]]:
+    marks = ",".join("?" * len(ids))
+    rows = journal.query(f"SELECT job, task, attempt, outcome, not_before FROM attempts WHERE job IN ({marks}) "
+                         "ORDER BY job, task, attempt", ids)
+    out: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for row in rows:
+        out[row[0]].append(row[1:])
+    return out
+
+
+def _restore_counts(job: Job, seen: dict[str, Any], rows: list[tuple[Any, ...]], now: float,
+                    out: Recovered) -> None:
+    flow = job.flow
+    flow.held = bool(seen.get("held"))
+    if seen.get("success"):
+        flow.succeeded_early = True
+        job.ending = True
+        job.status = job.cause_status = 0
+    if not job.is_array:
+        flow.attempt = seen.get("retry", 0) + seen.get("requeue", 0)
+        job.retries = seen.get("retry", 0)
+        last = max((r for r in rows if r[1] == flow.attempt - 1), key=lambda r: r[3] or 0, default=None)
+        if last is not None and last[3] and last[3] > now and job.state == State.SCHED:
+            out.delayed.setdefault(job.id, []).append((-1, last[3]))
+        return
+    for task, attempt, outcome, not_before in rows:
+        flow.attempts[task] = max(flow.attempts.get(task, 0), attempt + 1)
+        if outcome == "retry":
+            flow.retried[task] = flow.retried.get(task, 0) + 1
+            job.retries += 1
+    latest = {task: (attempt, nb) for task, attempt, _, nb in rows}
+    for task, (attempt, not_before) in latest.items():
+        if not_before and not_before > now and not job.is_done(task):
+            out.delayed.setdefault(job.id, []).append((task, not_before))
+
+
+def _restore_results(journal: Journal, jobs: list[Job]) -> None:
+    """Judge the recorded final results again: ignored failures count as success, failed-for-good indexes and
+    the success policy's progress are counted, a plain job's task actions are known."""
+    if not jobs:
+        return
+    by_id = {job.id: job for job in jobs}
+    marks = ",".join("?" * len(by_id))
+    rows = journal.query(f"SELECT job, task, idx, status, exit_code, signal FROM tasks WHERE job IN ({marks})",
+                         list(by_id))
+    statuses: dict[int, int] = {}
+    for job_id, task, idx, status, code, sig in rows:
+        job = by_id[job_id]
+        flow = job.flow
+        action = flow.policy.action(status, code, sig) if flow.policy else ("success" if status == 0 else "fail")
+        counted = 0 if action in ("success", "ignore") else (status or 1)
+        if status and not counted:
+            job.failed -= 1
+            job.succeeded += 1
+        statuses[job_id] = max(statuses.get(job_id, 0), counted)
+        if not job.is_array:
+            flow.actions.append(action)
+            if task == job.spec.success_task:
+                flow.decider = (action, status)
+                flow.cut = True
+        elif counted:
+            flow.failed_for_good += 1
+        elif flow.success is not None and flow.success.succeeded(idx):
+            flow.end = flow.end or ("success", "success policy met", 0)
+    for job_id, status in statuses.items():
+        job = by_id[job_id]
+        if not job.flow.succeeded_early:
+            job.status = status
+        limit = job.flow.policy.max_failed if job.flow.policy else None
+        if limit is not None and job.flow.failed_for_good > limit:
+            job.flow.end = job.flow.end or ("max-failed-indexes", f"{job.flow.failed_for_good} indexes failed "
+                                                                 f"for good, more than {limit}", None)
+
+
+def _restore_corr(workflow: Workflow, journal: Journal, job: Job, target_id: int, out: Recovered) -> None:
+    """Which indexes of `job` its aftercorr target already released, or can never release."""
+    flow = job.flow
+    corr = flow.corr = Corr(target_id)
+    target = workflow.manager.jobs[target_id]
+    if target.state != State.INACTIVE:
+        if target.flow is None:
+            target.flow = Flow(target.spec)
+        target.flow.corr_watch = target.flow.judge_all = True
+    rows = journal.query("SELECT t.idx, t.status, t.exit_code, t.signal, j.spec FROM tasks t "
+                         "JOIN jobs j ON j.id = t.job WHERE t.job=?", (target_id,))
+    assert job.array is not None
+    for idx, ok in index_outcomes(rows):
+        if idx not in job.array:
+            continue
+        task = job.array.ordinal(idx)
+        if ok:
+            corr.released.add(task)
+        elif not job.is_done(task):
+            # Counted as it was before the restart; its event is in the log already.
+            corr.cancelled.add(task)
+            job.mark_done(task)
+            job.tasks_left -= 1
+            job.cancelled += 1
+            job.status = max(job.status or 0, 1)
+    if job.state in (State.DEPEND, State.PRIORITY):
+        corr.ready = sorted(t for t in corr.released if not job.is_done(t))
+    if target.state == State.INACTIVE:
+        out.verdicts.extend(workflow.graph.ended(target_id, target_state(target)))
+
+
+def settled(workflow: Workflow, out: Recovered) -> None:
+    """The reattach window closed (broker/recovery.py settled every job): apply the rebuilt workflow state."""
+    manager = workflow.manager
+    attempts = workflow.attempts
+    workflow.recovering = False
+    attempts.recovering_ids = set()
+    window, attempts.window_delays = attempts.window_delays, {}
+    for job_id, entries in window.items():
+        out.delayed.setdefault(job_id, []).extend(entries)
+    for job in [j for j in manager.jobs.values() if j.flow is not None]:
+        if job.state == State.INACTIVE or job.ending or job.state not in (State.SCHED, State.RUN):
+            continue
+        flow = job.flow
+        delayed = dict(out.delayed.get(job.id, []))
+        if not job.is_array:
+            # Queued once, whatever happened in the window (a retry decided while settling is not queued yet).
+            if job.state == State.SCHED:
+                manager.scheduler.cancel(job.id)
+                if -1 in delayed:
+                    attempts._delay(job, -1, flow.attempt, delayed[-1] - manager.clock())
+                else:
+                    attempts.queue_plain(job)
+            continue
+        if not (flow.held or delayed or flow.corr is not None):
+            continue
+        remaining = manager.scheduler.cancel(job.id)
+        tasks = list(job.pending_map[len(job.pending_map) - remaining:]) if remaining and job.pending_map else []
+        job.pending_map = job.pending_map[:len(job.pending_map) - remaining] if job.pending_map else None
+        if flow.corr is not None:
+            tasks = [t for t in tasks if t in flow.corr.released]
+        now_tasks = [t for t in tasks if t not in delayed]
+        for task in tasks:
+            if task in delayed:
+                attempts._delay(job, task, flow.attempts.get(task, 0), delayed[task] - manager.clock())
+        if flow.held:
+            if job.pending_map is None:
+                job.pending_map = array("I")
+            flow.held_from = len(job.pending_map)
+        attempts.queue_tasks(job, now_tasks)
+    workflow._feed(out.verdicts)
+    # A job whose submission was cut short by the crash (no `depend`/`priority` yet) is queued now.
+    for job in [j for j in manager.jobs.values() if j.state in (State.DEPEND, State.PRIORITY)]:
+        flow = workflow.flow_of(job)
+        if job.state == State.PRIORITY and not flow.held:
+            manager.post(job, "priority", {"priority": job.urgency})
+            workflow._queue_first(job)
+        elif job.state == State.DEPEND:
+            workflow._try_release(job)
+    for job in out.jobs:
+        if job.flow is not None and job.flow.end is not None:
+            attempts.after_results(job)
+            manager.maybe_finish(job)
+    workflow._arm()
+    log.info("workflows recovered: %d jobs with workflow state, %d dependency verdicts", len(out.jobs),
+             len(out.verdicts))
+
