@@ -165,7 +165,7 @@ class Attempts:
         self.queue_tasks(job, now_tasks)
         for task, delay in pending.retry:
             if delay > 0:
-                self._delay(job, task, job.flow.attempts.get(task, 0), delay)
+                self.delay_retry(job, task, job.flow.attempts.get(task, 0), delay)
 
     def _resolve_waiters(self, job: Job, durable: asyncio.Future[None]) -> None:
         flow = job.flow
@@ -232,7 +232,7 @@ class Attempts:
         moved = self._next_attempt(job, "retry", delay)
         self.manager.post(job, "retry", {"attempt": flow.attempt, "status": status, "delay": delay}, extra=moved)
         if delay > 0:
-            self._delay(job, -1, flow.attempt, delay)
+            self.delay_retry(job, -1, flow.attempt, delay)
         else:
             self.queue_plain(job)
 
@@ -302,7 +302,7 @@ class Attempts:
         if not self.manager.scheduler.extend(job.id, len(tasks)):
             self.manager.enqueue(job, self.manager.request(job), count=len(tasks), first=first)
 
-    def _delay(self, job: Job, task: int, attempt: int, delay: float) -> None:
+    def delay_retry(self, job: Job, task: int, attempt: int, delay: float) -> None:
         due = self.manager.clock() + delay
         if job.id in self.recovering_ids:
             self.window_delays.setdefault(job.id, []).append((task, due))

@@ -69,7 +69,7 @@ def recover(workflow: Workflow, journal: Journal, active: list[Job]) -> Recovere
             deps = [d for d in deps if d[0] == "aftercorr"]
             singleton, begin = False, None
         deps = [d for d in deps if d[1] in workflow.manager.jobs or _lost(out, job, d)]
-        _, decided = workflow.graph.add(job.id, deps, workflow._lookup, key=(job.uid, job.name),
+        _, decided = workflow.graph.add(job.id, deps, workflow.lookup, key=(job.uid, job.name),
                                         singleton=singleton, begin_time=begin, now=now)
         out.verdicts.extend(decided)
         corr = next((t for kind, t in deps if kind == "aftercorr"), None)
@@ -231,7 +231,7 @@ def settled(workflow: Workflow, out: Recovered) -> None:
             if job.state == State.SCHED:
                 manager.scheduler.cancel(job.id)
                 if -1 in delayed:
-                    attempts._delay(job, -1, flow.attempt, delayed[-1] - manager.clock())
+                    attempts.delay_retry(job, -1, flow.attempt, delayed[-1] - manager.clock())
                 else:
                     attempts.queue_plain(job)
             continue
@@ -245,26 +245,26 @@ def settled(workflow: Workflow, out: Recovered) -> None:
         now_tasks = [t for t in tasks if t not in delayed]
         for task in tasks:
             if task in delayed:
-                attempts._delay(job, task, flow.attempts.get(task, 0), delayed[task] - manager.clock())
+                attempts.delay_retry(job, task, flow.attempts.get(task, 0), delayed[task] - manager.clock())
         if flow.held:
             if job.pending_map is None:
                 job.pending_map = array("I")
             flow.held_from = len(job.pending_map)
         attempts.queue_tasks(job, now_tasks)
-    workflow._feed(out.verdicts)
+    workflow.feed(out.verdicts)
     # A job whose submission was cut short by the crash (no `depend`/`priority` yet) is queued now.
     for job in [j for j in manager.jobs.values() if j.state in (State.DEPEND, State.PRIORITY)]:
         flow = workflow.flow_of(job)
         if job.state == State.PRIORITY and not flow.held:
             manager.post(job, "priority", {"priority": job.urgency})
-            workflow._queue_first(job)
+            workflow.queue_first(job)
         elif job.state == State.DEPEND:
-            workflow._try_release(job)
+            workflow.try_release(job)
     for job in out.jobs:
         if job.flow is not None and job.flow.end is not None:
             attempts.after_results(job)
             manager.maybe_finish(job)
-    workflow._arm()
+    workflow.arm_timer()
     log.info("workflows recovered: %d jobs with workflow state, %d dependency verdicts", len(out.jobs),
              len(out.verdicts))
 

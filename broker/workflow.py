@@ -65,7 +65,7 @@ class Workflow:
         if not targets:
             return
         try:
-            self.graph.check(self.manager.next_id, targets, self._lookup)
+            self.graph.check(self.manager.next_id, targets, self.lookup)
         except DependencyError as exc:
             raise WorkflowRefusal("invalid-jobspec", f"dependencies: {exc}") from None
         for target in targets:
@@ -98,12 +98,12 @@ class Workflow:
         job.flow = flow = Flow(spec)
         deps = [(dep.type, t) for dep in spec.dependencies for t in dep.jobs]
         singleton = any(dep.type == SINGLETON for dep in spec.dependencies)
-        added, decided = self.graph.add(job.id, deps, self._lookup, key=key, singleton=singleton,
+        added, decided = self.graph.add(job.id, deps, self.lookup, key=key, singleton=singleton,
                                         begin_time=spec.begin_time, now=self.manager.clock())
         for description in added:
             self.manager.post(job, "dependency-add", {"description": description})
         if spec.begin_time is not None:
-            self._arm()
+            self.arm_timer()
         corr = next((t for kind, t in deps if kind == "aftercorr"), None)
         if corr is not None:
             flow.corr = Corr(corr)
@@ -111,11 +111,11 @@ class Workflow:
         if spec.hold:
             flow.held = True
             self.manager.post(job, "hold", {"uid": job.uid})
-        self._feed(decided)
-        self._try_release(job)
+        self.feed(decided)
+        self.try_release(job)
         return True
 
-    def _lookup(self, job_id: int) -> TargetState | None:
+    def lookup(self, job_id: int) -> TargetState | None:
         job = self.manager.jobs.get(job_id)
         return None if job is None else target_state(job)
 
@@ -125,15 +125,15 @@ class Workflow:
         """A job's event was posted: a start satisfies afterstart, an end decides everything on the job."""
         if name == "start":
             if self.graph.has_dependants(job.id):
-                self._feed(self.graph.started(job.id))
+                self.feed(self.graph.started(job.id))
         elif name == "clean":
             verdicts = self.graph.gone(job.id)
             if self.graph.has_dependants(job.id):
                 verdicts = self.graph.ended(job.id, target_state(job)) + verdicts
             if verdicts:
-                self._feed(verdicts)
+                self.feed(verdicts)
 
-    def _feed(self, verdicts: list[Verdict]) -> None:
+    def feed(self, verdicts: list[Verdict]) -> None:
         self._verdicts.extend(verdicts)
         if self._applying or self.recovering:
             return
@@ -159,18 +159,18 @@ class Workflow:
             self._corr_target_ended(job)
         self.manager.post(job, "dependency-remove", {"description": verdict.description})
         if self.graph.remove(verdict):
-            self._try_release(job)
+            self.try_release(job)
 
-    def _try_release(self, job: Job) -> None:
+    def try_release(self, job: Job) -> None:
         """DEPEND -> queued, once nothing blocks the job and no hold is in place."""
         flow = job.flow
         if job.state != State.DEPEND or job.ending or flow.held or self.graph.blocked(job.id):
             return
         self.manager.post(job, "depend")
         self.manager.post(job, "priority", {"priority": job.urgency})
-        self._queue_first(job)
+        self.queue_first(job)
 
-    def _queue_first(self, job: Job) -> None:
+    def queue_first(self, job: Job) -> None:
         corr = job.flow.corr
         if corr is None:
             self.manager.enqueue(job, self.manager.request(job))
@@ -209,9 +209,9 @@ class Workflow:
         deferred, corr.deferred = corr.deferred, None
         target = self.manager.jobs.get(target_id)
         if deferred is not None:
-            self._feed([deferred])
+            self.feed([deferred])
         elif target is not None and target.state == State.INACTIVE:
-            self._feed(self.graph.ended(target_id, target_state(target)))
+            self.feed(self.graph.ended(target_id, target_state(target)))
 
     def _element_final(self, target: Job, task: int, ok: bool) -> None:
         index = target.index_of(task)
@@ -270,12 +270,12 @@ class Workflow:
 
     # --- begin times ---------------------------------------------------------------------------------------
 
-    def _arm(self) -> None:
+    def arm_timer(self) -> None:
         self.attempts.arm(self.graph.next_due())
 
     def _tick(self, now: float) -> None:
-        self._feed(self.graph.due(now))
-        self._arm()
+        self.feed(self.graph.due(now))
+        self.arm_timer()
 
     # --- holds ---------------------------------------------------------------------------------------------
 
@@ -304,7 +304,7 @@ class Workflow:
         flow.held = False
         self.manager.post(job, "release", {"uid": uid})
         if job.state == State.DEPEND:
-            self._try_release(job)
+            self.try_release(job)
         elif not job.is_array:
             if not flow.delayed:
                 self.attempts.queue_plain(job)
@@ -353,7 +353,7 @@ class Workflow:
         if "time_limit" in changes:
             self.manager.retime(job)
         if "name" in changes:
-            self._feed(self.graph.rename(job.id, (job.uid, job.name)))
+            self.feed(self.graph.rename(job.id, (job.uid, job.name)))
         return changes
 
     def _requeue_entry(self, job: Job) -> None:

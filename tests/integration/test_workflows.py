@@ -243,3 +243,20 @@ def test_requeue_a_running_job(client: Client) -> None:
     assert client.job(job_id)["retries"] == 0
     _, errors = client.requeue([job_id])
     assert "is not running" in errors[job_id]
+
+
+def test_a_broken_chain_ends_in_one_go(client: Client) -> None:
+    """The head of a 500-job afterok chain fails: every link ends with `dependency`, none runs, and the cascade
+    is applied iteratively (no recursion 500 calls deep)."""
+    head = client.submit(job(["sh", "-c", "sleep 0.5; exit 3"]))
+    chain = [head]
+    specs = [job(["true"], dependencies=[{"type": "afterok", "jobs": [head + k]}]) for k in range(500)]
+    chain += [i for i in client.submit_many(specs) if isinstance(i, int)]
+    assert chain[1:] == list(range(head + 1, head + 501))
+    results = {r["job"]: r for r in client.wait(chain)}
+    assert results[head]["status"] == 3
+    assert all(results[j]["exception"] == "dependency" for j in chain[1:])
+    last = [e[3]["note"] for e in client.eventlog(chain[-1]) if e[2] == "exception"]
+    assert last == [f"afterok:{chain[-2]} can never be satisfied: job {chain[-2]} ended with the exception "
+                    "dependency"]
+    assert all(client.job(j)["t_run"] is None for j in chain[1:])
