@@ -14,9 +14,9 @@ import signal
 import time
 from typing import Any
 
+from broker import flowops  # noqa: F401  (registers the workflow operations)
 from broker import nodes, sched
 from broker.clientapi import ClientServer
-from broker import flowops  # noqa: F401  (registers the workflow operations)
 from broker.execution import Execution
 from broker.flowrecovery import recover as recover_workflows, settled as settle_workflows
 from broker.job import State
