@@ -1,5 +1,5 @@
 """The README's three workflows with the real tools (`mc start` batch mode running a shell script of `mc-submit`
-and `mc` commands), at test size."""
+and `mc` commands), at test size; the first stage is held until the pipeline's state was looked at."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,11 @@ import sys
 
 SCRIPT = r"""
 set -e
-pre=$(mc-submit --name preprocess sh -c 'echo prepared')
+pre=$(mc-submit --hold --name preprocess sh -c 'echo prepared')
 sims=$(mc-submit --cc 0-199 --dependency afterok:$pre sh -c 'echo sim {cc}')
 red=$(mc-submit --name reduce --dependency afterok:$sims sh -c 'echo reduced')
 mc jobs --json $red | python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print("RED", j["state"], j["waiting"])'
+mc release $pre
 mc-submit --wait --dependency afterany:$red true > /dev/null
 mc jobs -a --json $pre $sims $red | python3 -c 'import json,sys; print("DONE", [j["result"] for j in json.load(sys.stdin)["jobs"]])'
 
