@@ -64,6 +64,9 @@ def update(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 @op("attempts")
 def attempts(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
     record = broker.manager.get(_field(req, "job", int))
+    if peer.uid not in (record.uid, broker.owner_uid):
+        # Attempts carry exit codes and errors: as the job's other details, its owner's and the instance owner's.
+        raise JobError("permission", f"job {record.id} belongs to another user")
     index = _field(req, "index", int, None)
     start = _field(req, "from", int, 0)
     limit = min(_field(req, "limit", int, 10_000), 100_000)

@@ -46,6 +46,8 @@ def test_dependencies_and_changes_need_the_jobs_owner(shared) -> None:  # noqa: 
             text = result.get("message") or str(result.get("ok"))
             assert "permission denied" in text, (op, result)
         assert owner.update(guest_job, urgency=3) == {"urgency": 3}     # the instance owner may
+        assert as_user(OTHER_GUEST, NOGROUP, lambda: Client(uri).attempts(guest_job))["error"] == "permission"
+        assert as_user(GUEST, NOGROUP, lambda: Client(uri).attempts(guest_job))["ok"] == []
         assert as_user(GUEST, NOGROUP, lambda: Client(uri).release([guest_job]))["ok"] == [[guest_job], {}]
         owner.cancel([owners_job, guest_job])
         assert wait_for(owner, own_dep["ok"])["status"] == 0
