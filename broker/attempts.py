@@ -1,4 +1,4 @@
-"""Attempts (protocol.md §2.9, §3.9.2–3.8.3): judging each ended task of a job with a workflow state, retries
+"""Attempts (protocol.md §2.9, §3.9.2–3.9.3): judging each ended task of a job with a workflow state, retries
 with backoff, requeues after disruptions or by request, and success policies.
 
 Execution hands every result of such a job to `judge` before counting it. A result that ends its task for good
@@ -121,16 +121,13 @@ class Attempts:
             self.element_final(job, task, counted == 0)
         return counted, False
 
-    def _not_final(self, job: Job, task: int, rank: int | None, result: list[Any] | None, attempt: int,
-                   outcome: str, delay: float) -> _Pending:
-        now = self.manager.clock()
-        if result is None:
-            row = (job.id, task, attempt, job.index_of(task), rank, None, None, None, outcome, None, now)
-        else:
-            row = (job.id, task, attempt, job.index_of(task), rank, *result[2:8])
+    def _not_final(self, job: Job, task: int, rank: int, result: list[Any], attempt: int, outcome: str,
+                   delay: float) -> _Pending:
+        """Record an attempt that ends without ending its task: the next attempt's number is set now."""
+        not_before = self.manager.clock() + delay if delay else None
         job.flow.attempts[task] = attempt + 1
         pending = self._pending(job)
-        pending.rows.append((*row, outcome, now + delay if delay else None))
+        pending.rows.append((job.id, task, attempt, job.index_of(task), rank, *result[2:8], outcome, not_before))
         return pending
 
     def _pending(self, job: Job) -> _Pending:

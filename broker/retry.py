@@ -1,4 +1,4 @@
-"""Failure and success policies (protocol.md §3.9.2–3.8.3): what to do when a task's attempt ends. Pure.
+"""Failure and success policies (protocol.md §3.9.2–3.9.3): what to do when a task's attempt ends. Pure.
 
 `Policy.action` maps one task's exit to an action by the job's rules; `decide` turns an action and the retry
 counts into an outcome; `SuccessTracker` tells when an array's success policy is met. The broker applies the
