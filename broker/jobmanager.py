@@ -102,7 +102,7 @@ class JobManager:
         # run now (their task numbers).
         self.retime: Callable[[Job], None] = lambda job: None
         self.running_tasks: Callable[[Job], list[int]] = lambda job: []
-        # Dependencies, failure and success policies, holds, updates and requeues (protocol.md §3.8).
+        # Dependencies, failure and success policies, holds, updates and requeues (protocol.md §3.9).
         self.workflow = Workflow(self)
 
     # --- submit --------------------------------------------------------------------------------------------
