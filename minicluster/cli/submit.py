@@ -52,12 +52,14 @@ def submit(argv: list[str], prog: str = "mc submit") -> int:
 def run(argv: list[str]) -> int:
     args = parse_job_args(_parser("mc run", RUN_HELP, run=True), argv)
     spec = jobspec_from_args(args, command_of(args), stdin=_stdin_of(args))
-    from minicluster.cli.watch import follow
+    from minicluster.cli.watch import counting_sigint, follow
 
-    with Client() as client:
+    # Ctrl-C is counted from before the submit: once the job exists, an early Ctrl-C must cancel it.
+    with Client() as client, counting_sigint() as interrupts:
         job = client.submit(spec)
         return follow(client, job, prog="mc run", events=args.events, ctrl_c_cancels=True, label=args.label,
-                      stdin_fd=sys.stdin.fileno() if "stdin" in spec else None, array=spec.get("array"))
+                      stdin_fd=sys.stdin.fileno() if "stdin" in spec else None, array=spec.get("array"),
+                      interrupts=interrupts)
 
 
 def _stdin_of(args: argparse.Namespace) -> str | None:

@@ -5,7 +5,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from minicluster.cli.common import EXIT_INTERRUPTED, exit_status
@@ -20,7 +20,7 @@ _TICK = 0.2
 
 
 @contextmanager
-def _counting_sigint() -> Iterator[list[int]]:
+def counting_sigint() -> Iterator[list[int]]:
     """Count Ctrl-C instead of raising, so that no frame is ever cut in half by KeyboardInterrupt."""
     count = [0]
 
@@ -35,13 +35,15 @@ def _counting_sigint() -> Iterator[list[int]]:
 
 
 def follow(client: Client, job: int, *, prog: str, events: bool, ctrl_c_cancels: bool, label: bool = False,
-           stdin_fd: int | None = None, array: str | None = None) -> int:
+           stdin_fd: int | None = None, array: str | None = None, interrupts: list[int] | None = None) -> int:
     """Stream a job's output (all of it, from the start) and events until it is inactive.
 
     Returns the exit code: the job's status. With `events`, every event goes to stderr; otherwise
     only the ones a user must know about (exceptions). `label` puts the task rank (array: index) before each
     line; `stdin_fd` is forwarded to the job's stdin. Ctrl-C cancels the job first if `ctrl_c_cancels`, then
-    detaches. A failed job's tasks that could not run are named at the end.
+    detaches; `interrupts` is the counter of a counting_sigint() the caller entered before submitting, so a
+    Ctrl-C between the submit and this call still counts. A failed job's tasks that could not run are named
+    at the end.
     """
     display = _Display(prog, job, events, task_labels(array) if label else None)
     feeder = StdinFeeder(client, job, stdin_fd) if stdin_fd is not None else None
@@ -51,7 +53,7 @@ def follow(client: Client, job: int, *, prog: str, events: bool, ctrl_c_cancels:
     streams.add(waiter)
     result: dict[str, Any] = {}
     interrupts_seen = 0
-    with _counting_sigint() as interrupts:
+    with counting_sigint() if interrupts is None else nullcontext(interrupts) as interrupts:
         while streams:
             while interrupts_seen < interrupts[0]:
                 interrupts_seen += 1
