@@ -136,8 +136,8 @@ class Client:
                     return rid, _checked(msg)
             if deadline is not None or wake:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                readable, _, _ = select.select([self._sock, *wake], [], [], left)
-                if self._sock not in readable:
+                readable, _, _ = select.select([self._sock.fileno(), *wake], [], [], left)
+                if self._sock.fileno() not in readable:
                     return None
             self._receive()
 

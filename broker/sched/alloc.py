@@ -1,15 +1,16 @@
 """The result of a match: which core/GPU ids and memory each task gets.
 
-Allocations cross process boundaries (broker journal, worker task binding),
-so they round-trip through plain lists/dicts with to_wire()/from_wire().
-Task placement is fixed here: ranks ascending, slots in order, task i gets
-the i-th slot overall.
+Allocations live in rank 0's memory only.  The journal records just the
+ranks of a job's `alloc` event; after a restart the broker rebuilds them
+from what the workers report running (walk.rebuild).  Workers receive the
+slots of their own tasks in `run` messages.  Task placement is fixed here:
+ranks ascending, slots in order, task i gets the i-th slot overall.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import NamedTuple
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from typing import Any, NamedTuple
 
 
 class Slot(NamedTuple):
@@ -24,7 +25,7 @@ class Slot(NamedTuple):
     memory_mb: int = 0
 
 
-_SLOT_CACHE: dict[tuple, Slot] = {}
+_SLOT_CACHE: dict[tuple[tuple[int, ...], tuple[int, ...], int], Slot] = {}
 _SLOT_CACHE_MAX = 1 << 16
 
 
@@ -71,7 +72,7 @@ class Allocation(Mapping[int, RankAlloc]):
     __slots__ = ("_ranks", "exclusive", "hint", "_tasks", "held")
 
     def __init__(self, ranks: Mapping[int, RankAlloc], exclusive: bool = False,
-                 hint: dict | None = None,
+                 hint: dict[int, Any] | None = None,
                  held: Mapping[int, tuple[int, ...] | None] | None = None) -> None:
         self._ranks = dict(ranks) if len(ranks) == 1 else {r: ranks[r] for r in sorted(ranks)}
         self.exclusive = exclusive
@@ -91,13 +92,13 @@ class Allocation(Mapping[int, RankAlloc]):
         return len(self._ranks)
 
     # dict-speed views: the graph walks allocations on every alloc().
-    def items(self):  # type: ignore[override]
+    def items(self) -> ItemsView[int, RankAlloc]:
         return self._ranks.items()
 
-    def keys(self):  # type: ignore[override]
+    def keys(self) -> KeysView[int]:
         return self._ranks.keys()
 
-    def values(self):  # type: ignore[override]
+    def values(self) -> ValuesView[RankAlloc]:
         return self._ranks.values()
 
     def __contains__(self, rank: object) -> bool:
@@ -142,35 +143,3 @@ class Allocation(Mapping[int, RankAlloc]):
     @property
     def nslots(self) -> int:
         return sum(len(ra.slots) for ra in self._ranks.values())
-
-    def to_wire(self) -> dict[str, object]:
-        """{"exclusive": bool, "ranks": [[rank, [[cores], [gpus], mem], ...], ...]}.
-
-        Plus "held": [[rank, null | [socket ids]], ...] when something is
-        held beyond the slots.
-        """
-        wire: dict[str, object] = {
-            "exclusive": self.exclusive,
-            "ranks": [
-                [rank, [[list(s.cores), list(s.gpus), s.memory_mb] for s in ra.slots]]
-                for rank, ra in self._ranks.items()
-            ],
-        }
-        if self.held:
-            wire["held"] = [[r, None if s is None else list(s)] for r, s in self.held.items()]
-        return wire
-
-    @classmethod
-    def from_wire(cls, wire: Mapping[str, object]) -> Allocation:
-        try:
-            ranks = {
-                int(rank): RankAlloc(tuple(
-                    Slot(tuple(int(c) for c in cores), tuple(int(g) for g in gpus), int(mem))
-                    for cores, gpus, mem in slots))
-                for rank, slots in wire["ranks"]  # type: ignore[union-attr]
-            }
-            held = {int(r): None if s is None else tuple(int(i) for i in s)
-                    for r, s in wire.get("held") or ()}  # type: ignore[union-attr]
-            return cls(ranks, bool(wire["exclusive"]), held=held)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"malformed allocation on the wire: {exc}") from exc

@@ -1,7 +1,8 @@
 """What a job asks for: the Request value type and constraint parsing.
 
 A Request is a frozen, hashable value so the scheduler can use it as a cache
-key ("this shape did not fit in this cycle") and the broker can journal it.
+key ("this shape did not fit in this cycle").  It is never journalled: the
+broker derives it again from the job's jobspec (Request.from_shape).
 """
 
 from __future__ import annotations
@@ -179,25 +180,3 @@ class Request:
             return None
         base, extra = divmod(self.nslots, nodes)
         return (base + 1,) * extra + (base,) * (nodes - extra)
-
-    def to_wire(self) -> dict[str, object]:
-        """Plain dict (msgpack/JSON safe) for journaling."""
-        wire: dict[str, object] = {
-            "nslots": self.nslots, "cores_per_slot": self.cores_per_slot,
-            "gpus_per_slot": self.gpus_per_slot, "mem_per_slot": self.mem_per_slot,
-            "nnodes": self.nnodes, "slots_per_node": self.slots_per_node,
-            "exclusive": self.exclusive,
-            "constraints": [format_constraint(c) for c in self.constraints],
-        }
-        if self.tree:
-            wire.update(groups=[list(g) for g in self.groups], sockets=self.sockets,
-                        socket_slots=self.socket_slots, socket_exclusive=self.socket_exclusive)
-        return wire
-
-    @classmethod
-    def from_wire(cls, wire: dict[str, object]) -> Request:
-        fields = dict(wire)
-        constraints = fields.pop("constraints", [])
-        if "groups" in fields:
-            fields["groups"] = tuple(tuple(g) for g in fields["groups"])  # type: ignore[union-attr]
-        return cls.from_strings(constraints, **fields)  # type: ignore[arg-type]

@@ -156,7 +156,7 @@ def _keys() -> Iterator[Any]:
     try:
         yield pressed
     finally:
-        if saved is not None:
+        if fd is not None and saved is not None:
             import termios
 
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)

@@ -44,15 +44,14 @@ class IdSet:
     @classmethod
     def from_ints(cls, ids: Iterable[int]) -> "IdSet":
         ranges: list[range] = []
-        start = prev = None
-        for i in sorted(set(ids)):
-            if prev is not None and i == prev + 1:
+        ordered = sorted(set(ids))
+        if ordered:
+            start = prev = ordered[0]
+            for i in ordered[1:]:
+                if i != prev + 1:
+                    ranges.append(range(start, prev + 1))
+                    start = i
                 prev = i
-                continue
-            if start is not None:
-                ranges.append(range(start, prev + 1))
-            start = prev = i
-        if start is not None:
             ranges.append(range(start, prev + 1))
         return cls(ranges)
 

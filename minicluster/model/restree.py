@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 LEAVES = ("core", "gpu", "memory")
 RESERVED = ("cluster", "node", "socket", "slot") + LEAVES
@@ -130,7 +131,7 @@ class _Parser:
     def __init__(self, text: str) -> None:
         self.text, self.pos = text, 0
 
-    def fail(self, what: str) -> None:
+    def fail(self, what: str) -> NoReturn:
         raise TreeError(f"resources {self.text!r}: {what} at position {self.pos + 1}"
                         " (write e.g. node[2]>slot[4]>core[2] or node[1]>socket[1]>{core[8],gpu[1]})")
 
@@ -312,7 +313,7 @@ def shape_from_options(ntasks: int = 1, nnodes: int = 0, tasks_per_node: int = 0
                  sockets=1 if gpu_affinity else 0)
 
 
-def _all(vertices: tuple[Vertex, ...]):
+def _all(vertices: tuple[Vertex, ...]) -> Iterator[Vertex]:
     for v in vertices:
         yield v
         yield from _all(v.children)

@@ -36,16 +36,14 @@ class Deps:
 
 
 def register(registry: kopf.OperatorRegistry, deps: Deps) -> None:
-    common = {"registry": registry}
-
-    @kopf.on.resume(*RESOURCE, id="reconcile", **common)
-    @kopf.on.create(*RESOURCE, id="reconcile", **common)
-    @kopf.on.update(*RESOURCE, id="reconcile", field="spec", **common)
+    @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry)
+    @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)
+    @kopf.on.update(*RESOURCE, id="reconcile", field="spec", registry=registry)
     async def reconcile_children(body: kopf.Body, **_: Any) -> None:
         deps.metrics.reconciled("reconcile")
         await _reconcile(deps, body)
 
-    @kopf.timer(*RESOURCE, id="status", interval=deps.poll_interval, **common)
+    @kopf.timer(*RESOURCE, id="status", interval=deps.poll_interval, registry=registry)
     async def poll_status(body: kopf.Body, **_: Any) -> None:
         deps.metrics.reconciled("status")
         try:
@@ -54,7 +52,7 @@ def register(registry: kopf.OperatorRegistry, deps: Deps) -> None:
             deps.metrics.failed("status")
             raise
 
-    @kopf.on.delete(*RESOURCE, id="forget", optional=True, **common)
+    @kopf.on.delete(*RESOURCE, id="forget", optional=True, registry=registry)
     def forget(name: str, namespace: str, **_: Any) -> None:
         # Children go with the MiniCluster through their ownerReferences.
         deps.metrics.forget(namespace, name)

@@ -6,14 +6,16 @@ envelopes between ranks without blocking the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 
 from minicluster.config import InstanceConfig
 from minicluster.overlay import curve
@@ -54,7 +56,8 @@ class _Sender:
 
     def send(self, frames: list[bytes]) -> None:
         # copy=True: zero-copy sends route every frame through pyzmq's gc thread, ~100x slower for our sizes.
-        fut = self.sock.send_multipart(frames)
+        # zmq.asyncio returns a Future; its stubs say only Awaitable.
+        fut = cast("asyncio.Future[Any]", self.sock.send_multipart(frames))
         if fut.done():
             self._sent(fut, counted=False)
             return
@@ -78,7 +81,11 @@ class _Sender:
 
 
 class Overlay:
-    """One rank's view of the tree. `handler` receives every message whose destination is this rank."""
+    """One rank's view of the tree. `handler` receives every message whose destination is this rank.
+
+    Constructing one opens nothing; `start()` binds the children's ROUTER, connects the DEALER to the parent
+    and starts receiving, `close()` undoes it.
+    """
 
     def __init__(self, config: InstanceConfig, rank: int, cert: curve.Certificate, handler: Handler) -> None:
         if not 0 <= rank < config.tree_size:
@@ -89,17 +96,15 @@ class Overlay:
         self.parent = topology.parent(rank, self.fanout)
         self.handler = handler
         self._cert = cert
-        self._ctx = zmq.asyncio.Context()
-        self._auth = curve.start_authenticator(self._ctx, cert)
+        self._ctx: zmq.asyncio.Context | None = None
+        self._auth: AsyncioAuthenticator | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._router = self._make_router()
-        self._dealer = self._make_dealer() if self.parent is not None else None
-        self._down = _Sender(self._router, "router")
-        self._up = _Sender(self._dealer, "dealer") if self._dealer is not None else None
+        self._down: _Sender | None = None
+        self._up: _Sender | None = None
         self.bad_frames = 0
 
-    def _make_router(self) -> zmq.asyncio.Socket:
-        sock = self._ctx.socket(zmq.ROUTER)
+    def _make_router(self, ctx: zmq.asyncio.Context) -> zmq.asyncio.Socket:
+        sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 10_000)
@@ -113,8 +118,8 @@ class Overlay:
             sock.bind(address)
         return sock
 
-    def _make_dealer(self) -> zmq.asyncio.Socket:
-        sock = self._ctx.socket(zmq.DEALER)
+    def _make_dealer(self, ctx: zmq.asyncio.Context) -> zmq.asyncio.Socket:
+        sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, str(self.rank).encode())
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 10_000)
@@ -139,27 +144,43 @@ class Overlay:
     @property
     def dropped(self) -> int:
         """Messages dropped because their next hop was not connected (§2.4: best effort)."""
-        return self._down.dropped + (self._up.dropped if self._up is not None else 0)
+        return sum(sender.dropped for sender in (self._down, self._up) if sender is not None)
 
     def start(self) -> None:
+        """Bind, connect and start receiving (in the running event loop)."""
+        if self._ctx is not None:
+            raise RuntimeError("the overlay is already started")
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._receive(self._router, from_child=True)))
-        if self._dealer is not None:
-            self._tasks.append(loop.create_task(self._receive(self._dealer, from_child=False)))
+        ctx = zmq.asyncio.Context()
+        auth = curve.start_authenticator(ctx, self._cert)
+        try:
+            router = self._make_router(ctx)
+            dealer = self._make_dealer(ctx) if self.parent is not None else None
+        except BaseException:
+            # A bind that failed (address in use) must not leave the ZAP thread and the context behind.
+            auth.stop()
+            ctx.destroy(linger=0)
+            raise
+        self._ctx, self._auth = ctx, auth
+        self._down = _Sender(router, "router")
+        self._tasks.append(loop.create_task(self._receive(router, from_child=True)))
+        if dealer is not None:
+            self._up = _Sender(dealer, "dealer")
+            self._tasks.append(loop.create_task(self._receive(dealer, from_child=False)))
 
     async def close(self) -> None:
         for sender in (self._down, self._up):
             if sender is not None:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(sender.drained(), 1.0)
-                except asyncio.TimeoutError:
-                    pass
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._auth.stop()
-        # A short linger lets the last messages (results, a forwarded shutdown) leave.
-        self._ctx.destroy(linger=200)
+        if self._auth is not None:
+            self._auth.stop()
+        if self._ctx is not None:
+            # A short linger lets the last messages (results, a forwarded shutdown) leave.
+            self._ctx.destroy(linger=200)
 
     def send(self, kind: str, dst: int, body: dict[str, Any]) -> None:
         self.route(Message(kind, self.rank, dst, body))
@@ -175,6 +196,8 @@ class Overlay:
             self.handler(msg)
 
     def _forward(self, dst: int, frame: bytes) -> None:
+        if self._down is None:
+            raise RuntimeError("the overlay is not started: call start() first")
         hop = topology.next_hop(self.rank, dst, self.fanout)
         if hop is not None and hop < self.config.tree_size:
             self._down.send([str(hop).encode(), frame])

@@ -11,14 +11,6 @@ def children(rank: int, fanout: int, tree_size: int) -> range:
     return range(min(first, tree_size), min(first + fanout, tree_size))
 
 
-def depth(rank: int, fanout: int) -> int:
-    d = 0
-    while rank:
-        rank = (rank - 1) // fanout
-        d += 1
-    return d
-
-
 def next_hop(rank: int, dst: int, fanout: int) -> int | None:
     """The child of `rank` whose subtree holds `dst`, or None when `dst` is not below `rank`."""
     if dst <= rank:
@@ -30,10 +22,3 @@ def next_hop(rank: int, dst: int, fanout: int) -> int | None:
         dst = up
     return None
 
-
-def subtree(rank: int, fanout: int, tree_size: int) -> list[int]:
-    out, frontier = [], [rank]
-    while frontier:
-        out.extend(frontier)
-        frontier = [c for r in frontier for c in children(r, fanout, tree_size)]
-    return out

@@ -102,9 +102,9 @@ def test_options_are_shorthands_for_trees():
         restree.shape_from_options(2, locality="rack", spread="rack")
 
 
-def test_request_wire_round_trip_keeps_the_tree():
+def test_request_of_a_tree_keeps_the_tree():
     req = tree("zone[1]>rack[2]:x>node[1]>socket[1]:x>slot[2]>core[1]", (("zone", frozenset("a")),))
-    assert req.tree and req.total_slots == 4 and Request.from_wire(req.to_wire()) == req
+    assert req.tree and req.total_slots == 4 and req != Request(nslots=4)
     # a tree that says what a flat request says IS that flat request (and takes its fast paths)
     assert tree("core[1]") == Request() and Request().batchable
     assert not tree("socket[1]>core[1]").batchable
