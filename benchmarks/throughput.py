@@ -36,8 +36,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minicluster.client import Client  # noqa: E402
-from minicluster.testing import LocalCluster  # noqa: E402
+from minicluster.client import Client
+from minicluster.testing import LocalCluster
 
 
 @dataclass(frozen=True)
@@ -272,8 +272,8 @@ def real_processes(sizes: Sizes, runs: int) -> dict[str, Any]:
             rates[name].append(SPAWNERS[name](sizes.spawn_tasks))
             progress(f"spawn run {i + 1}/{runs}: {name} {rates[name][-1]:,.0f} tasks/s")
     mc = rates["minicluster"]
-    vs_raw = [m / r for m, r in zip(mc, rates["raw_posix_spawn"])]
-    vs_hq = [m / h for m, h in zip(mc, rates["hyperqueue"])]
+    vs_raw = [m / r for m, r in zip(mc, rates["raw_posix_spawn"], strict=True)]
+    vs_hq = [m / h for m, h in zip(mc, rates["hyperqueue"], strict=True)]
     return {
         "tasks": sizes.spawn_tasks, "in_flight": IN_FLIGHT,
         "tasks_per_s": {name: {"runs": r, "median": statistics.median(r)} for name, r in rates.items()},

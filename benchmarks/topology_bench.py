@@ -18,6 +18,8 @@ import statistics
 import time
 
 from broker.sched import Allocation, InfeasibleRequest, RankAlloc, Request, ResourceGraph, Slot
+from broker.sched.state import NodeState
+from broker.sched.topology import GroupState
 from minicluster.model import restree
 
 LEVELS = "zone=topology.kubernetes.io/zone,rack=example.com/rack"
@@ -74,9 +76,14 @@ def gang_cases(graph: ResourceGraph) -> dict:
         out[name] = {"match_ms": median_ms(lambda req=req, policy=policy: graph.match(req, policy)),
                      "match_alloc_free_ms": median_ms(cycle),
                      "found": found is not None,
-                     "racks": len({graph.nodes[r].parent.path for r in found.all_ranks()})
+                     "racks": len({rack_of(graph.nodes[r]).path for r in found.all_ranks()})
                      if found else 0}
     return out
+
+
+def rack_of(node: NodeState) -> GroupState:
+    assert node.parent is not None, "every node of build_racks() hangs from a rack"
+    return node.parent
 
 
 def bench_topology(nodes: int, per_rack: int, zones: int, cores: int, gpus: int,
@@ -88,7 +95,7 @@ def bench_topology(nodes: int, per_rack: int, zones: int, cores: int, gpus: int,
              "rss_mb": rss_mb(), "rss_delta_mb": rss_mb() - before,
              "vertices": graph.graph.number_of_nodes(), "racks": nodes // per_rack, "zones": zones}
     rng = random.Random(11)
-    racks = sorted({n.parent for n in graph.nodes.values()}, key=lambda g: g.min_rank())
+    racks = sorted({rack_of(n) for n in graph.nodes.values()}, key=lambda g: g.min_rank())
     for rack in rng.sample(racks, len(racks) // 2):
         for rank in range(rack.min_rank(), rack.min_rank() + per_rack):
             graph.alloc(("busy", rank), Allocation({rank: RankAlloc((Slot((0,)),))}, True))

@@ -134,7 +134,7 @@ class InstanceConfig:
         ep = self.endpoint_of(0)
         return self.listen_hosts(split_tcp(ep)[0] if ep.startswith("tcp://") else "127.0.0.1")
 
-    def replace(self, **changes: Any) -> "InstanceConfig":
+    def replace(self, **changes: Any) -> InstanceConfig:
         return dataclasses.replace(self, **changes)
 
     def to_toml(self) -> str:

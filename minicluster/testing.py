@@ -50,7 +50,7 @@ class LocalCluster:
         self.procs[rank] = proc
         return proc
 
-    def start(self, timeout: float = 30.0) -> "LocalCluster":
+    def start(self, timeout: float = 30.0) -> LocalCluster:
         for rank in range(self.config.size):
             self.start_rank(rank)
         self.wait_up(timeout=timeout)
@@ -86,7 +86,7 @@ class LocalCluster:
         for pidfile in self.state_dir.glob("tasks-rank*.pids"):
             TaskExecutor.kill_orphans(str(pidfile))
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         try:
             return self.start()
         except BaseException:
@@ -133,5 +133,5 @@ class LocalCluster:
         """Wait until every rank joined; returns the seconds it took."""
         t0 = time.time()
         self.wait_socket(timeout)
-        self.wait_states({r: "up" for r in range(self.config.size)}, timeout - (time.time() - t0))
+        self.wait_states(dict.fromkeys(range(self.config.size), "up"), timeout - (time.time() - t0))
         return time.time() - t0

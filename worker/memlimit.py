@@ -74,7 +74,7 @@ class MemoryLimits:
         self._prefix = f"mc-{os.getpid()}-"
 
     @classmethod
-    def detect(cls, root: Path = V1_ROOT) -> "MemoryLimits | None":
+    def detect(cls, root: Path = V1_ROOT) -> MemoryLimits | None:
         """A limiter if this process may create memory cgroups (cgroup v1), else None (`--mem` is a hint)."""
         parent = _own_v1_group(root)
         if parent is None or not os.access(parent, os.W_OK) or not (parent / "memory.limit_in_bytes").exists():

@@ -148,7 +148,7 @@ def discover(resources_override: str = "", properties: str = "") -> NodeResource
         gpu_sockets = discover_gpu_sockets(gpus, sockets)
     if "memory" in override:
         memory = override["memory"]
-        memory_sockets = split_memory(memory, {s: 1 for s in sockets})
+        memory_sockets = split_memory(memory, dict.fromkeys(sockets, 1))
     else:
         memory = discover_memory_mb()
         memory_sockets = split_memory(memory, discover_numa_memory(sockets))

@@ -38,7 +38,7 @@ class Reservation:
 
 
 def plan_reservation(graph: ResourceGraph, job_id: int, request: Request, policy: str,
-                     ends: Mapping[Hashable, float], now: float) -> Reservation | None:
+                     ends: Mapping[tuple[int, int], float], now: float) -> Reservation | None:
     """Reservation for a job that does not fit now, or None if it never will.
 
     ends maps running allocation keys to expected end times; overdue ones are

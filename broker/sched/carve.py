@@ -9,24 +9,25 @@ prefer the socket of the slot's cores.  FlatCarving is a mixin of NodeState
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from . import idset
 from .alloc import Allocation, RankAlloc, Slot, make_slot
 
 if TYPE_CHECKING:
-    from .state import Hold
+    from .state import Hold, NodeState, SocketState
 
 # (socket core/gpu masks and memory, n, cps, gps, mps) -> carve of an idle
 # node; values are immutable, the cache is emptied when it grows big.
-_IDLE_CARVES: dict[tuple, tuple[tuple[Slot, ...], Hold]] = {}
+_IdleKey = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int, int, int]
+_IDLE_CARVES: dict[_IdleKey, tuple[tuple[Slot, ...], Hold]] = {}
 _IDLE_CARVES_MAX = 4096
 
 # Bound on NodeState.singles (single-slot carves of one node, see carve_singles).
 _SINGLES_MAX = 4096
 
 
-class SingleHold(dict):
+class SingleHold(dict[int, "Hold"]):
     """The holds record {rank: Hold} of one single-slot CPU-only task.
 
     A plain holds dict to everything in the graph, plus what lets free()
@@ -40,12 +41,24 @@ class SingleHold(dict):
     """
 
     __slots__ = ("node", "sock", "mask", "ncores", "mem")
+    node: NodeState
+    sock: SocketState | None
+    mask: int
+    ncores: int
+    mem: int
 
 
 class FlatCarving:
     """Mixin of NodeState: choose ids for flat slots (does not take them)."""
 
     __slots__ = ()
+    if TYPE_CHECKING:  # NodeState's, which these methods use
+        rank: int
+        sockets: tuple[SocketState, ...]
+        zero: tuple[int, ...]
+        singles: dict[int, dict[object, tuple[Allocation, SingleHold]]]
+
+        def is_idle(self) -> bool: ...
 
     def carve(self, n: int, cps: int, gps: int, mps: int) -> tuple[tuple[Slot, ...], Hold]:
         """Core/GPU ids and memory for n flat slots; returns the slots and their Hold."""
@@ -183,6 +196,7 @@ class FlatCarving:
                         rest ^= low
                         slot |= low
                 m ^= slot
+                key: object
                 if mem is None:
                     key, mems = slot, zero
                 else:
@@ -221,8 +235,8 @@ class FlatCarving:
             allocs.append(entry[0])
             holds.append(entry[1])
             left -= 1
-        taken = tuple([s.cores_free ^ f for s, f in zip(socks, free)])
-        mems = self.zero if mem is None else tuple([s.mem_free - f for s, f in zip(socks, mem)])
+        taken = tuple([s.cores_free ^ f for s, f in zip(socks, free, strict=True)])
+        mems = self.zero if mem is None else tuple([s.mem_free - f for s, f in zip(socks, mem, strict=True)])
         return allocs, holds, (taken, self.zero, mems)
 
     def _single(self, masks: tuple[int, ...], mems: tuple[int, ...]) -> tuple[Allocation,
@@ -232,7 +246,7 @@ class FlatCarving:
         slot = make_slot(cores, (), total)
         record = SingleHold({self.rank: (masks, self.zero, mems)})
         used = {i for i, m in enumerate(masks) if m} | {i for i, m in enumerate(mems) if m}
-        record.node = self
+        record.node = cast("NodeState", self)
         record.sock = self.sockets[used.pop()] if len(used) == 1 else None
         record.mask, record.ncores, record.mem = sum(masks), len(cores), total
         return Allocation({self.rank: RankAlloc((slot,))}), record

@@ -37,7 +37,7 @@ class ResourceGraph:
 
     def __init__(self, levels: Levels = ()) -> None:
         self.levels = tuple(levels)
-        self.graph = nx.DiGraph()
+        self.graph: nx.DiGraph[Hashable] = nx.DiGraph()
         self.cluster = ClusterState()
         self.graph.add_node(CLUSTER, kind="cluster", state=self.cluster)
         self.groups: dict[Path, GroupState] = {(): self.cluster}
@@ -143,9 +143,9 @@ class ResourceGraph:
             group.shapes[shape] += 1
         parent.forget_order()
         self._flag(node, True)
-        for key, value in node.properties.items():
-            self._prop_masks[(key, value)] = self._prop_masks.get((key, value), 0) | node.bit
-            self._key_masks[key] = self._key_masks.get(key, 0) | node.bit
+        for prop, value in node.properties.items():
+            self._prop_masks[(prop, value)] = self._prop_masks.get((prop, value), 0) | node.bit
+            self._key_masks[prop] = self._key_masks.get(prop, 0) | node.bit
         self._changed()
 
     def _detach_node(self, node: NodeState) -> None:
@@ -162,13 +162,16 @@ class ResourceGraph:
             if not group.shapes[shape]:
                 del group.shapes[shape]
         parent = node.parent
+        assert parent is not None, "an attached node has a parent"
         del parent.children[("node", r)]
         parent.forget_order()
         while parent is not cl and not parent.nodes:  # drop groups left empty
+            above = parent.parent
+            assert above is not None, "only the cluster root has no parent"
             del self.groups[parent.path]
-            del parent.parent.children[parent.path]
+            del above.children[parent.path]
             self.graph.remove_node(parent.path)
-            parent = parent.parent
+            parent = above
         for key, value in node.properties.items():
             self._prop_masks[(key, value)] &= ~node.bit
             self._key_masks[key] &= ~node.bit
@@ -229,32 +232,32 @@ class ResourceGraph:
         socks, zero = node.sockets, node.zero  # carving passes node.zero for "no GPU/memory"
         nfc, nfg, nfm = fc, fg, fm
         if taking:
-            for s, c in zip(socks, cores):
+            for s, c in zip(socks, cores, strict=True):
                 if c:
                     s.cores_free ^= c
                     nfc -= c.bit_count()
             if gpus is not zero:
-                for s, g in zip(socks, gpus):
+                for s, g in zip(socks, gpus, strict=True):
                     if g:
                         s.gpus_free ^= g
                         nfg -= g.bit_count()
             if mems is not zero:
-                for s, m in zip(socks, mems):
+                for s, m in zip(socks, mems, strict=True):
                     if m:
                         s.mem_free -= m
                         nfm -= m
         else:
-            for s, c in zip(socks, cores):
+            for s, c in zip(socks, cores, strict=True):
                 if c:
                     s.cores_free |= c
                     nfc += c.bit_count()
             if gpus is not zero:
-                for s, g in zip(socks, gpus):
+                for s, g in zip(socks, gpus, strict=True):
                     if g:
                         s.gpus_free |= g
                         nfg += g.bit_count()
             if mems is not zero:
-                for s, m in zip(socks, mems):
+                for s, m in zip(socks, mems, strict=True):
                     if m:
                         s.mem_free += m
                         nfm += m
@@ -356,11 +359,11 @@ class ResourceGraph:
         held = allocation.held or {}
         for rank, hold in holds.items():
             node = self.nodes[rank]
-            whole = allocation.exclusive and rank in allocation or rank in held and held[rank] is None
+            whole = (allocation.exclusive and rank in allocation) or (rank in held and held[rank] is None)
             if whole and not node.is_idle():
                 raise ValueError(f"rank {rank} is not idle, cannot allocate it exclusively")
-            if held.get(rank) and not all(
-                    s.is_idle() for s in node.sockets if s.index in held[rank]):
+            sockets = held.get(rank)
+            if sockets and not all(s.is_idle() for s in node.sockets if s.index in sockets):
                 raise ValueError(f"a socket of rank {rank} is not idle, cannot allocate it"
                                  " exclusively")
             if not node.can_take(hold):
@@ -391,7 +394,7 @@ class ResourceGraph:
         for node, n in matcher.pick_elements(self, request, policy, len(keys)):
             allocs, holds, total = node.carve_singles(n, cps, mps)
             self._account(node, total, True)
-            held.update(zip(keys[i:i + n], holds))
+            held.update(zip(keys[i:i + n], holds, strict=True))
             i += n
             out += allocs
         return out
@@ -435,9 +438,9 @@ class ResourceGraph:
                 self.version += 1
                 return
         for rank, hold in holds.items():
-            node = nodes.get(rank)
-            if node is not None:
-                self._account(node, hold, False)
+            known = nodes.get(rank)
+            if known is not None:
+                self._account(known, hold, False)
 
     def free_many(self, keys: Iterable[Hashable]) -> None:
         """free() each key, accounting once per node instead of once per key.
@@ -450,7 +453,7 @@ class ResourceGraph:
         if len(set(keys)) != len(keys) or not all(k in held for k in keys):
             missing = next((k for k in keys if k not in held), None)
             raise KeyError(missing if missing is not None else "duplicate key")
-        merged: dict[int, list] = {}
+        merged: dict[int, list[list[int]]] = {}
         for key in keys:
             for rank, hold in held.pop(key).items():
                 acc = merged.get(rank)
@@ -482,9 +485,9 @@ class ResourceGraph:
             node = self.nodes.get(rank)
             if node is None:
                 continue
-            cores = tuple(w & s.cores_free for w, s in zip(want[0], node.sockets))
-            gpus = tuple(w & s.gpus_free for w, s in zip(want[1], node.sockets))
-            mems = tuple(min(w, s.mem_free) for w, s in zip(want[2], node.sockets))
+            cores = tuple(w & s.cores_free for w, s in zip(want[0], node.sockets, strict=True))
+            gpus = tuple(w & s.gpus_free for w, s in zip(want[1], node.sockets, strict=True))
+            mems = tuple(min(w, s.mem_free) for w, s in zip(want[2], node.sockets, strict=True))
             if any(cores) or any(gpus) or any(mems):  # busy ranks: nothing to hold there
                 holds[rank] = (cores, gpus, mems)
                 self._account(node, holds[rank], True)
@@ -564,7 +567,7 @@ class ResourceGraph:
         """Ranks grouped by the topology vertex they hang from (`mc jobs -o alloc`; report.py)."""
         return report.placement(self, ranks)
 
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> tuple[object, ...]:
         """Hashable copy of all accounting state (tests compare before/after free)."""
         cl = self.cluster
         nodes = tuple(
@@ -581,5 +584,5 @@ def _with_sockets(node: NodeState, hold: Hold, sids: tuple[int, ...]) -> Hold:
     """hold, with the sockets whose ids are in sids taken whole (what is free of them)."""
     whole = tuple(s.index in sids for s in node.sockets)
     free = node.free_hold()
-    return tuple(tuple(f if w else h for w, f, h in zip(whole, free_part, part))
-                 for free_part, part in zip(free, hold))  # type: ignore[return-value]
+    return tuple(tuple(f if w else h for w, f, h in zip(whole, free_part, part, strict=True))
+                 for free_part, part in zip(free, hold, strict=True))  # type: ignore[return-value]

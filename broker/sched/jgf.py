@@ -29,6 +29,9 @@ from minicluster.model import restree
 
 from .graph import ResourceGraph
 from .idset import iter_ascending
+from .topology import Path
+
+Meta = dict[str, Any]  # a JGF vertex's metadata
 
 _UNITS = {"": 1, "B": 1 / (1 << 20), "KB": 1 / 1024, "KIB": 1 / 1024, "MB": 1, "MIB": 1,
           "GB": 1024, "GIB": 1024, "TB": 1 << 20, "TIB": 1 << 20}
@@ -81,11 +84,11 @@ def read(data: Any) -> tuple[list[str], list[dict[str, Any]]]:
     return _levels(chains), sorted(ranks, key=lambda r: r["rank"])
 
 
-def _containment(data: Any) -> tuple[dict[str, dict], dict[str, list[str]]]:
+def _containment(data: Any) -> tuple[dict[str, Meta], dict[str, list[str]]]:
     graph = data.get("graph") if isinstance(data, dict) else None
     if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list):
         raise ValueError("JGF: expected {\"graph\": {\"nodes\": [...], \"edges\": [...]}}")
-    vertices: dict[str, dict] = {}
+    vertices: dict[str, Meta] = {}
     for v in graph["nodes"]:
         meta = v.get("metadata") if isinstance(v, dict) else None
         if not isinstance(meta, dict) or not isinstance(meta.get("type"), str):
@@ -103,7 +106,7 @@ def _containment(data: Any) -> tuple[dict[str, dict], dict[str, list[str]]]:
     return vertices, children
 
 
-def _nodes(vid: str, vertices: Mapping[str, dict], children: Mapping[str, list[str]],
+def _nodes(vid: str, vertices: Mapping[str, Meta], children: Mapping[str, list[str]],
            path: list[str]) -> Iterator[tuple[str, list[str]]]:
     """(node vertex id, path of group vertex ids from the root) for every node."""
     if len(path) > 64:
@@ -144,13 +147,13 @@ def _name(meta: Mapping[str, Any]) -> str:
     return f"{meta.get('basename') or meta['type']}{meta.get('id', '')}"
 
 
-def _node_spec(node_id: str, vertices: Mapping[str, dict],
+def _node_spec(node_id: str, vertices: Mapping[str, Meta],
                children: Mapping[str, list[str]]) -> dict[str, Any]:
     meta = vertices[node_id]
     sockets: dict[int, list[int]] = {}
     gpus: dict[int, list[int]] = {}
     memory: dict[int, int] = defaultdict(int)
-    loose: dict[str, list] = {"core": [], "gpu": [], "memory": []}  # directly under the node
+    loose: dict[str, list[Meta]] = {"core": [], "gpu": [], "memory": []}  # directly under the node
     for vid, sock in _below(node_id, vertices, children, None):
         v = vertices[vid]
         kind = v["type"]
@@ -187,7 +190,7 @@ def _node_spec(node_id: str, vertices: Mapping[str, dict],
                 memory_mb={s: memory[s] for s in sids}, properties=properties)
 
 
-def _below(vid: str, vertices: Mapping[str, dict], children: Mapping[str, list[str]],
+def _below(vid: str, vertices: Mapping[str, Meta], children: Mapping[str, list[str]],
            sock: str | None) -> Iterator[tuple[str, str | None]]:
     """(vertex id, its socket vertex id or None) below a node; other types looked through."""
     for child in children.get(vid, ()):
@@ -232,11 +235,12 @@ def dump(graph: ResourceGraph) -> dict[str, Any]:
         return uid
 
     root = vertex("cluster", "cluster0", None, id=0)
-    ids = {(): root}
+    ids: dict[Path, int] = {(): root}
     level_props = {prop for _, prop in graph.levels}
     for node in graph.iter_nodes():
         parent = ids[()]
         group = node.parent
+        assert group is not None, "a node in the graph has a parent"
         for depth in range(1, len(group.path) + 1):
             path = group.path[:depth]
             if path not in ids:

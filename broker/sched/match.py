@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from . import units as socket_units
 from .alloc import Allocation, RankAlloc
 from .policies import candidate_order, check_policy
 from .request import Request
-from .state import NodeState
+from .state import Hold, NodeState
 
 if TYPE_CHECKING:
     from .graph import ResourceGraph
@@ -51,10 +51,12 @@ def match(graph: ResourceGraph, request: Request, policy: str = "first-fit") -> 
     return allocation_of(picks, request)
 
 
-def allocation_of(picks: Picks, request: Request, held: dict | None = None) -> Allocation:
+def allocation_of(picks: Picks, request: Request,
+                  held: dict[int, tuple[int, ...] | None] | None = None) -> Allocation:
     """Carve ids on the picked nodes (units per node) into an Allocation."""
     cps, gps, mps = request.cores_per_slot, request.gpus_per_slot, request.mem_per_slot
-    ranks, hint = {}, {}
+    ranks: dict[int, RankAlloc] = {}
+    hint: dict[int, tuple[NodeState, Hold]] = {}
     for node, n in picks:
         if request.sockets:
             slots, hold, whole = socket_units.carve(node, request, n)
@@ -95,7 +97,7 @@ def choose(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Picks 
     if counts and mask.bit_count() < len(counts):  # one count per candidate node at most
         return None
     min_free = req.cores_per_slot * (counts[-1] if counts else 1)
-    by_pos = graph.by_pos
+    by_pos = _present(graph)
     nodes = (by_pos[p] for p in candidate_order(graph, mask, policy, min_free))
     cap = capacity_of(req)
     sized = ((n, cap(n)) for n in nodes)
@@ -115,7 +117,7 @@ def _match_one(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Al
     is built.
     """
     cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
-    by_pos = graph.by_pos
+    by_pos = _present(graph)
     if policy == "first-fit":
         node = by_pos[(mask & -mask).bit_length() - 1]
         if node.capacity(cps, gps, mps):
@@ -151,7 +153,7 @@ def pick_elements(graph: ResourceGraph, req: Request, policy: str, count: int) -
     if not mask or count <= 0:
         return []
     cps, gps, mps = req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot
-    by_pos = graph.by_pos
+    by_pos = _present(graph)
     picks: Picks = []
     if policy != "spread":
         for pos in candidate_order(graph, mask, policy, cps):
@@ -164,7 +166,7 @@ def pick_elements(graph: ResourceGraph, req: Request, policy: str, count: int) -
                 if not count:
                     break
         return picks
-    heap = []
+    heap: list[tuple[int, int, int]] = []
     for pos in candidate_order(graph, mask, policy, cps):
         node = by_pos[pos]
         cap = node.capacity(cps, gps, mps)
@@ -183,6 +185,11 @@ def pick_elements(graph: ResourceGraph, req: Request, policy: str, count: int) -
         else:
             heapq.heappop(heap)
     return [(by_pos[pos], n) for pos, n in taken.items()]
+
+
+def _present(graph: ResourceGraph) -> list[NodeState]:
+    """graph.by_pos as the matcher reads it: every bit of a candidate mask is a present node, never a hole."""
+    return cast("list[NodeState]", graph.by_pos)
 
 
 def candidates(graph: ResourceGraph, req: Request) -> int:
@@ -229,20 +236,23 @@ def _pick_greedy(sized: Iterable[tuple[NodeState, int]], nslots: int) -> Picks |
 
 def _pick_spread(sized: Iterator[tuple[NodeState, int]], nslots: int) -> Picks | None:
     """One slot per node first, then round-robin over the same nodes."""
-    caps: list[list] = []
+    nodes: list[NodeState] = []
+    caps: list[int] = []
     for node, cap in sized:
         if cap:
-            caps.append([node, cap, 0])
+            nodes.append(node)
+            caps.append(cap)
             if len(caps) == nslots:
                 break
-    if sum(c[1] for c in caps) < nslots:
+    if sum(caps) < nslots:
         return None
+    taken = [0] * len(caps)
     while nslots:
-        for entry in caps:
-            if nslots and entry[2] < entry[1]:
-                entry[2] += 1
+        for i, cap in enumerate(caps):
+            if nslots and taken[i] < cap:
+                taken[i] += 1
                 nslots -= 1
-    return [(node, n) for node, _, n in caps]
+    return list(zip(nodes, taken, strict=True))
 
 
 def _pick_gang(sized: Iterable[tuple[NodeState, int]], counts: tuple[int, ...]) -> Picks | None:

@@ -14,7 +14,7 @@ nodes are candidates and how many slots each takes is match.py's job.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from .idset import iter_ascending, iter_descending
@@ -44,15 +44,15 @@ def candidate_order(graph: ResourceGraph, mask: int, policy: str, min_free: int)
     if policy == "high-id":
         return iter_descending(mask)
     buckets = graph.cluster.buckets
-    counts = range(max(min_free, 1), len(buckets))
+    counts: Iterable[int] = range(max(min_free, 1), len(buckets))
     if policy == "spread":
-        counts = reversed(counts)
+        counts = reversed(range(max(min_free, 1), len(buckets)))
     elif policy != "pack":
         check_policy(policy)
     return _bucket_walk(buckets, counts, mask)
 
 
-def _bucket_walk(buckets: list[int], counts, mask: int) -> Iterator[int]:
+def _bucket_walk(buckets: list[int], counts: Iterable[int], mask: int) -> Iterator[int]:
     for count in counts:
         hits = buckets[count] & mask
         if hits:

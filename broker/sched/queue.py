@@ -120,10 +120,10 @@ class Scheduler:
         self._order: list[tuple[int, float, int]] = []
         self._running: dict[tuple[int, int], float] = {}  # (job, element) -> expected end
         self._reservation: Reservation | None = None
-        self._reservation_stamp: tuple | None = None
+        self._reservation_stamp: tuple[int, int, int] | None = None
         self._queue_version = 0
         self._releases = 0
-        self._quiet_stamp: tuple | None = None
+        self._quiet_stamp: tuple[int, int] | None = None
 
     # ------------------------------------------------------------- the queue
 
@@ -240,7 +240,7 @@ class Scheduler:
         if want <= 0:
             return []
         job_id, first = job.job_id, entry.started
-        keys = list(zip(repeat(job_id, want), range(first, first + want)))
+        keys = list(zip(repeat(job_id, want), range(first, first + want), strict=True))
         allocs = self.graph.alloc_array(keys, req, policy)
         n = len(allocs)
         if not n:
@@ -250,7 +250,7 @@ class Scheduler:
         entry.started += n
         # Start(job_id, e, alloc) for each, built without a Python-level call per element
         return list(map(_new_tuple, repeat(Start, n), zip(repeat(job_id, n),
-                                                          range(first, first + n), allocs)))
+                                                          range(first, first + n), allocs, strict=True)))
 
     def _reserve(self, entry: _Pending, now: float) -> Reservation | None:
         """Reservation for the blocked head, reused while still valid."""
@@ -273,7 +273,7 @@ class _Cycle:
         self.truncated = False
         self.reservation: Reservation | None = None
         self.phantom_cores = 0  # cores held for the reservation right now
-        self.failed: set[tuple] = set()
+        self.failed: set[tuple[object, ...]] = set()
 
     def run(self) -> None:
         s = self.s
@@ -339,14 +339,16 @@ class _Cycle:
             self._hold_phantom()
 
     def _hold_phantom(self) -> None:
-        graph = self.s.graph
-        graph.hold_free_part(PHANTOM, self.reservation.allocation)
+        graph, res = self.s.graph, self.reservation
+        assert res is not None
+        graph.hold_free_part(PHANTOM, res.allocation)
         self.phantom_cores = graph.held_cores(PHANTOM)
 
     def _backfill(self, entry: _Pending) -> None:
         """Start elements that leave the reservation alone or end before it."""
         s, job = self.s, entry.job
         policy = job.policy or s.policy
+        assert self.reservation is not None
         short = self.now + s._time_limit(job) <= self.reservation.start
         disjoint = (job.request, policy, "disjoint")
         while entry.remaining and not self._limit_reached():

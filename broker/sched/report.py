@@ -28,7 +28,7 @@ def _group(group: GroupState) -> dict[str, Any]:
     children = sorted(group.children.values(),
                       key=lambda c: c.rank if isinstance(c, NodeState) else c.min_rank())
     kids = [_node(c) if isinstance(c, NodeState) else _group(c) for c in children]
-    out = {"type": group.level, "name": group.name, "path": group.label}
+    out: dict[str, Any] = {"type": group.level, "name": group.name, "path": group.label}
     for kind in ("cores", "gpus", "memory_mb"):
         out[kind] = [sum(k[kind][i] for k in kids) for i in range(3)]
     out["nodes"] = [group.idle_nodes, group.usable_nodes, group.nodes]

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import idset
-from .alloc import Slot
-from .carve import FlatCarving, take_memory
+from .alloc import Allocation, Slot
+from .carve import FlatCarving, SingleHold, take_memory
+
+if TYPE_CHECKING:
+    from .topology import GroupState
 
 # Hold = (core mask per socket, gpu mask per socket, memory MB per socket)
 Hold = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
@@ -67,8 +71,9 @@ class NodeState(FlatCarving):
         self.rank, self.pos, self.bit = rank, rank, 1 << rank
         self.hostname = hostname
         self.properties = dict(properties)
-        self.up, self.drain_reason = True, None
-        self.parent = None
+        self.up = True
+        self.drain_reason: str | None = None
+        self.parent: GroupState | None = None  # set when the graph attaches the node
         socket_ids = sorted(sockets)
         index_of = {sid: i for i, sid in enumerate(socket_ids)}
         self.core_socket: dict[int, int] = {}
@@ -92,7 +97,7 @@ class NodeState(FlatCarving):
         self.total_gpus = self.free_gpus = len(self.gpu_socket)
         self.total_mem = self.free_mem = sum(mems)
         # mem -> {slot key -> (Allocation, SingleHold)}, see carve.py
-        self.singles: dict = {}
+        self.singles: dict[int, dict[object, tuple[Allocation, SingleHold]]] = {}
 
     @property
     def usable(self) -> bool:
@@ -164,7 +169,7 @@ class NodeState(FlatCarving):
 
     def can_take(self, hold: Hold) -> bool:
         cores, gpus, mems = hold
-        for s, c, g, m in zip(self.sockets, cores, gpus, mems):
+        for s, c, g, m in zip(self.sockets, cores, gpus, mems, strict=True):
             if c & s.cores_free != c or g & s.gpus_free != g or m > s.mem_free:
                 return False
         return True

@@ -99,7 +99,8 @@ class _Walk:
         needs: list[Need] = []
         for level, count, exclusive in reversed(req.groups):
             idle = nodes if req.exclusive else 0
-            needs.append(Need(*(slots * x for x in per_slot), nodes, idle, exclusive))
+            cores, gpus, mem = (slots * x for x in per_slot)
+            needs.append(Need(cores, gpus, mem, nodes, idle, exclusive))
             slots, nodes = slots * count, nodes * count
         needs.reverse()
         return needs

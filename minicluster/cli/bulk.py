@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
     failed = False
     submitted = []
     with Client() as client:
-        for (number, _command), outcome in zip(commands, client.submit_many(specs)):
+        for (number, _command), outcome in zip(commands, client.submit_many(specs), strict=True):
             if isinstance(outcome, ClientError):
                 sys.stderr.write(f"mc bulksubmit: error: line {number}: {outcome.message}\n")
                 failed = True

@@ -12,10 +12,11 @@ server, as `kubectl exec` does; the exit status is the tool's.  Credentials: KUB
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 from minicluster.operator import pods as pods_mod
 from minicluster.operator.spec import CONTAINER, GROUP, NAME_LABEL, PLURAL, VERSION, MiniCluster
@@ -107,6 +108,7 @@ def find_broker_pod(api: Any, namespace: str, name: str) -> str:
         if exc.status == 404:
             raise PluginError(f"MiniCluster {name!r} not found in namespace {namespace!r}") from None
         raise PluginError(f"the API server refused: {exc.status} {exc.reason}") from None
+    body = cast("dict[str, Any]", body)  # the client returns the parsed JSON object
     mc = MiniCluster.from_body(body)
     pod = pods_mod.broker_pod(mc, [api.sanitize_for_serialization(p) for p in pods.items])
     if pod is None:
@@ -149,7 +151,7 @@ def _copy(data: bytes | str, out: Any) -> None:
 
 def _pump_stdin(ws: Any) -> None:
     while True:
-        chunk = sys.stdin.buffer.read1(64 * 1024)
+        chunk = cast(io.BufferedReader, sys.stdin.buffer).read1(64 * 1024)
         if not chunk:
             return
         ws.write_stdin(chunk)

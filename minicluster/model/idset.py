@@ -26,7 +26,7 @@ class IdSet:
         self._len = total
 
     @classmethod
-    def parse(cls, text: str) -> "IdSet":
+    def parse(cls, text: str) -> IdSet:
         if not text or text.strip() != text:
             raise IdSetError(f"bad idset {text!r}: expected items like 1-5,8,10-20:5")
         ranges = [_parse_item(item, text) for item in text.split(",")]
@@ -42,7 +42,7 @@ class IdSet:
         return out
 
     @classmethod
-    def from_ints(cls, ids: Iterable[int]) -> "IdSet":
+    def from_ints(cls, ids: Iterable[int]) -> IdSet:
         ranges: list[range] = []
         ordered = sorted(set(ids))
         if ordered:
@@ -71,7 +71,7 @@ class IdSet:
 
     def ordinal(self, value: int) -> int:
         """Position of `value` in the set; ValueError when absent."""
-        for offset, r in zip(self._offsets, self._ranges):
+        for offset, r in zip(self._offsets, self._ranges, strict=True):
             if value in r:
                 return offset + r.index(value)
         raise ValueError(f"{value} is not in {self}")

@@ -53,9 +53,10 @@ def register(registry: kopf.OperatorRegistry, deps: Deps) -> None:
             raise
 
     @kopf.on.delete(*RESOURCE, id="forget", optional=True, registry=registry)
-    def forget(name: str, namespace: str, **_: Any) -> None:
+    def forget(name: str, namespace: str | None, **_: Any) -> None:
         # Children go with the MiniCluster through their ownerReferences.
-        deps.metrics.forget(namespace, name)
+        if namespace is not None:  # always, for a namespaced resource
+            deps.metrics.forget(namespace, name)
 
 
 async def _reconcile(deps: Deps, body: kopf.Body) -> None:
@@ -208,5 +209,5 @@ async def _write_status(
 
 
 def _now(offset: float = 0.0) -> str:
-    when = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=offset)
+    when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=offset)
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")

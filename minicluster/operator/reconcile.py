@@ -7,7 +7,8 @@ the API server has accepted the new parallelism.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import zmq
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from minicluster.config import POLICIES, ConfigError, InstanceConfig
 
@@ -48,7 +49,7 @@ class Storage:
     storage_class_name: str | None = None
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> "Storage | None":
+    def from_spec(cls, spec: Mapping[str, Any]) -> Storage | None:
         storage = spec.get("storage")
         if not storage:
             return None
@@ -83,7 +84,7 @@ class MiniCluster:
     storage: Storage | None = None
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> "MiniCluster":
+    def from_body(cls, body: Mapping[str, Any]) -> MiniCluster:
         meta = body.get("metadata", {})
         spec = body.get("spec", {})
         size = int(spec.get("size", 1))

@@ -8,7 +8,6 @@ pure: it turns one poll's `Observed` view into status fields and conditions.
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +61,7 @@ class HttpStatusFetcher:
                 if resp.status != 200:
                     return None
                 data = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             return None
         return data if isinstance(data, dict) else None
 
@@ -88,7 +87,7 @@ class ProxyStatusFetcher:
         path = f"/api/v1/namespaces/{mc.namespace}/pods/{name}:{STATUS_PORT}/proxy/status"
         try:
             data = await self._kube.request("GET", path, timeout=self._timeout)
-        except (ApiError, aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, ApiError, aiohttp.ClientError):
             return None
         return data if isinstance(data, dict) and "ranks" in data else None
 

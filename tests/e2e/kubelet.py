@@ -256,7 +256,7 @@ async def terminate(c: Container, grace: float) -> None:
     signal_container(c, signal.SIGTERM)
     try:
         await asyncio.wait_for(c.done.wait(), grace)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         signal_container(c, signal.SIGKILL)
         if c.proc is not None and c.proc.returncode is None:
             c.proc.kill()

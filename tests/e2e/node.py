@@ -41,7 +41,7 @@ Obj = dict[str, Any]
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def owner(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -114,7 +114,7 @@ class Node:
                 log.exception("node sync failed")
             try:
                 await asyncio.wait_for(stop.wait(), 0.2)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         await self.shutdown()
 

@@ -77,7 +77,7 @@ def exit_code_of(pod: dict[str, Any]) -> int | None:
     return None
 
 
-def watch_exit_code(e2e: Env, ns: str, pod: dict[str, Any]) -> "asyncio.Future[int | None]":
+def watch_exit_code(e2e: Env, ns: str, pod: dict[str, Any]) -> asyncio.Future[int | None]:
     """Start watching `pod` (from the version seen) for the exit code its node reports; a deleted pod's final
     status lives only for an instant, which polling would miss.  Start it before ending the pod."""
     def watch() -> int | None:

@@ -30,7 +30,7 @@ def atomic_write(target: Path, files: Mapping[str, tuple[bytes, int]]) -> None:
     """`files`: relative path -> (content, mode).  The volume's own directory is an emptyDir (mode 0777)."""
     target.mkdir(parents=True, exist_ok=True)
     target.chmod(0o777)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("..%Y_%m_%d_%H_%M_%S.%f")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("..%Y_%m_%d_%H_%M_%S.%f")
     payload = target / stamp
     payload.mkdir(mode=0o755)
     for rel, (content, mode) in files.items():

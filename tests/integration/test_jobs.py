@@ -2,6 +2,7 @@
 affinity and environment."""
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import sys
@@ -23,7 +24,7 @@ def test_event_log_is_ordered_and_complete(client4: Client) -> None:
     events = list(client4.eventlog(job_id))
     assert [e[0] for e in events] == list(range(len(events)))
     assert [e[2] for e in events] == ["submit", "depend", "priority", "alloc", "start", "finish", "release", "clean"]
-    assert all(a[1] <= b[1] for a, b in zip(events, events[1:]))
+    assert all(a[1] <= b[1] for a, b in itertools.pairwise(events))
 
 
 def test_eventlog_follow_from_middle_sees_no_gap(client4: Client) -> None:

@@ -18,7 +18,7 @@ from tests.integration.conftest import job, output_of, wait_for
 @pytest.mark.parametrize("size", [1, 2, 4, 8])
 def test_cluster_joins_and_runs_on_every_rank(tmp_path, size: int) -> None:
     with LocalCluster(tmp_path, size=size, fanout=2, resources="cores=1") as cluster, cluster.client() as c:
-        assert cluster.rank_states() == {r: "up" for r in range(size)}
+        assert cluster.rank_states() == dict.fromkeys(range(size), "up")
         job_id = c.submit(job(["sh", "-c", "echo $MC_NODE_RANK"], nnodes=size, ntasks=size, mpi="none"))
         assert wait_for(c, job_id)["status"] == 0
         ranks = sorted(int(v) for v in output_of(c, job_id).values())

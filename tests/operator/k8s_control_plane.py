@@ -54,7 +54,7 @@ def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
 
 def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
           issuer_key: rsa.RSAPrivateKey, ca: bool) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     builder = (
         x509.CertificateBuilder()

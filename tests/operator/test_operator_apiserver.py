@@ -105,7 +105,7 @@ def installed(cluster: Cluster) -> str:
 
 
 class _Broker(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         report = REPORTS.get(self.path.strip("/").removesuffix("/status"))
         body = json.dumps(report).encode()
         self.send_response(200 if report else 503)

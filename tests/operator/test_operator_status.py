@@ -183,10 +183,9 @@ async def test_metrics_endpoint_serves_prometheus_text() -> None:
     metrics.reconciled("status")
     runner = await serve(metrics, "127.0.0.1", port)
     try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
-                assert resp.status == 200 and resp.content_type == "text/plain"
-                assert 'handler="status"} 1' in await resp.text()
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+            assert resp.status == 200 and resp.content_type == "text/plain"
+            assert 'handler="status"} 1' in await resp.text()
     finally:
         await runner.cleanup()
 

@@ -166,7 +166,7 @@ class InfoArray:
         self._keep: list[Any] = []
         self.array = (Info * max(1, len(entries)))()
         self.count = len(entries)
-        for info, (key, kind, value) in zip(self.array, entries):
+        for info, (key, kind, value) in zip(self.array, entries, strict=True):
             info.key = key.encode()
             info.value.type = kind
             self._load(info.value.data, kind, value)

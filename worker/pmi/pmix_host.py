@@ -173,6 +173,8 @@ class PMIxHost:
     def _completer(self, cbfunc: Any, cbdata: Any) -> Complete:
         # The pointers stay valid until the callback is called, once.
         address = ctypes.cast(cbfunc, ctypes.c_void_p).value
+        if address is None:
+            return lambda status, data: None  # the caller wants no answer; never call a NULL pointer
         callback = libpmix.ModexCbFunc(address)
         done = [False]
 

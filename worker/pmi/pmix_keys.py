@@ -22,7 +22,7 @@ class JobLayout:
     nodes: tuple[tuple[int, int], ...]
 
     @classmethod
-    def from_wire(cls, layout: list[list[int]]) -> "JobLayout":
+    def from_wire(cls, layout: list[list[int]]) -> JobLayout:
         nodes = tuple(sorted((int(r), int(n)) for r, n in layout))
         if not nodes or any(n < 1 for _, n in nodes):
             raise ValueError(f"every node of a job needs at least one task: {layout}")

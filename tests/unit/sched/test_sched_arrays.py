@@ -170,4 +170,4 @@ def test_array_elements_share_interned_allocations_between_generations():
     second = sched.schedule(1.0)
     assert [s.element for s in second] == [2, 3]
     assert [s.allocation for s in second] == [s.allocation for s in first]
-    assert all(x.allocation is y.allocation for x, y in zip(first, second))
+    assert all(x.allocation is y.allocation for x, y in zip(first, second, strict=True))

@@ -245,7 +245,7 @@ def check_tree_shape(graph, req, alloc, usable):
     for rank in tasks:
         props = graph.nodes[rank].properties
         assert all(k in props and (not vs or props[k] in vs) for k, vs in req.constraints)
-    parents = {r: () for r in tasks}
+    parents = dict.fromkeys(tasks, ())
     for level, count, exclusive in req.groups:
         vertices = {}
         for rank in tasks:
