@@ -273,7 +273,7 @@ def bench_array(nodes: int, cores: int, count: int, repeats: int = 3) -> dict:
     cost of the broker's per-start read of allocation.task_slots().
     """
     cpu_us, wall_us, cycles = [], [], 0
-    for rep in range(repeats):
+    for _rep in range(repeats):
         graph = build(nodes, cores, 0)
         sched = Scheduler(graph)
         sched.enqueue(SchedJob(1, request=Request(nslots=1, cores_per_slot=1), count=count))
@@ -462,8 +462,9 @@ def report_topology(topo: dict, mixed: dict) -> None:
           f" (+{b['rss_delta_mb']:.0f}), {b['vertices']} vertices")
     for state in ("half_busy", "fragmented"):
         for name, r in t[state].items():
+            found = f"found in {r['racks']} racks" if r["found"] else "no fit"
             print(f"  {state} {name}: match {r['match_ms']:.3f} ms CPU, match+alloc+free"
-                  f" {r['match_alloc_free_ms']:.3f} ms, {'found in ' + str(r['racks']) + ' racks' if r['found'] else 'no fit'}")
+                  f" {r['match_alloc_free_ms']:.3f} ms, {found}")
     ref = t["locality_rack_64_refused"]
     print(f"  64 nodes --locality rack refused at submit in {ref['ms']:.3f} ms: {ref['reason']}")
     s = topo["sockets"]

@@ -121,9 +121,9 @@ def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def local_cluster(size: int, **settings: Any) -> Iterator[LocalCluster]:
-    with tempfile.TemporaryDirectory(prefix="mc-bench-") as state_dir:
-        with LocalCluster(state_dir, size=size, **settings) as cluster:
-            yield cluster
+    with (tempfile.TemporaryDirectory(prefix="mc-bench-") as state_dir,
+          LocalCluster(state_dir, size=size, **settings) as cluster):
+        yield cluster
 
 
 @contextlib.contextmanager
@@ -248,14 +248,14 @@ def spawn_hyperqueue(n: int) -> float:
         if client.connection.wait_for_jobs((submitted.id,), lambda _: None):
             raise RuntimeError("HyperQueue job failed")
 
-    with tempfile.TemporaryDirectory(prefix="hq-bench-") as server_dir, silenced_fds():
-        with HqCluster(server_dir=server_dir, worker_config=WorkerConfig(cores=IN_FLIGHT)) as cluster:
-            client = cluster.client()
-            run(client, job(50))  # warm-up, and the worker has registered
-            big = job(n)
-            start = time.perf_counter()
-            run(client, big)
-            return n / (time.perf_counter() - start)
+    with (tempfile.TemporaryDirectory(prefix="hq-bench-") as server_dir, silenced_fds(),
+          HqCluster(server_dir=server_dir, worker_config=WorkerConfig(cores=IN_FLIGHT)) as cluster):
+        client = cluster.client()
+        run(client, job(50))  # warm-up, and the worker has registered
+        big = job(n)
+        start = time.perf_counter()
+        run(client, big)
+        return n / (time.perf_counter() - start)
 
 
 SPAWNERS: dict[str, Callable[[int], float]] = {

@@ -298,8 +298,7 @@ class Client:
         if attempt is not None:
             fields["attempt"] = attempt
         for msg in self.stream("output", **fields):
-            for task, stream, data in msg.get("chunks", []):
-                yield task, stream, data
+            yield from ((task, stream, data) for task, stream, data in msg.get("chunks", []))
 
     def task_results(self, job_id: int, from_: int = 0, limit: int | None = None,
                      errors: bool = False) -> list[list[Any]]:

@@ -84,7 +84,7 @@ class InstanceConfig:
         if not self.endpoint.startswith(("tcp://", "ipc://")):
             raise ConfigError(f"endpoint must be tcp:// or ipc://, got {self.endpoint!r}")
         try:
-            self.levels
+            _ = self.levels  # parses `topology`
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if self.topology and self.resource_graph:

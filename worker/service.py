@@ -37,13 +37,14 @@ async def run_worker(config: InstanceConfig, rank: int, cert: Certificate) -> in
     agent = WorkerAgent(config, rank, overlay.send, resources, f"unix://{config.socket_path}")
     loop = asyncio.get_running_loop()
     signals: list[int] = []
+    stopping: list[asyncio.Task[None]] = []
 
     def stop(signum: int) -> None:
         # Pod deletion or eviction: end this rank's tasks with their grace and report them, then leave as a
         # disruption (exitcodes.py).  Only rank 0's `shutdown` is a clean end.
         if not signals:
             signals.append(signum)
-            loop.create_task(agent.shutdown())
+            stopping.append(loop.create_task(agent.shutdown()))  # referenced: a bare task may be collected
 
     loop.add_signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
     # Ctrl-C in `mc start` reaches every process of the foreground group; the launcher decides.

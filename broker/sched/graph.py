@@ -324,10 +324,9 @@ class ResourceGraph:
         """Take the allocation's resources under key; ValueError if any is not free."""
         if key in self._holds:
             raise ValueError(f"allocation key {key!r} already holds resources")
-        if allocation.held is None:  # the common case, written out: slots or whole nodes only
-            holds = self._slot_holds(key, allocation)
-        else:
-            holds = self._checked_holds(key, allocation)
+        # held is None in the common case, written out: slots or whole nodes only
+        holds = (self._slot_holds(key, allocation) if allocation.held is None
+                 else self._checked_holds(key, allocation))
         for rank, hold in holds.items():
             self._account(self.nodes[rank], hold, True)
         self._holds[key] = holds

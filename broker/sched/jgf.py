@@ -118,7 +118,7 @@ def _nodes(vid: str, vertices: Mapping[str, Meta], children: Mapping[str, list[s
     if kind in _BELOW_NODE:
         return  # resources outside any node are not schedulable here
     for child in children.get(vid, ()):
-        yield from _nodes(child, vertices, children, path + [vid])
+        yield from _nodes(child, vertices, children, [*path, vid])
 
 
 def _levels(chains: list[list[str]]) -> list[str]:

@@ -71,9 +71,9 @@ def search(graph: ResourceGraph, req: Request,
             local = replace(req, groups=((name, 1, False),))
             found = _Walk(graph, local, policy).run()
             if found is not None:
-                return (local,) + found
+                return (local, *found)
     found = _Walk(graph, req, policy).run()
-    return None if found is None else (req,) + found
+    return None if found is None else (req, *found)
 
 
 class _Walk:
@@ -97,7 +97,7 @@ class _Walk:
         per_slot = (req.cores_per_slot, req.gpus_per_slot, req.mem_per_slot)
         slots, nodes = req.nslots, max(req.nnodes, len(req.node_counts() or ()), 1)
         needs: list[Need] = []
-        for level, count, exclusive in reversed(req.groups):
+        for _level, count, exclusive in reversed(req.groups):
             idle = nodes if req.exclusive else 0
             cores, gpus, mem = (slots * x for x in per_slot)
             needs.append(Need(cores, gpus, mem, nodes, idle, exclusive))

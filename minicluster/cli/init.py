@@ -13,6 +13,7 @@ import signal
 import sys
 
 from minicluster import exitcodes
+import contextlib
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -45,7 +46,5 @@ def reap_until(rank: int) -> int:
 
 
 def _forward(rank: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(rank, signum)
-    except ProcessLookupError:
-        pass

@@ -161,12 +161,10 @@ def _wait(pid: int, deadline: float | None) -> int | None:
 
 def _stop_all(pids: dict[int, int], state_dir: Path) -> None:
     deadline = time.time() + EXIT_GRACE
-    for rank, pid in pids.items():
+    for pid in pids.values():
         if _wait(pid, deadline) is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             _wait(pid, None)
     from worker.executor import TaskExecutor
 

@@ -45,10 +45,7 @@ def time_limit(text: str) -> float:
     """Seconds from a Slurm time (`30` minutes, `5:00`, `1:00:00`, `2-12`, `1-0:30:00`) or `90s`/`10m`/`2h`/`1d`."""
     text = text.strip()
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text)
-    if match:
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    else:
-        seconds = _slurm_time(text)
+    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)] if match else _slurm_time(text)
     if not seconds > 0:
         raise argparse.ArgumentTypeError(f"time limit must be positive, got {text!r}")
     return seconds
@@ -64,7 +61,7 @@ def _slurm_time(text: str) -> float:
     values = [int(p) for p in parts]
     if dash:
         # Slurm: after days, the fields are hours[:minutes[:seconds]].
-        hours, minutes, seconds = (values + [0, 0])[:3]
+        hours, minutes, seconds = [*values, 0, 0][:3]
         return int(days_text) * 86400 + hours * 3600 + minutes * 60 + seconds
     if len(values) == 1:
         return values[0] * 60.0

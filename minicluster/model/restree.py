@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 LEAVES = ("core", "gpu", "memory")
-RESERVED = ("cluster", "node", "socket", "slot") + LEAVES
+RESERVED = ("cluster", "node", "socket", "slot", *LEAVES)
 MAX_COUNT = 1 << 24
 _TYPE = re.compile(r"[a-z][a-z0-9_-]*\Z")
 _VERTEX = re.compile(r"\s*([a-z][a-z0-9_-]*)\s*\[\s*([0-9]+)\s*([kKmMgGtT]?)\s*\]\s*"
@@ -250,7 +250,7 @@ def shape_of(vertices: tuple[Vertex, ...]) -> Shape:
             raise TreeError("resources: cluster[1] must have exactly one child")
         v = v.children[0]
     groups: list[tuple[str, int, bool]] = []
-    while v.type not in ("node", "socket", "slot") + LEAVES:
+    while v.type not in ("node", "socket", "slot", *LEAVES):
         check_level_name(v.type, "resources")
         if any(v.type == g[0] for g in groups):
             raise TreeError(f"resources: {v.type} appears twice on one path")

@@ -29,6 +29,7 @@ from tests.e2e.podsecurity import ENFORCE_LABEL
 from tests.operator.k8s_control_plane import (
     ADMIN_TOKEN, Cluster, collection_path, find_binaries, operator_token, serving_certificate,
 )
+import contextlib
 
 REPO = Path(__file__).resolve().parents[2]
 MC_API = "/apis/minicluster.dev/v1alpha1"
@@ -103,7 +104,8 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         yield env
         env.timings["session_s"] = time.monotonic() - t0
         (workdir / "timings.json").write_text(json.dumps(env.timings, indent=1))
-        print(f"\ne2e timings ({workdir / 'timings.json'}):", json.dumps({k: round(v, 1) for k, v in env.timings.items()}))
+        print(f"\ne2e timings ({workdir / 'timings.json'}):",
+              json.dumps({k: round(v, 1) for k, v in env.timings.items()}))
     finally:
         for stop in reversed(stops):
             try:
@@ -127,15 +129,11 @@ def _rmdir_tree(root: Path) -> None:
         if not pids:
             break
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.1)
-    try:
+    with contextlib.suppress(OSError):
         root.rmdir()
-    except OSError:
-        pass
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import Any
 from tests.e2e import image as image_mod
 from tests.e2e import volumes
 from tests.e2e.network import Bridge, PodNet
+import contextlib
 
 PODINIT = Path(__file__).with_name("podinit.py")
 IMAGE_USER = 10001  # images/runtime/Dockerfile: USER 10001:10001, WORKDIR /home/mc
@@ -150,10 +151,8 @@ def cgroups_for(run_id: str, uid: str, container: Mapping[str, Any]) -> list[Pat
 
 def remove_cgroups(paths: list[Path]) -> None:
     for path in paths:
-        try:
+        with contextlib.suppress(OSError):
             path.rmdir()
-        except OSError:
-            pass
 
 
 def mounts_for(pod: Mapping[str, Any], container: Mapping[str, Any], directory: Path, lookup: volumes.Lookup,
@@ -212,13 +211,10 @@ async def start(c: Container, argv: list[str], cwd: str, mounts: list[dict[str, 
     for name in ("rootfs", "scratch"):
         (c.directory / name).mkdir(exist_ok=True)
     (c.directory / "spec.json").write_text(json.dumps(spec))
-    log = open(c.log, "ab")
-    try:
+    with open(c.log, "ab") as log:  # the child keeps its own copy of the descriptor
         c.proc = await asyncio.create_subprocess_exec(
             "nsenter", f"--net={c.net.netns_path}", sys.executable, str(PODINIT), str(c.directory / "spec.json"),
             stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-    finally:
-        log.close()
     c.pid1 = await _first_child(c.proc.pid)
 
 
@@ -244,10 +240,8 @@ async def wait(c: Container) -> int:
 
 def signal_container(c: Container, signum: int) -> None:
     if c.pid1 is not None and c.exit_code is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(c.pid1, signum)
-        except ProcessLookupError:
-            pass
 
 
 async def terminate(c: Container, grace: float) -> None:

@@ -33,6 +33,7 @@ from minicluster.operator.spec import INDEX_KEY, KIND, MiniCluster
 from tests.e2e import image as image_mod
 from tests.e2e import kubelet
 from tests.e2e.network import Bridge
+import contextlib
 
 log = logging.getLogger("e2e.node")
 FAMILY_LABEL = "e2e.minicluster.dev/ip-family"
@@ -85,6 +86,7 @@ class Node:
         self._hosts: dict[str, list[tuple[str, str, str]]] = {}
         self._intended: dict[str, Obj | None] = {}
         self._heartbeat = 0.0
+        self._terminating: set[asyncio.Task[None]] = set()  # referenced until done: bare tasks may be collected
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -112,10 +114,8 @@ class Node:
                 await self.sync()
             except Exception:  # one bad sync must not end the node; the next one retries
                 log.exception("node sync failed")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.2)
-            except TimeoutError:
-                pass
         await self.shutdown()
 
     async def shutdown(self) -> None:
@@ -159,7 +159,9 @@ class Node:
         if meta.get("deletionTimestamp"):
             if c is not None and not c.stopping and c.exit_code is None:
                 grace = float(meta.get("deletionGracePeriodSeconds", 30))
-                asyncio.ensure_future(kubelet.terminate(c, grace))
+                stopping = asyncio.ensure_future(kubelet.terminate(c, grace))
+                self._terminating.add(stopping)
+                stopping.add_done_callback(self._terminating.discard)
             elif uid not in self.tasks and spec.get("nodeName") == self.name:
                 await self._finalize(pod)
             return
@@ -364,7 +366,7 @@ class Node:
         ns = pod["metadata"]["namespace"]
         found: dict[tuple[str, str], Any] = {}
         for volume in pod["spec"].get("volumes") or []:
-            sources = [volume] + list((volume.get("projected") or {}).get("sources") or [])
+            sources = [volume, *((volume.get("projected") or {}).get("sources") or [])]
             for source in sources:
                 if "configMap" in source:
                     name = source["configMap"]["name"]
@@ -444,7 +446,8 @@ class Node:
                            "hostPath": {"path": str(path), "type": "Directory"},
                            "claimRef": {"namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"]}}}
             await self.kube.create("/api/v1/persistentvolumes", pv)
-        volumes = (await self.kube.get(f"/api/v1/persistentvolumes?labelSelector=e2e.minicluster.dev/run={self.run_id}"))
+        selector = f"labelSelector=e2e.minicluster.dev/run={self.run_id}"
+        volumes = await self.kube.get(f"/api/v1/persistentvolumes?{selector}")
         for pv in volumes["items"]:
             if (pv.get("status") or {}).get("phase") == "Released":  # the provisioner's Delete policy
                 await self.kube.request("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")

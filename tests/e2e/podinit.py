@@ -23,7 +23,9 @@ libc = ctypes.CDLL(None, use_errno=True)
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
-    enc = (lambda v: v.encode() if v is not None else None)
+    def enc(v: str | None) -> bytes | None:
+        return v.encode() if v is not None else None
+
     if libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount {source} on {target} ({fstype}): {os.strerror(err)}")

@@ -87,7 +87,8 @@ def watch_exit_code(e2e: Env, ns: str, pod: dict[str, Any]) -> asyncio.Future[in
         api = config.new_client_from_config(str(e2e.kubeconfig))
         try:
             stream = k8s_watch.Watch().stream(
-                client.CoreV1Api(api).list_namespaced_pod, ns, field_selector=f"metadata.name={pod['metadata']['name']}",
+                client.CoreV1Api(api).list_namespaced_pod, ns,
+                field_selector=f"metadata.name={pod['metadata']['name']}",
                 resource_version=pod["metadata"]["resourceVersion"], timeout_seconds=90)
             for event in stream:
                 for status in event["object"].status.container_statuses or []:
@@ -226,7 +227,7 @@ async def test_deleting_the_broker_is_a_disruption_and_without_storage_its_state
     broker = await running_pod(admin, demo, "demo", 0)
     durable = condition(await get_mc(admin, demo, "demo"), "StateDurable")
     assert (durable["status"], durable["reason"]) == ("False", "EmptyDir") and "dies with" in durable["message"]
-    code, job_id, err = await exec_in(e2e, demo, broker, "mc-submit", "-N", "2", "sleep", "300")
+    code, _job_id, err = await exec_in(e2e, demo, broker, "mc-submit", "-N", "2", "sleep", "300")
     assert code == 0, err
     workers = {p["metadata"]["uid"] for p in await pods(admin, demo, "demo")
                if p["status"].get("phase") == "Running" and p["metadata"]["uid"] != broker["metadata"]["uid"]}
@@ -307,7 +308,7 @@ async def test_batch_minicluster_succeeds_and_one_whose_command_fails_fails(e2e:
     assert done["reason"] == "BrokerSucceeded"
     failed = await wait_condition(admin, ns, "bad", "Failed", timeout=120)
     assert failed["reason"] in ("PodFailurePolicy", "CommandFailed") and "3" in failed["message"]
-    good = [p for p in await pods(admin, ns, "good")]
+    good = list(await pods(admin, ns, "good"))
     broker_log = e2e.on_node(lambda: e2e.node.logs(ns, next(
         p["metadata"]["name"] for p in good if (p["metadata"].get("annotations") or {}).get(INDEX) == "0")))
     assert "good-0" in broker_log and "good-1" in broker_log

@@ -77,7 +77,8 @@ def _secret_data(obj: Mapping[str, Any]) -> dict[str, bytes]:
     return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
 
 
-def _source_files(kind: str, source: Mapping[str, Any], default_mode: int, lookup: Lookup) -> dict[str, tuple[bytes, int]]:
+def _source_files(kind: str, source: Mapping[str, Any], default_mode: int,
+                  lookup: Lookup) -> dict[str, tuple[bytes, int]]:
     name = source.get("name") or source.get("secretName", "")
     obj = lookup("ConfigMap" if kind == "configMap" else "Secret", name)
     if obj is None:
@@ -88,7 +89,8 @@ def _source_files(kind: str, source: Mapping[str, Any], default_mode: int, looku
     return _items(data, source.get("items"), default_mode, f'{kind} "{name}"')
 
 
-def lay_out(volume: Mapping[str, Any], where: Path, lookup: Lookup, claim_dir: Callable[[str], Path]) -> tuple[Path, str]:
+def lay_out(volume: Mapping[str, Any], where: Path, lookup: Lookup,
+            claim_dir: Callable[[str], Path]) -> tuple[Path, str]:
     """Prepare one pod volume under `where`; (host path to mount, kind).  Memory emptyDirs are mounted by the
     pod's init, which gets the kind "tmpfs"."""
     name = volume["name"]

@@ -66,7 +66,8 @@ def test_pipelined_submissions_all_complete(client: Client) -> None:
 
 
 def test_submit_many_reports_each_bad_spec(client: Client) -> None:
-    answers = client.call("submit-many", jobspecs=[job(["true"]), {"argv": []}, job(["true"], nnodes=99, ntasks=99)])["jobs"]
+    specs = [job(["true"]), {"argv": []}, job(["true"], nnodes=99, ntasks=99)]
+    answers = client.call("submit-many", jobspecs=specs)["jobs"]
     assert isinstance(answers[0], int)
     assert answers[1]["code"] == "invalid-jobspec" and answers[2]["code"] == "infeasible"
 

@@ -79,7 +79,8 @@ def test_stdin_streams_more_than_a_frame_with_flow_control() -> None:
 
 def test_output_at_the_cap_reads_back_cut_at_a_line_end() -> None:
     # 20 MiB of 100-byte lines against the default 16 MiB output_cap.
-    code = "import sys\nline = b'y' * 99 + b'\\n'\nfor _ in range(20 * 1024 * 1024 // 100): sys.stdout.buffer.write(line)"
+    code = ("import sys\nline = b'y' * 99 + b'\\n'\n"
+            "for _ in range(20 * 1024 * 1024 // 100): sys.stdout.buffer.write(line)")
     run = mc("run", sys.executable, "-c", code, timeout=120)
     assert run.returncode == 0, run.stderr[-500:]
     assert "output truncated at 16777216 bytes" in run.stderr

@@ -40,15 +40,15 @@ def test_sigterm_of_the_broker_leaves_workers_and_their_tasks_running(tmp_path) 
 
 
 def test_sigterm_of_a_worker_ends_its_tasks_and_exits_as_a_disruption(tmp_path) -> None:
-    with LocalCluster(tmp_path, size=2, fanout=2, resources="cores=1", policy="high-id") as cluster:
-        with cluster.client() as c:
-            job_id = c.submit(job(["sleep", "60"]))
-            _started(c, job_id)
-            cluster.procs[1].send_signal(signal.SIGTERM)
-            assert cluster.procs[1].wait(15) == exitcodes.DISRUPTED
-            result = wait_for(c, job_id)
-            assert result["status"] != 0  # its task was ended, and says so
-            cluster.restart(1)
+    with (LocalCluster(tmp_path, size=2, fanout=2, resources="cores=1", policy="high-id") as cluster,
+          cluster.client() as c):
+        job_id = c.submit(job(["sleep", "60"]))
+        _started(c, job_id)
+        cluster.procs[1].send_signal(signal.SIGTERM)
+        assert cluster.procs[1].wait(15) == exitcodes.DISRUPTED
+        result = wait_for(c, job_id)
+        assert result["status"] != 0  # its task was ended, and says so
+        cluster.restart(1)
 
 
 def test_batch_broker_stopped_by_sigterm_does_not_report_its_command(tmp_path) -> None:

@@ -60,7 +60,7 @@ def test_everything_kill9_ends_running_jobs_and_runs_queued_ones(tmp_path) -> No
         with cluster.client() as c:
             result = wait_for(c, running)
             assert result["exception"] == "broker-restart"
-            note = [e[3]["note"] for e in c.eventlog(running) if e[2] == "exception"][0]
+            note = next(e[3]["note"] for e in c.eventlog(running) if e[2] == "exception")
             assert "reclaimed" in note
             assert wait_for(c, queued)["status"] == 0
 

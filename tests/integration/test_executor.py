@@ -89,11 +89,11 @@ async def test_stdout_stderr_separate_and_exit_code():
 
 async def test_task_leads_own_session_with_default_signals():
     h = Harness()
-    r, out, _ = await h.run(PY, "-c", "import os; print(os.getsid(0) == os.getpgid(0) == os.getpid())")
+    _, out, _ = await h.run(PY, "-c", "import os; print(os.getsid(0) == os.getpgid(0) == os.getpid())")
     assert out == b"True\n"
     # The worker (Python) ignores SIGPIPE; ignored signals would survive exec.
     # (glibc's posix_spawn leaves its internal signals 32 and 33 ignored.)
-    r, out, _ = await h.run("cat", "/proc/self/status")
+    _r, out, _ = await h.run("cat", "/proc/self/status")
     sig_ign = next(int(line.split()[1], 16) for line in out.decode().splitlines()
                    if line.startswith("SigIgn:"))
     assert sig_ign & ((1 << 31) - 1) == 0, hex(sig_ign)

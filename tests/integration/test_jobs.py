@@ -35,7 +35,8 @@ def test_eventlog_follow_from_middle_sees_no_gap(client4: Client) -> None:
 
 
 def test_tasks_span_nodes_and_get_their_environment(client4: Client) -> None:
-    code = "import os,json;print(json.dumps({k:os.environ[k] for k in ('MC_JOB_ID','MC_TASK_RANK','MC_TASK_COUNT','MC_NODE_RANK')}))"
+    names = "('MC_JOB_ID','MC_TASK_RANK','MC_TASK_COUNT','MC_NODE_RANK')"
+    code = f"import os,json;print(json.dumps({{k:os.environ[k] for k in {names}}}))"
     job_id = client4.submit(job([sys.executable, "-c", code], nnodes=4, ntasks=8, mpi="none"))
     assert wait_for(client4, job_id)["status"] == 0
     envs = [json.loads(v) for _, v in sorted(output_of(client4, job_id).items())]
@@ -101,7 +102,7 @@ def test_time_limit_ends_the_job(client4: Client) -> None:
     job_id = client4.submit(job(["sleep", "60"], time_limit=0.5, ntasks=2, mpi="none"))
     result = wait_for(client4, job_id)
     assert result["exception"] == "timeout" and result["status"] == 143
-    context = [e[3] for e in client4.eventlog(job_id) if e[2] == "exception"][0]
+    context = next(e[3] for e in client4.eventlog(job_id) if e[2] == "exception")
     assert context["type"] == "timeout" and "0.5" in context["note"]
 
 
@@ -130,7 +131,7 @@ def test_gang_ends_with_the_status_of_the_task_that_failed(client4: Client) -> N
     result = wait_for(client4, job_id)
     # Not 143, the status of the siblings the failure killed.
     assert result["exception"] == "abort" and result["status"] == 7
-    note = [e[3] for e in client4.eventlog(job_id) if e[2] == "exception"][0]
+    note = next(e[3] for e in client4.eventlog(job_id) if e[2] == "exception")
     assert note["note"] == "task 1 on rank 0 exited with status 7" and note["status"] == 7
     assert sorted(row[3] for row in client4.task_results(job_id)) == [7, 143, 143, 143]
     assert client4.job(job_id)["reason"] == "task 1 on rank 0 exited with status 7"

@@ -107,7 +107,8 @@ def test_signals_stop_it_cleanly_and_remove_temporary_state(sig: signal.Signals)
 
 def test_sigterm_stops_the_command_too(tmp_path: Path) -> None:
     started, marker = tmp_path / "started", tmp_path / "still-here"
-    proc = subprocess.Popen(["mc", "start", "--size", "2", "--", "sh", "-c", f"touch {started}; sleep 60; touch {marker}"],
+    script = f"touch {started}; sleep 60; touch {marker}"
+    proc = subprocess.Popen(["mc", "start", "--size", "2", "--", "sh", "-c", script],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
     while not started.exists():
@@ -121,7 +122,7 @@ def test_sigterm_stops_the_command_too(tmp_path: Path) -> None:
 
 
 def test_broker_killed_stops_the_instance_and_says_so(tmp_path: Path) -> None:
-    proc, state = start_interactive("--state-dir", str(tmp_path / "state"))
+    proc, _state = start_interactive("--state-dir", str(tmp_path / "state"))
     broker = int(subprocess.run(["pgrep", "-o", "-P", str(proc.pid)], capture_output=True, text=True).stdout)
     started = time.time()
     os.kill(broker, signal.SIGKILL)

@@ -16,7 +16,7 @@ from tests.integration.conftest import job, wait_for
 def listening(port: int) -> set[str]:
     """The local addresses with a TCP socket listening on `port`, from /proc/net/tcp{,6}."""
     found = set()
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+    for table, _width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
         for line in Path(table).read_text().splitlines()[1:]:
             local, state = line.split()[1], line.split()[3]
             address, hex_port = local.split(":")

@@ -10,6 +10,7 @@ a rank that silently ran as a singleton would otherwise look like success.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -279,10 +280,8 @@ def mpich_segments() -> set[Path]:
 def mapped_segments() -> set[str]:
     mapped: set[str] = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
+        with contextlib.suppress(OSError):  # the process ended meanwhile
             mapped.update(line.split()[-1] for line in maps.read_text().splitlines() if "/mpich_shm_" in line)
-        except OSError:
-            pass  # the process ended meanwhile
     return mapped
 
 

@@ -184,14 +184,14 @@ def test_c_program_aborts(client4: Client, debian_c: str) -> None:
 def test_pmix_by_default_fails_together_once_initialized(tmp_path: Path, debian_c: str) -> None:
     # mpi_default = pmix: jobs without --mpi are MPI jobs once a task called PMIx_Init (pmi-init); before, or
     # without it, their tasks are independent.
-    with LocalCluster(tmp_path, size=2, fanout=2, resources="cores=2", mpi_default="pmix") as cluster:
-        with cluster.client() as client:
-            spec = ompi_job([debian_c, "1", "exit"], nnodes=2, ntasks=4, mpi=None)
-            result = wait_for(client, client.submit(spec), TIMEOUT)
-            assert result["exception"] == "abort" and result["status"] == 4
-            plain = job(["sh", "-c", "sleep 0.3; exit $MC_TASK_RANK"], nnodes=2, ntasks=4)
-            result = wait_for(client, client.submit(plain), TIMEOUT)
-            assert result["exception"] is None and result["status"] == 3
+    with (LocalCluster(tmp_path, size=2, fanout=2, resources="cores=2", mpi_default="pmix") as cluster,
+          cluster.client() as client):
+        spec = ompi_job([debian_c, "1", "exit"], nnodes=2, ntasks=4, mpi=None)
+        result = wait_for(client, client.submit(spec), TIMEOUT)
+        assert result["exception"] == "abort" and result["status"] == 4
+        plain = job(["sh", "-c", "sleep 0.3; exit $MC_TASK_RANK"], nnodes=2, ntasks=4)
+        result = wait_for(client, client.submit(plain), TIMEOUT)
+        assert result["exception"] is None and result["status"] == 3
 
 
 def test_auto_serves_both_when_the_program_does_not_tell(client4: Client) -> None:

@@ -146,11 +146,11 @@ def test_a_resource_graph_file_describes_the_machine(tmp_path_factory: pytest.Te
     state = tmp_path_factory.mktemp("jgf")
     path = state / "site.jgf"
     path.write_text(json.dumps(jgf.dump(site)))
-    with LocalCluster(state, size=3, fanout=2, resources="cores=2", resource_graph=str(path)) as c:
-        with c.client() as client:
-            rows = {r["rank"]: r for r in client.resources()}
-            assert [rows[r]["path"] for r in range(3)] == ["rack=left", "rack=left", "rack=right"]
-            assert rows[2]["state"] == "drained" and "cores 2-3 missing" in rows[2]["reason"]
-            job_id = submit(c, "-N", "2", "--locality", "rack", "--mpi", "none", "true")
-            assert wait_for(client, job_id)["status"] == 0
-            assert ranks(client, job_id) == {0, 1}
+    with (LocalCluster(state, size=3, fanout=2, resources="cores=2", resource_graph=str(path)) as c,
+          c.client() as client):
+        rows = {r["rank"]: r for r in client.resources()}
+        assert [rows[r]["path"] for r in range(3)] == ["rack=left", "rack=left", "rack=right"]
+        assert rows[2]["state"] == "drained" and "cores 2-3 missing" in rows[2]["reason"]
+        job_id = submit(c, "-N", "2", "--locality", "rack", "--mpi", "none", "true")
+        assert wait_for(client, job_id)["status"] == 0
+        assert ranks(client, job_id) == {0, 1}

@@ -129,7 +129,8 @@ def durability(fields: dict[str, Any]) -> tuple[str, str]:
 def test_state_without_storage_is_said_to_die_with_the_pod_and_its_loss_is_reported(mc: MiniCluster) -> None:
     first = derive(mc, {}, Observed(job(), {**BROKER, "epoch": 1, "started": "t1"}), NOW)
     assert durability(first) == ("False", "EmptyDir")
-    assert "dies with the broker's pod" in next(c for c in first["conditions"] if c["type"] == "StateDurable")["message"]
+    durable = next(c for c in first["conditions"] if c["type"] == "StateDurable")
+    assert "dies with the broker's pod" in durable["message"]
     same = derive(mc, first, Observed(job(), {**BROKER, "epoch": 1, "started": "t1"}), LATER)
     assert durability(same) == ("False", "EmptyDir")
     # A new broker whose epoch did not grow started from an empty journal.

@@ -51,7 +51,7 @@ def test_resource_graph_file_describes_ranks_that_start_down(tmp_path):
 
 
 def test_bad_config_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="no such file|does not exist|No such file"):
+    with pytest.raises(ConfigError, match=r"no such file|does not exist|No such file"):
         nodes.build_graph(InstanceConfig(resource_graph=str(tmp_path / "missing.json")))
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not JSON"):

@@ -316,7 +316,8 @@ def test_jobs_table_shows_arrays_on_one_line_and_estimates() -> None:
     unknown = {**pending, "est_start": None}
     assert render(fmt.jobs_table([unknown], now=100.0)).splitlines()[1].split()[-1] == "-"
     failed = {**SUMMARY, "ntasks": 1, "counts": {"failed": 1}, "reason": "task 0 on rank 1: x: command not found"}
-    assert render(fmt.jobs_table([failed], now=100.0)).splitlines()[1].endswith("task 0 on rank 1: x: command not found")
+    row = render(fmt.jobs_table([failed], now=100.0)).splitlines()[1]
+    assert row.endswith("task 0 on rank 1: x: command not found")
 
 
 def test_durations() -> None:
@@ -394,7 +395,7 @@ def test_client_matches_responses_by_id_whatever_their_order(tmp_path) -> None:
             if not msg.get("more"):
                 break
         assert names == ["submit", "depend", "clean"]
-        with pytest.raises(ClientError, match="invalid|argv"):
+        with pytest.raises(ClientError, match=r"invalid|argv"):
             client.submit({"argv": []})
     thread.join(5)
     listener.close()

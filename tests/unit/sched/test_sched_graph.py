@@ -102,7 +102,9 @@ def test_constraints_select_nodes():
     for rank, props in enumerate([{"zone": "a"}, {"zone": "b", "gpu": "h100"},
                                   {"zone": "b", "gpu": "a100"}, {"zone": "c"}]):
         add_node(graph, rank, properties=props)
-    pick = lambda *c, **kw: sorted(graph.match(Request.from_strings(list(c), **kw)))
+    def pick(*c: str, **kw: int) -> list[int]:
+        return sorted(graph.match(Request.from_strings(list(c), **kw)) or ())
+
     assert pick("zone=b") == [1]
     assert pick("gpu=a100|h100", nslots=2, nnodes=2) == [1, 2]
     assert pick("zone=b", "gpu=a100") == [2]

@@ -142,8 +142,8 @@ def test_random_sequences_keep_every_invariant(specs, operations):
                 del live[key]
         else:
             rank = op[1] % len(specs)
-            {"drain": lambda: graph.drain(rank, "test"), "undrain": lambda: graph.undrain(rank),
-             "down": lambda: graph.set_down(rank), "up": lambda: graph.set_up(rank)}[op[0]]()
+            {"drain": lambda r: graph.drain(r, "test"), "undrain": graph.undrain,
+             "down": graph.set_down, "up": graph.set_up}[op[0]](rank)
         check_no_overlap(graph, live)
         check_accounting(graph, live)
     free_everything(graph, live, initial)

@@ -164,7 +164,7 @@ def test_scheduler_runs_tree_jobs_with_easy_backfill(topology, data):
 def test_released_and_redescribed_ranks_keep_aggregates_exact(topology, data):
     """Re-adding a rank with another rack, removing ranks: the group vertices follow."""
     graph = build(topology)
-    levels, specs = topology
+    _levels, specs = topology
     live = {}
     for n in range(data.draw(st.integers(0, 5))):
         alloc = graph.match(data.draw(flat_requests()))

@@ -71,7 +71,7 @@ def tree_texts(draw, levels, bad_levels=False):
     parts = []
     names = [name for name, _ in levels]
     if bad_levels and draw(st.integers(0, 3)) == 0:
-        names = list(reversed(names)) + ["pod"]
+        names = [*reversed(names), "pod"]
     for name in names:
         if draw(st.integers(0, 3)):
             excl = ":x" if draw(st.integers(0, 3)) == 0 else ""
