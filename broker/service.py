@@ -33,8 +33,7 @@ from minicluster.config import InstanceConfig
 from minicluster.overlay.curve import Certificate
 from minicluster.overlay.transport import Overlay
 from minicluster.proto.envelope import Message
-from worker.agent import PEER_KINDS, WORKER_KINDS, WorkerAgent
-from worker.resources import discover
+from worker import rank0
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class Broker:
         self.overlay = Overlay(config, 0, cert, self._on_message)
         self.execution = Execution(config, self.manager, self.overlay.send, self.uri)
         self.manager.wake_scheduler = self._wake_scheduler
-        self.agent = WorkerAgent(config, 0, self.overlay.send, discover(config.resources, config.node_properties), self.uri)
+        self.agent = rank0.agent(config, self.overlay.send, self.uri)
         self.client_server = ClientServer(Operations(self), config.socket_path, config.access_group)
         self.status_server = (StatusServer(config.status_port, self.status_snapshot, config.status_hosts())
                               if config.status_port else None)
@@ -192,7 +191,7 @@ class Broker:
     # --- overlay messages ----------------------------------------------------------------------------------
 
     def _on_message(self, msg: Message) -> None:
-        if msg.kind in WORKER_KINDS and (msg.src == 0 or msg.kind in PEER_KINDS):
+        if rank0.for_agent(msg):
             self.agent.handle(msg)
             return
         handler = _HANDLERS.get(msg.kind)
