@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _connect(args: argparse.Namespace) -> tuple[Any, str]:
     """An API client and the namespace, from the kubeconfig as kubectl reads it, else the in-cluster account."""
-    from kubernetes import client, config
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise PluginError("the kubernetes client is not installed: pip install 'minicluster[kubectl]'") from None
 
     path = args.kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or KUBECONFIG
     if args.kubeconfig or os.path.exists(os.path.expanduser(path)):

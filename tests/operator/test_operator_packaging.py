@@ -1,7 +1,9 @@
 """Tier (a), static artefacts: the CRD's schema, deploy/, images/, examples/."""
 from __future__ import annotations
 
+import ast
 import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -145,15 +147,42 @@ def test_dockerfiles_are_pinned_non_root_and_runnable(image: str) -> None:
         assert entrypoint[0] in scripts
 
 
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=\[ ]", d)[0] for d in requirements}
+
+
 def test_operator_dependencies_are_an_extra() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    names = {re.split(r"[<>=\[ ]", d)[0] for d in project["dependencies"]}
-    assert not names & {"kopf", "kubernetes"}, "ranks and clients must not pull in the operator's dependencies"
+    names = _names(project["dependencies"])
+    assert not names & {"kopf", "kubernetes", "aiohttp"}, "ranks and clients must not pull in the operator's"
     extras = project["optional-dependencies"]
-    assert {re.split(r"[<>=]", d)[0] for d in extras["operator"]} == {"kopf", "kubernetes"}
-    assert "minicluster[operator]" in extras["test"]
+    assert _names(extras["operator"]) == {"kopf", "aiohttp"}
+    assert _names(extras["kubectl"]) == {"kubernetes"}
+    assert "minicluster[operator,kubectl]" in extras["test"]
     assert "'.[operator]'" in (REPO / "images" / "operator" / "Dockerfile").read_text()
     assert "'.[operator]'" not in (REPO / "images" / "runtime" / "Dockerfile").read_text()
+
+
+def _third_party_imports(paths: list[Path]) -> set[str]:
+    found: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"minicluster", "broker", "worker"}
+
+
+@pytest.mark.parametrize(("extra", "paths"), [
+    ("operator", sorted((REPO / "minicluster" / "operator").glob("*.py"))),
+    ("kubectl", [REPO / "minicluster" / "cli" / "kubectl.py"]),
+])
+def test_every_package_the_operator_and_the_plugin_import_is_declared(extra: str, paths: list[Path]) -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = _names(project["dependencies"]) | _names(project["optional-dependencies"][extra])
+    module_of = {"pyzmq": "zmq"}  # distribution name -> import name where they differ
+    assert _third_party_imports(paths) <= {module_of.get(name, name) for name in declared}
 
 
 def test_runtime_image_carries_mpi() -> None:
