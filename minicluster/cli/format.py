@@ -1,4 +1,7 @@
-"""Human output (rich tables, event lines) and the stable `--json` shapes. Pure functions, no I/O."""
+"""Human output (rich tables, event lines) and the stable `--json` shapes.
+
+Built from the broker's answers, no request of their own; the I/O here is writing tables to stdout
+(print_table) and naming users from the password database (user_name)."""
 from __future__ import annotations
 
 import datetime
