@@ -29,10 +29,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import (compare, cpu_seconds, loadavg, local_cluster, progress, run_all, spec,  # noqa: E402
-                        submit_ids)
+from throughput import compare, cpu_seconds, loadavg, local_cluster, progress, run_all, spec, submit_ids
 
-from minicluster.client import Client  # noqa: E402
+from minicluster.client import Client
 
 
 @dataclass(frozen=True)
@@ -155,7 +154,8 @@ def retries_run(n: int, first_plain: bool) -> dict[str, float]:
 def repeat(name: str, runs: int, fn: Any, *args: Any) -> dict[str, Any]:
     per_run = []
     for i in range(runs):
-        per_run.append(fn(*args) if fn is not retries_run else fn(*args, i % 2 == 0))
+        call: Any = fn  # retries_run also takes the run's order
+        per_run.append(call(*args) if fn is not retries_run else call(*args, i % 2 == 0))
         progress(f"{name} run {i + 1}/{runs}: " + ", ".join(f"{k} {v:,.3f}" for k, v in per_run[-1].items()))
     return {"runs": per_run, "median": {k: statistics.median(r[k] for r in per_run) for k in per_run[0]}}
 

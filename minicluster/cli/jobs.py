@@ -81,7 +81,7 @@ def _attempts_by_index(rows: list[list[Any]]) -> dict[int, list[list[Any]]]:
 
 def _attempt_json(row: list[Any]) -> dict[str, Any]:
     keys = ("attempt", "rank", "status", "exit_code", "signal", "error")
-    return {**dict(zip(keys, row[2:8])), "outcome": row[10]}
+    return {**dict(zip(keys, row[2:8], strict=True)), "outcome": row[10]}
 
 
 def cancel(argv: list[str]) -> int:

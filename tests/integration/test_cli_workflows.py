@@ -11,13 +11,16 @@ set -e
 pre=$(mc-submit --hold --name preprocess sh -c 'echo prepared')
 sims=$(mc-submit --cc 0-199 --dependency afterok:$pre sh -c 'echo sim {cc}')
 red=$(mc-submit --name reduce --dependency afterok:$sims sh -c 'echo reduced')
-mc jobs --json $red | python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print("RED", j["state"], j["waiting"])'
+mc jobs --json $red |
+    python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print("RED", j["state"], j["waiting"])'
 mc release $pre
 mc-submit --wait --dependency afterany:$red true > /dev/null
-mc jobs -a --json $pre $sims $red | python3 -c 'import json,sys; print("DONE", [j["result"] for j in json.load(sys.stdin)["jobs"]])'
+mc jobs -a --json $pre $sims $red |
+    python3 -c 'import json,sys; print("DONE", [j["result"] for j in json.load(sys.stdin)["jobs"]])'
 
 flaky=$(mc-submit --cc 0-9 --max-retries-per-index 3 --on-exit 2=fail --max-failed-indexes 5 \
-        sh -c '[ {cc} != 4 ] || [ $MC_TASK_ATTEMPT -ge 1 ] || exit 1; [ {cc} != 7 ] || exit 2; echo ok {cc} $MC_TASK_ATTEMPT')
+        sh -c '[ {cc} != 4 ] || [ $MC_TASK_ATTEMPT -ge 1 ] || exit 1
+               [ {cc} != 7 ] || exit 2; echo ok {cc} $MC_TASK_ATTEMPT')
 mc-submit --wait --dependency afterany:$flaky true > /dev/null || true
 echo "FAILED"; mc jobs $flaky --failed
 echo "LOG $(mc logs $flaky --index 4 --attempt 1)"
@@ -25,7 +28,9 @@ mc jobs --failed --json $flaky > failed.json
 
 driver=$(mc-submit --cc 0-7 --success-indexes 0 sh -c '[ {cc} = 0 ] || sleep 30')
 mc-submit --wait --dependency afterok:$driver true > /dev/null
-echo "DRIVER $(mc jobs -a --json $driver | python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print(j["status"], j["counts"]["succeeded"], j["counts"]["cancelled"])')"
+echo "DRIVER $(mc jobs -a --json $driver |
+    python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]
+print(j["status"], j["counts"]["succeeded"], j["counts"]["cancelled"])')"
 
 held=$(mc-submit --hold true)
 mc update $held urgency=30 name=later

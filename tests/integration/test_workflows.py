@@ -213,7 +213,7 @@ def test_hold_release_update(client: Client) -> None:
         client.update(running, urgency=3)
     with pytest.raises(ClientError, match="cannot be updated"):
         client.update(running, argv=["x"])
-    with pytest.raises(ClientError, match="urgency: must be 0..31|urgency"):
+    with pytest.raises(ClientError, match=r"urgency: must be 0\.\.31|urgency"):
         client.update(running, urgency=99)
     _, errors = client.hold([running])
     assert "nothing left to start" in errors[running]

@@ -3,6 +3,7 @@ begin times, retries and success policies carry on after the restart, every inde
 once, and event logs stay gapless."""
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 
@@ -79,7 +80,7 @@ def test_workflows_survive_a_broker_kill9(tmp_path) -> None:
             assert [r[2] for r in c.attempts(plain)] == [0, 1, 2]
             assert c.job(driver)["counts"]["succeeded"] == 1
             runs = sorted((c.job(j)["t_run"], c.job(j)["t_inactive"]) for j in solo)
-            assert all(a[1] <= b[0] for a, b in zip(runs, runs[1:])), "singletons overlapped"
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(runs)), "singletons overlapped"
             for job_id in (pre, sims, post, reduce, held, later, plain, driver, *solo):
                 names = assert_gapless(c, job_id)
                 removed = [e[3]["description"] for e in c.eventlog(job_id) if e[2] == "dependency-remove"]
