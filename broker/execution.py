@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 from broker import sched
 from broker.job import Job, State
-from broker.jobmanager import JobManager
+from broker.jobmanager import JobManager, request_of
+from broker.share import accounting
 from broker.stdin import StdinRelay
 from minicluster.config import InstanceConfig
 from minicluster.model.idset import IdSet
@@ -52,6 +53,8 @@ class Execution:
         self._aborts: dict[int, tuple[dict[int, tuple[int, str]], asyncio.TimerHandle]] = {}
         # Plain jobs whose `run` waits for their alloc event to be durable.
         self._undispatched: set[int] = set()
+        # Array elements being preempted (broker/share/preemption.py): they end counted as cancelled.
+        self.preempted: dict[Key, str] = {}
         self.stdin = StdinRelay(send)
         # Since this broker started, for rates (`mc top`).
         self.tasks_started = 0
@@ -97,7 +100,8 @@ class Execution:
         self._track(job, task, rank, element, now)
         if allocation is not None:
             assert job.spec is not None
-            self.manager.scheduler.adopt(job.id, element, allocation, now, self.manager.time_limit(job.spec))
+            self.manager.scheduler.adopt(job.id, element, allocation, now, self.manager.time_limit(job.spec),
+                                         job=self.manager.sched_job(job, request_of(job.spec)))
 
     def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, dict[str, Any]]) -> None:
         task = job.pending_map[st.element] if job.pending_map is not None else st.element
@@ -193,11 +197,12 @@ class Execution:
         statements = []
         keys = []
         released: list[tuple[int, int]] = []
+        usage_rows = []  # after the task rows, so each kind still goes through one executemany
         now = self.manager.clock()
         attempts = self.manager.workflow.attempts
         for result in results:
-            job_id, task, status, exit_code, sig, error, started, ended = result[:8]
-            attempt = result[8] if len(result) > 8 else 0
+            job_id, task, status, exit_code, sig, error, started, ended = result if len(result) == 8 else result[:8]
+            attempt = result[8] if len(result) > 8 and type(result[8]) is int else 0
             keys.append([job_id, task, attempt] if attempt else [job_id, task])
             job = self.manager.jobs.get(job_id)
             if job is None or job.state == State.INACTIVE or not 0 <= task < job.total_tasks or job.is_done(task):
@@ -211,6 +216,7 @@ class Execution:
                 judged = attempts.judge(job, task, rank, result, attempt) if status or flow.judge_all else (0, False)
                 if judged is None:
                     # Not final: recorded as an attempt, queued again once that is durable.
+                    self._account(job, result, started, ended, usage_rows)  # it held its cores all the same
                     running = self._untrack((job_id, task))
                     if running is not None:
                         job.running -= 1
@@ -222,9 +228,12 @@ class Execution:
             job.mark_done(task)
             running = self._untrack((job_id, task))
             self.tasks_ended += 1
+            preempted = self.preempted.pop((job_id, task), None) if self.preempted else None
             statements.append(("INSERT OR REPLACE INTO tasks VALUES (?,?,?,?,?,?,?,?,?,?)",
                                (job_id, task, job.index_of(task), rank, status, exit_code, sig, error,
                                 started, ended)))
+            self._account(job, result, started, ended, usage_rows)
+            cancelled = cancelled or preempted is not None
             job.record_result(counted, was_running=running is not None, cancelled=cancelled)
             if running is not None and job.is_array:
                 released.append((job_id, running.element))
@@ -240,11 +249,25 @@ class Execution:
             # Array elements free their cores together: one accounting pass per node.
             self.manager.scheduler.release_many(released, now)
         attempts.commit()
-        fut = self.manager.journal.write(statements)
+        fut = self.manager.journal.write(statements + usage_rows)
         if ack and keys:
             fut.add_done_callback(lambda f: f.exception() or self.send("done-ack", rank, {"keys": keys}))
         for job in touched.values():
             self._after_results(job, now)
+
+    @staticmethod
+    def _account(job: Job, result: list[Any], started: float | None, ended: float | None,
+                 usage_rows: list[Any]) -> None:
+        """Add one result to the job's usage sums (broker/share/accounting.py): the per-result hot path."""
+        acct = job.acct
+        if acct is None:
+            acct = job.acct = accounting.Acct()
+        if ended is not None and started is not None and ended >= started:
+            acct.span(started, ended)
+        if len(result) > 8:  # CPU time and peak memory, if it carries them (the test executor's do not)
+            used = accounting.note_usage(job, acct, result)
+            if used is not None:
+                usage_rows.append(used)
 
     def _after_results(self, job: Job, now: float) -> None:
         if not job.is_array and job.running == 0 and job.state == State.RUN:
@@ -307,6 +330,15 @@ class Execution:
             self._end_locally(job, list(self.by_job.get(job.id, ())), 128 + sig, "cancelled before start")
             return
         self._signal(list(self.by_job.get(job.id, ())), sig)
+
+    def preempt_element(self, job: Job, element: int, note: str) -> bool:
+        """End the running array element `element` (SIGTERM, then the kill grace), counted as cancelled."""
+        task = next((key[1] for key in self.by_job.get(job.id, ()) if self.tasks[key].element == element), None)
+        if task is None:
+            return False
+        self.preempted[(job.id, task)] = note
+        self._signal([(job.id, task)], signal.SIGTERM)
+        return True
 
     def _signal(self, keys: list[Key], sig: int) -> None:
         per_rank: dict[int, list[list[int]]] = defaultdict(list)

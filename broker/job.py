@@ -51,7 +51,7 @@ class Job:
         "status", "exception", "seq", "spec", "array", "pending_map", "next_element",
         "running", "succeeded", "failed", "cancelled", "ranks", "deadline", "output_bytes", "oseq",
         "truncated", "ending", "tasks_left", "done_bits", "closed", "ranks_text",
-        "cause_status", "first_failure", "pmi_used", "reason", "flow", "retries",
+        "cause_status", "first_failure", "pmi_used", "reason", "flow", "retries", "queue", "project", "acct",
     )
 
     def __init__(self, job_id: int, uid: int, spec: Jobspec, t_submit: float, gid: int = -1) -> None:
@@ -104,6 +104,11 @@ class Job:
         self.flow: Any = None
         # Retries made (protocol.md §3.9.2; all indexes of an array together), kept once inactive.
         self.retries = 0
+        # Sharing: the queue and bank (set at submit, broker/share/service.py), and the job's accounting:
+        # running sums while active (broker/share/accounting.py Acct), its UsageRecord once finished.
+        self.queue = spec.queue
+        self.project = spec.project
+        self.acct: Any = None
 
     @property
     def is_array(self) -> bool:
@@ -196,7 +201,7 @@ class Job:
                 "pending": self.pending(), "running": self.running, "succeeded": self.succeeded,
                 "failed": self.failed, "cancelled": self.cancelled,
             },
-            "est_start": est_start,
+            "est_start": est_start, "queue": self.queue, "project": self.project,
         }
 
     def counts_wire(self) -> list[Any]:

@@ -36,6 +36,7 @@ EXCEPTION_STATUS = {
     "shutdown": 128 + signal.SIGTERM,
     "node-lost": 128 + signal.SIGKILL,
     "broker-restart": 128 + signal.SIGKILL,
+    "preempt": 128 + signal.SIGTERM,
 }
 
 
@@ -95,6 +96,8 @@ class JobManager:
         # Set by the broker: the job finished (nothing of it runs any more).
         self.job_finished: Callable[[Job], None] = lambda job: None
         self.all_ranks_seen = False
+        # Set by the broker: queues, banks, priorities and accounting (broker/share/service.py).
+        self.sharing: Any = None
         self._feasible: dict[sched.Request, str] = {}
         # Inactive job ids in the order they became inactive: purge takes from the front.
         self.inactive_order: deque[int] = deque()
@@ -139,11 +142,15 @@ class JobManager:
             # Tasks of other users can only run under their own uid, which needs a root instance.
             raise JobError("permission", f"this instance runs tasks as uid {self.owner_uid} only; "
                                          f"uid {uid} may watch but not submit")
+        if self.sharing is not None:
+            spec = self.sharing.resolve(uid, spec)
         request = self.validate(spec)
         try:
             self.workflow.check(uid, spec)
         except WorkflowRefusal as exc:
             raise JobError(exc.code, str(exc)) from None
+        if self.sharing is not None:
+            self.sharing.admit(uid, spec, request, len(spec.array_ids or ()) or 1)
         now = self.clock()
         job = Job(self.next_id, uid, spec, now, gid)
         self.next_id += 1
@@ -165,14 +172,17 @@ class JobManager:
         return job.id, fut
 
     def enqueue(self, job: Job, request: sched.Request, count: int | None = None, first: int = 0) -> None:
+        count = count if count is not None else job.total_tasks if job.is_array else 1
+        self.scheduler.enqueue(self.sched_job(job, request, count, first), now=self.clock())
+        self.wake_scheduler()
+
+    def sched_job(self, job: Job, request: sched.Request, count: int = 1, first: int = 0) -> sched.SchedJob:
         spec = job.spec
         assert spec is not None
-        self.scheduler.enqueue(sched.SchedJob(
-            job_id=job.id, urgency=job.urgency, submit_time=job.t_submit, request=request,
-            time_limit=self.time_limit(spec), policy=spec.policy,
-            count=count if count is not None else job.total_tasks if job.is_array else 1, first_element=first,
-        ))
-        self.wake_scheduler()
+        sharing = self.sharing.bucket_fields(job.uid, spec) if self.sharing is not None else {}
+        return sched.SchedJob(job_id=job.id, urgency=job.urgency, submit_time=job.t_submit, request=request,
+                              time_limit=self.time_limit(spec), policy=spec.policy, count=count,
+                              first_element=first, **sharing)
 
     def request(self, job: Job) -> sched.Request:
         assert job.spec is not None
@@ -249,7 +259,8 @@ class JobManager:
             job.tasks_left = 0
         job.t_inactive = self.clock()
         counts = {"succeeded": job.succeeded, "failed": job.failed, "cancelled": job.cancelled}
-        self.post(job, "finish", {"status": job.status, "counts": counts})
+        accounting = self.sharing.finished(job) if self.sharing is not None else []
+        self.post(job, "finish", {"status": job.status, "counts": counts}, extra=accounting)
         self.post(job, "release")
         self.job_finished(job)
         self.clean(job)
@@ -308,6 +319,8 @@ class JobManager:
                 ranks.update(graph.held_ranks((job.id, 0)))
             out["alloc"] = graph.placement(ranks)
         self.workflow.summary(job, out)
+        if self.sharing is not None:
+            out.update(self.sharing.describe(job))
         return out
 
     def _estimated_start(self, job_id: int) -> float | None:
@@ -348,7 +361,8 @@ class JobManager:
         if doomed:
             statements: list[Statement] = []
             for table, column in (("jobs", "id"), ("events", "job"), ("tasks", "job"), ("output", "job"),
-                                  ("attempts", "job"), ("output_attempts", "job")):
+                                  ("attempts", "job"), ("output_attempts", "job"), ("task_usage", "job"),
+                                  ("job_usage", "job")):
                 statements.extend((f"DELETE FROM {table} WHERE {column}=?", (j,)) for j in doomed)
             self.journal.write(statements)
         return len(doomed)

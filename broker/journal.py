@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, Union
 
+from broker.share.schema import SCHEMA as SHARING_SCHEMA
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
@@ -79,7 +81,7 @@ class Journal:
         setup = _connect(self.path)
         # The journal holds every job's environment and output: owner only (WAL and SHM files inherit it).
         os.chmod(self.path, 0o600)
-        setup.executescript(_SCHEMA)
+        setup.executescript(_SCHEMA + SHARING_SCHEMA)
         found = setup.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if found is None:
             setup.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))

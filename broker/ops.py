@@ -124,12 +124,18 @@ def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     ids = _field(req, "ids", list, None)
     limit = _field(req, "limit", int, 1000)
     alloc = _field(req, "alloc", bool, False)
+    with_priority = _field(req, "priority", bool, False)
     manager = broker.manager
     if ids is not None:
         selected = [manager.get(i) for i in ids]
     else:
         selected = [j for j in reversed(manager.jobs.values()) if show_all or j.state != State.INACTIVE]
-    return {"jobs": [manager.summary(j, alloc) for j in selected[:limit]]}
+    summaries = [manager.summary(j, alloc) for j in selected[:limit]]
+    if with_priority:
+        now = manager.clock()
+        for summary, record in zip(summaries, selected):
+            summary["priority_components"] = broker.sharing.components(record, now)
+    return {"jobs": summaries}
 
 
 @op("job")

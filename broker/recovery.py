@@ -195,7 +195,8 @@ class Reattach:
                                              [(e[0], e[2], e[3]) for e in sorted(entries, key=lambda e: e[1])])
             for rank, task, _, _ in entries:
                 execution.adopt(job, task, 0, rank, None, now)
-            self.manager.scheduler.adopt(job.id, 0, alloc, job.t_run or now, self.manager.time_limit(spec))
+            self.manager.scheduler.adopt(job.id, 0, alloc, job.t_run or now, self.manager.time_limit(spec),
+                                         job=self.manager.sched_job(job, request))
             log.info("job %d reattached on ranks %s", job.id, sorted(ranks))
             return
         for rank, task, _, _ in entries:

@@ -25,6 +25,9 @@ from broker.journal import Journal
 from broker.ops import Operations
 from broker.ranks import RankTable
 from broker.recovery import Reattach, load
+from broker.share import accounting, preemption
+from broker.share import ops as sharing_ops  # noqa: F401  (registers the sharing operations)
+from broker.share.service import Sharing
 from broker.status_http import StatusServer
 from broker.watchers import Watchers
 from minicluster import config as config_mod
@@ -55,7 +58,11 @@ class Broker:
         self.scheduler = sched.Scheduler(self.graph, config.policy, config.default_time_limit)
         self.watchers = Watchers()
         self.manager = JobManager(config, self.journal, self.scheduler, self.watchers, self.owner_uid, next_id=1)
+        self.sharing = Sharing(config, self.journal, self.scheduler)
+        self.manager.sharing = self.sharing
         recovered = load(self.journal, self.manager)
+        accounting.restore(self.journal, recovered.active)
+        accounting.load_records(self.journal, self.manager.jobs)
         self.epoch = recovered.epoch
         self.manager.next_id = recovered.next_id
         self.reattach = Reattach(self.manager, recovered.active)
@@ -87,7 +94,7 @@ class Broker:
         if self.status_server is not None:
             await self.status_server.start()
         loops = [self._sweep_loop(), self._deadline_loop(), self._purge_loop(), self._reload_loop(),
-                 self.agent.run()]
+                 self._sharing_loop(), self.agent.run()]
         tasks = [asyncio.ensure_future(c) for c in loops]
         if not self.reattach.needed:
             self.reattach = None  # type: ignore[assignment]
@@ -143,6 +150,10 @@ class Broker:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await self.journal.write(self.sharing.save_usage(time.time()))
+        except Exception as exc:  # a full disk must not stop the shutdown; the last periodic save stands
+            log.warning("could not save fair-share usage: %s", exc)
         await self.client_server.close()
         if self.status_server is not None:
             await self.status_server.close()
@@ -282,6 +293,9 @@ class Broker:
         starts = self.scheduler.schedule(time.time())
         if starts:
             self.execution.start(starts)
+        preemptions = self.scheduler.take_preemptions()
+        if preemptions:
+            preemption.carry_out(self.manager, self.execution, self.sharing, preemptions)
 
     async def _close_reattach_window(self) -> None:
         deadline = time.time() + self.config.reattach_timeout
@@ -313,13 +327,32 @@ class Broker:
             await asyncio.sleep(0.1)
             self.execution.check_deadlines(time.time())
 
+    async def _sharing_loop(self) -> None:
+        """Every `fairshare_interval`: fair-share factors, and the usage that changed saved to the journal (a
+        kill -9 loses at most that much); every `interval`: every pending job's priority again (age)."""
+        weights = self.sharing.weights
+        last_full = time.time()
+        self.sharing.refresh(last_full)
+        while True:
+            await asyncio.sleep(weights.fairshare_interval)
+            now = time.time()
+            self.sharing.refresh(now)
+            saved = self.sharing.save_usage(now)
+            if saved:
+                self.journal.write(saved)
+            if now - last_full >= weights.interval:
+                last_full = now
+                self.sharing.reprioritize(now)
+            self._wake_scheduler()
+
     async def _purge_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
             self.manager.purge()
 
     async def _reload_loop(self) -> None:
-        """Follow `size` in the config file, which the operator updates when a MiniCluster is scaled."""
+        """Follow `size` (the operator updates it when a MiniCluster is scaled) and the queues and priority
+        weights (when its spec.queues changes) in the config file."""
         if not self.config_path:
             return
         mtime = os.stat(self.config_path).st_mtime
@@ -339,6 +372,16 @@ class Broker:
                 self.config = self.config.replace(size=new.size)
                 self.manager.config = self.config
                 self.ranks.resize(new.size)
+            if new.sharing != self.config.sharing:
+                # Queues and weights apply now; banks from the config at the next start (mc bank: now).
+                log.info("queue and priority settings changed: applied")
+                self.config = self.config.replace(queues=new.queues, default_queue=new.default_queue,
+                                                  priority=new.priority, banks=new.banks,
+                                                  default_projects=new.default_projects)
+                self.manager.config = self.sharing.config = self.config
+                self.sharing.apply(self.config.sharing)
+                self.sharing.reprioritize(time.time())
+                self._wake_scheduler()
 
     def status_snapshot(self) -> dict[str, Any]:
         counts = self.ranks.counts()
@@ -355,6 +398,7 @@ class Broker:
                 "ranks": {"up": counts["up"], "unresponsive": counts["unresponsive"], "lost": counts["lost"],
                           "expected": counts["expected"]},
                 "ready": self.ranks.all_up(), "jobs": jobs, "command": self.command_state,
+                **self.sharing.gauges(),
                 "counters": {"journal_commits": self.journal.commits, "journal_statements": self.journal.statements,
                              "overlay_dropped": self.overlay.dropped, "overlay_bad_frames": self.overlay.bad_frames}}
 

@@ -24,8 +24,35 @@ def metrics_text(status: dict[str, Any]) -> str:
         f"minicluster_ready {int(status['ready'])}",
         *(line for name, value in status.get("counters", {}).items()
           for line in (f"# TYPE minicluster_{name}_total counter", f"minicluster_{name}_total {value}")),
+        *_sharing_gauges(status),
     ]
     return "\n".join(lines) + "\n"
+
+
+# (metric, help) of the per-queue and per-user gauges; each is labelled by queue or by user and uid.
+_GAUGES = (("pending", "jobs waiting (array elements count one each)"), ("running", "jobs running"),
+           ("cores", "cores held by running jobs"), ("gpus", "GPUs held by running jobs"))
+
+
+def _sharing_gauges(status: dict[str, Any]) -> list[str]:
+    lines = []
+    queues = status.get("queues") or {}
+    for key, what in _GAUGES:
+        lines += [f"# HELP minicluster_queue_{key} {what}", f"# TYPE minicluster_queue_{key} gauge"]
+        lines += [f'minicluster_queue_{key}{{queue="{_label(q)}"}} {v[key]}' for q, v in queues.items()]
+    lines.append("# TYPE minicluster_queue_open gauge")
+    lines += [f'minicluster_queue_open{{queue="{_label(q)}",switch="{switch}"}} {int(v[switch])}'
+              for q, v in queues.items() for switch in ("enabled", "started")]
+    users = status.get("users") or {}
+    for key, what in _GAUGES:
+        lines += [f"# HELP minicluster_user_{key} {what}", f"# TYPE minicluster_user_{key} gauge"]
+        lines += [f'minicluster_user_{key}{{user="{_label(v.get("name", uid))}",uid="{uid}"}} {v[key]}'
+                  for uid, v in users.items()]
+    return lines
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class StatusServer:

@@ -256,11 +256,14 @@ class Client:
                 yield _fields(msg)
 
     def jobs(self, all: bool = False, ids: Iterable[int] | None = None,
-             limit: int | None = None, alloc: bool = False) -> list[dict[str, Any]]:
-        """Job summaries (protocol.md §3.6); active jobs only unless `all`; `alloc` adds placements."""
+             limit: int | None = None, alloc: bool = False, priority: bool = False) -> list[dict[str, Any]]:
+        """Job summaries (protocol.md §3.6); active jobs only unless `all`; `alloc` adds placements; `priority`
+        adds each pending job's priority factors (`priority_components`, §3.10)."""
         fields: dict[str, Any] = {"all": all}
         if alloc:
             fields["alloc"] = True
+        if priority:
+            fields["priority"] = True
         if ids is not None:
             fields["ids"] = list(ids)
         if limit is not None:
@@ -366,6 +369,47 @@ class Client:
 
     def shutdown(self) -> None:
         self.call("shutdown")
+
+    # ------------------------------------------------------------ sharing (protocol.md §3.10)
+
+    def queues(self) -> dict[str, Any]:
+        """`{default, queues: [queueinfo]}`: each queue's settings, state, counts and users."""
+        return _fields(self.call("queues"))
+
+    def queue_control(self, action: str, queues: Iterable[str] = (), reason: str = "") -> list[str]:
+        """start/stop (scheduling) or enable/disable (accepting) the queues, all of them if none named."""
+        return self.call("queue-control", action=action, queues=list(queues), reason=reason)["queues"]
+
+    def banks(self) -> list[dict[str, Any]]:
+        """Banks and user associations in Fair Tree order, with shares, usage and fair-share factors."""
+        return self.call("banks")["banks"]
+
+    def bank_add(self, bank: str, parent: str = "root", shares: int = 1, user: int | str | None = None,
+                 default: bool = False) -> None:
+        """Create or change a bank, or (with `user`) add a user to one."""
+        if user is None:
+            self.call("bank-add", bank=bank, parent=parent, shares=shares)
+        else:
+            self.call("bank-add", bank=bank, user=user, shares=shares, default=default)
+
+    def bank_remove(self, bank: str, user: int | str | None = None) -> None:
+        fields: dict[str, Any] = {"bank": bank}
+        if user is not None:
+            fields["user"] = user
+        self.call("bank-remove", **fields)
+
+    def usage(self, user: int | str | None = None, project: str | None = None, since: float | None = None,
+              until: float | None = None, by_queue: bool = False) -> list[dict[str, Any]]:
+        """Core-, GPU-, wall- and CPU-hours of finished jobs per user and bank (and queue)."""
+        fields: dict[str, Any] = {"by_queue": by_queue}
+        for name, value in (("user", user), ("project", project), ("since", since), ("until", until)):
+            if value is not None:
+                fields[name] = value
+        return self.call("usage", **fields)["usage"]
+
+    def job_usage(self, job_id: int) -> dict[str, Any]:
+        """What a finished job held and used, and its CPU and memory efficiency."""
+        return self.call("job-usage", job=job_id)["usage"]
 
 
 def _checked(msg: dict[str, Any]) -> dict[str, Any]:

@@ -7,15 +7,17 @@ docs/architecture.md#configuration.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import os
 import socket
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from minicluster.model import restree
+from minicluster.model import sharing as sharing_mod
 
 POLICIES = ("first-fit", "pack", "spread", "low-id", "high-id", "locality-first")
 
@@ -69,6 +71,13 @@ class InstanceConfig:
     topology: str = ""
     # A JSON Graph Format file describing every rank (Fluxion's JGF); its levels replace `topology`.
     resource_graph: str = ""
+    # Sharing (minicluster/model/sharing.py, docs/scheduling.md): named queues, the one jobs go to when they
+    # name none, the bank tree, users' default banks and the multifactor priority weights.
+    queues: dict[str, Any] = field(default_factory=dict)
+    default_queue: str = ""
+    banks: dict[str, Any] = field(default_factory=dict)
+    default_projects: dict[str, Any] = field(default_factory=dict)
+    priority: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -92,6 +101,16 @@ class InstanceConfig:
                               " carries its own, drop topology")
         if self.listen not in ("", "*") and any(c in self.listen for c in "/[] "):
             raise ConfigError(f"listen must be empty, '*' or one address, got {self.listen!r}")
+        try:
+            self.sharing
+        except sharing_mod.SharingError as exc:
+            raise ConfigError(str(exc)) from None
+
+    @functools.cached_property
+    def sharing(self) -> sharing_mod.Sharing:
+        """The queues, banks and priority weights, parsed (a config without queues has one: `default`)."""
+        return sharing_mod.parse(self.queues, self.default_queue, self.banks, self.default_projects,
+                                 self.priority)
 
     @property
     def levels(self) -> tuple[tuple[str, str], ...]:
@@ -176,8 +195,18 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, dict):
+        # An inline table, nested as deep as the value: TOML reads it back as the same mapping.
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
+
+
+def _toml_key(key: Any) -> str:
+    text = str(key)
+    return text if text and all(c.isalnum() or c in "_-" for c in text) and text.isascii() else _toml_value(text)
 
 
 def load(path: str | os.PathLike[str]) -> InstanceConfig:
@@ -197,13 +226,16 @@ def from_mapping(data: dict[str, Any], source: str = "config") -> InstanceConfig
         raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}")
     values: dict[str, Any] = {}
     for key, value in data.items():
-        expected = type(getattr(InstanceConfig, key))
+        expected = type(getattr(_DEFAULTS, key))
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise ConfigError(f"{source}: {key} must be {expected.__name__}, got {value!r}")
         values[key] = value
     return InstanceConfig(**values)
+
+
+_DEFAULTS = InstanceConfig()
 
 
 def write(config: InstanceConfig, path: str | os.PathLike[str]) -> None:

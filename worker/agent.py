@@ -288,10 +288,12 @@ class WorkerAgent:
         self.lines.flush(key)
         self.stdin.close(key)
         error = result.error
+        max_rss = result.max_rss
         group = self.memory_groups.pop(key, None)
         if group is not None:
             if error is None and result.signal == signal.SIGKILL and group.oom_killed():
                 error = f"out of memory: exceeded --mem {group.limit_mb} MiB"
+            max_rss = group.peak_kb() or max_rss
             self._remove_group(group)
         if self.running.pop(key, None) is not None:
             left = self.job_running[key[0]] - 1
@@ -306,6 +308,8 @@ class WorkerAgent:
         row = [key[0], key[1], result.status, result.exit_code, result.signal, error,
                result.started, result.ended, *self._attempt_list(key)]
         self.attempts.pop(key, None)
+        if result.cpu or max_rss:
+            row.append({"cpu": result.cpu, "rss": max_rss})  # accounting (protocol.md §2.5)
         self.unacked[key] = row
         self._done.append(row)
         self._schedule_flush()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
+import resource
 import errno
 import functools
 import logging
@@ -70,6 +72,9 @@ class TaskResult:
     pid: int | None
     started: float
     ended: float
+    # Accounting: utime + stime of the task and the children it waited for, and its peak RSS in KiB.
+    cpu: float = 0.0
+    max_rss: int = 0
 
 
 OnOutput = Callable[[TaskKey, str, bytes], None]
@@ -92,6 +97,10 @@ class _Task:
     starttime: int | None  # from /proc, for the orphan pidfile
     ended: float = 0.0
     waitstatus: int | None = None
+    rusage: resource.struct_rusage | None = None  # wait4's, for the task's CPU time and peak RSS
+    # This process's peak RSS when it spawned the task: posix_spawn's child shares our memory until it execs,
+    # and the kernel keeps that high-water mark in the child's ru_maxrss.
+    spawner_rss: int = 0
     kill_timer: asyncio.TimerHandle | None = None
     drain_timer: asyncio.TimerHandle | None = None
 
@@ -155,6 +164,7 @@ class TaskExecutor(_Executor):
             return None
         task = _Task(spec.key, pid, pidfd, pipes, started,
                      _starttime(pid) if self._pidfile else None)
+        task.spawner_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self._tasks[spec.key] = task
         loop.add_reader(pidfd, self._on_pidfd, task)
         for fd in pipes:
@@ -287,7 +297,7 @@ class TaskExecutor(_Executor):
 
     def _on_pidfd(self, task: _Task) -> None:
         try:
-            pid, status = os.waitpid(task.pid, os.WNOHANG)
+            pid, status, task.rusage = os.wait4(task.pid, os.WNOHANG)
         except ChildProcessError:
             pid, status = task.pid, None  # reaped behind our back: status unknown
         if pid == 0:
@@ -434,8 +444,16 @@ def _result(task: _Task) -> TaskResult:
         return TaskResult(task.key, 255, None, None, "exit status lost (reaped elsewhere)",
                           task.pid, task.started, task.ended)
     if os.WIFSIGNALED(ws):
-        return _exited(task.key, task.pid, None, os.WTERMSIG(ws), task.started, task.ended)
-    return _exited(task.key, task.pid, os.WEXITSTATUS(ws), None, task.started, task.ended)
+        result = _exited(task.key, task.pid, None, os.WTERMSIG(ws), task.started, task.ended)
+    else:
+        result = _exited(task.key, task.pid, os.WEXITSTATUS(ws), None, task.started, task.ended)
+    ru = task.rusage
+    if ru is None:
+        return result
+    # ru_maxrss (KiB) is the largest single process among the task and the children it waited for, but never less
+    # than the spawner's own peak (see spawner_rss): only a larger value is the task's; else it is not known here.
+    rss = ru.ru_maxrss if ru.ru_maxrss > task.spawner_rss else 0
+    return dataclasses.replace(result, cpu=ru.ru_utime + ru.ru_stime, max_rss=rss)
 
 
 def _exited(key: TaskKey, pid: int, code: int | None, sig: int | None,

@@ -55,6 +55,13 @@ class TaskMemoryGroup:
         counts = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
         return int(counts.get("oom_kill", "0")) > 0
 
+    def peak_kb(self) -> int:
+        """The group's peak memory use in KiB (its tasks and their children, page cache included); 0 if unknown."""
+        try:
+            return int((self.path / "memory.max_usage_in_bytes").read_text()) // 1024
+        except (OSError, ValueError):
+            return 0
+
     def remove(self) -> bool:
         """rmdir the group; False while processes are still leaving it."""
         try:

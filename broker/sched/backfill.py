@@ -45,34 +45,58 @@ def plan_reservation(graph: ResourceGraph, job_id: int, request: Request, policy
     taken to end now.
     """
     order = sorted(ends, key=ends.__getitem__)
-    detached: list[tuple[Hashable, dict[int, Hold]]] = []
+    with DetachedPrefix(graph, order) as prefix:
+        count = prefix.shortest_fitting(request, policy)
+        if count is None:
+            return None
+        found = graph.match(request, policy)
+        assert found is not None, "fits() and match() disagree"
+        return Reservation(job_id, max(now, ends[order[count - 1]]), found, order[count - 1])
 
-    def move_to(count: int) -> None:
+
+class DetachedPrefix:
+    """Running allocations detached from the graph in a given order, the first `count` of them at a time;
+    everything is attached again on leaving the `with` block.  Also the preemption search's tool."""
+
+    def __init__(self, graph: ResourceGraph, order: list[Hashable]) -> None:
+        self.graph = graph
+        self.order = order
+        self.detached: list[tuple[Hashable, dict[int, Hold]]] = []
+
+    def __enter__(self) -> "DetachedPrefix":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.move_to(0)
+
+    def move_to(self, count: int) -> None:
+        detached, graph = self.detached, self.graph
         while len(detached) < count:
-            key = order[len(detached)]
+            key = self.order[len(detached)]
             detached.append((key, graph.detach(key)))
         while len(detached) > count:
             graph.attach(*detached.pop())
 
-    try:
+    def shortest_fitting(self, request: Request, policy: str) -> int | None:
+        """The fewest allocations, in order, whose ending lets `request` fit (left detached), or None.
+
+        Fitting is monotone in freed resources: exponential, then binary search.
+        """
+        graph, total = self.graph, len(self.order)
         low, high = 0, 1
-        while high <= len(order):
-            move_to(high)
+        while True:
+            if high > total:
+                return None
+            self.move_to(high)
             if graph.fits(request, policy):
                 break
-            low, high = high, min(high * 2, len(order)) if high < len(order) else high + 1
-        else:
-            return None
+            low, high = high, min(high * 2, total) if high < total else high + 1
         while high - low > 1:
             mid = (low + high) // 2
-            move_to(mid)
+            self.move_to(mid)
             if graph.fits(request, policy):
                 high = mid
             else:
                 low = mid
-        move_to(high)
-        found = graph.match(request, policy)
-        assert found is not None, "fits() and match() disagree"
-        return Reservation(job_id, max(now, ends[order[high - 1]]), found, order[high - 1])
-    finally:
-        move_to(0)
+        self.move_to(high)
+        return high

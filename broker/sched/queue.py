@@ -18,12 +18,17 @@ Arrays of one-slot CPU-only elements are started many per pass
 (graph.alloc_array: one walk over the candidate nodes, accounting once per
 node, interned Allocations), with the same result as one match + alloc per
 element; their release takes a specialised free.  See docs/scheduling.md.
+
+Sharing (docs/scheduling.md, "Queues, limits and fair share"): the order is
+a merge of per-bucket runs (broker/sched/ordering.py), a bucket a limit or a
+stopped queue holds is skipped whole (broker/sched/limits.py), and a blocked
+head from a higher-priority queue may preempt (broker/sched/preempt.py).
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import NamedTuple
@@ -31,7 +36,10 @@ from typing import NamedTuple
 from .alloc import Allocation
 from .backfill import PHANTOM, Reservation, plan_reservation
 from .graph import ResourceGraph
+from .limits import LimitCounters
+from .ordering import OrderKey, Ordering
 from .policies import check_policy
+from .preempt import choose_victims, lost_work
 from .request import Request
 
 DEFAULT_BACKFILL_DEPTH = 1000
@@ -51,6 +59,10 @@ class SchedJob:
     # Elements are numbered first_element .. first_element+count-1: an array's indexes queued again (a retry,
     # a release after a hold) continue the numbering, so they never collide with elements still running.
     first_element: int = 0
+    # Sharing: the queue, the submitting user and the bank charged; together the job's bucket.
+    queue: str = ""
+    user: int = -1
+    project: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.urgency <= 31:
@@ -65,6 +77,34 @@ class SchedJob:
     @property
     def order_key(self) -> tuple[int, float, int]:
         return (-self.urgency, self.submit_time, self.job_id)
+
+    @property
+    def bucket(self) -> tuple[str, int, str]:
+        return (self.queue, self.user, self.project)
+
+    @property
+    def cores(self) -> int:
+        """Cores of one element (the whole job unless it is an array)."""
+        return self.request.total_cores
+
+    @property
+    def gpus(self) -> int:
+        return self.request.nslots * self.request.gpus_per_slot
+
+
+# A job's own priority term at a time: the broker's multifactor priority, or, by default, its urgency.
+Term = Callable[[SchedJob, float], float]
+# Called with (job, +n or -n, now, seconds) when n elements of the job start or end (seconds: their run times
+# summed, for ends): the broker's fair-share usage.
+UsageHook = Callable[[SchedJob, int, float, float], None]
+
+
+class Preemption(NamedTuple):
+    """Preempt element `element` of job `job_id` (SIGTERM, then the kill grace) so that job `by` can start."""
+
+    job_id: int
+    element: int
+    by: int
 
 
 class Start(NamedTuple):
@@ -86,10 +126,11 @@ _new_tuple = tuple.__new__
 class _Pending:
     """Queue entry: the job plus how many of its elements have started."""
 
-    __slots__ = ("job", "started", "batch")
+    __slots__ = ("job", "started", "batch", "key")
 
-    def __init__(self, job: SchedJob, fast: bool = True) -> None:
+    def __init__(self, job: SchedJob, key: OrderKey, fast: bool = True) -> None:
         self.job = job
+        self.key = key
         self.started = job.first_element
         req = job.request
         # Array fast path (graph.alloc_array): elements that are one flat
@@ -111,14 +152,29 @@ class Scheduler:
 
     def __init__(self, graph: ResourceGraph, policy: str = "first-fit",
                  default_time_limit: float = 3600.0,
-                 backfill_depth: int = DEFAULT_BACKFILL_DEPTH) -> None:
+                 backfill_depth: int = DEFAULT_BACKFILL_DEPTH,
+                 term: Term | None = None, limits: LimitCounters | None = None) -> None:
         self.graph = graph
         self.policy = check_policy(policy)
         self.default_time_limit = default_time_limit
         self.backfill_depth = backfill_depth
+        self.term: Term = term or (lambda job, now: float(job.urgency))
+        self.limits = limits or LimitCounters()
+        self.usage_hook: UsageHook | None = None
+        # Queues: stopped ones start nothing; base priorities decide who may preempt whom.
+        self.stopped: set[str] = set()
+        self.queue_priority: dict[str, int] = {}
+        self.preemptible: set[str] = set()
+        self.preempt_grace = 0.0
         self._pending: dict[int, _Pending] = {}
-        self._order: list[tuple[int, float, int]] = []
+        self._ordering = Ordering()
         self._running: dict[tuple[int, int], float] = {}  # (job, element) -> expected end
+        # Jobs with running elements: the job and how many of its elements run.
+        self._active: dict[int, list] = {}
+        self._preemptions: list[Preemption] = []
+        self._dying: set[tuple[int, int]] = set()          # preempted, not yet released
+        self._preempting: dict[int, set[tuple[int, int]]] = {}
+        self._preempt_stamp: tuple | None = None
         self._reservation: Reservation | None = None
         self._reservation_stamp: tuple[int, int, int] | None = None
         self._queue_version = 0
@@ -127,21 +183,29 @@ class Scheduler:
 
     # ------------------------------------------------------------- the queue
 
-    def enqueue(self, job: SchedJob) -> None:
-        """Queue a job (the broker checks graph.check_feasible at submit)."""
+    def enqueue(self, job: SchedJob, now: float | None = None) -> None:
+        """Queue a job (the broker checks graph.check_feasible at submit); `now` dates its priority term."""
         if job.job_id in self._pending:
             raise ValueError(f"job {job.job_id} is already queued")
-        self._pending[job.job_id] = _Pending(job, self.array_fast_path)
-        bisect.insort(self._order, job.order_key)
+        key = self._order_key(job, job.submit_time if now is None else now)
+        self._pending[job.job_id] = _Pending(job, key, self.array_fast_path)
+        self._ordering.insert(job.bucket, key)
+        self.limits.queued(job.queue, job.user, job.count)
         self._queue_version += 1
+
+    def _order_key(self, job: SchedJob, now: float) -> OrderKey:
+        return (-self.term(job, now), job.submit_time, job.job_id)
 
     def cancel(self, job_id: int) -> int:
         """Drop the job's pending elements; returns how many were dropped."""
         entry = self._pending.pop(job_id, None)
         if entry is None:
             return 0
-        self._order.pop(bisect.bisect_left(self._order, entry.job.order_key))
+        job = entry.job
+        self._ordering.remove(job.bucket, entry.key)
+        self.limits.queued(job.queue, job.user, -entry.remaining)
         self._queue_version += 1
+        self._preempting.pop(job_id, None)
         if self._reservation is not None and self._reservation.job_id == job_id:
             self._reservation = None
         return entry.remaining
@@ -152,12 +216,88 @@ class Scheduler:
         if entry is None:
             return False
         job = entry.job
-        grown = _Pending(SchedJob(job.job_id, job.urgency, job.submit_time, job.request, job.time_limit,
-                                  job.policy, job.count + count, job.first_element), self.array_fast_path)
+        grown = _Pending(dataclasses.replace(job, count=job.count + count), entry.key, self.array_fast_path)
         grown.started = entry.started
         self._pending[job_id] = grown
+        self.limits.queued(job.queue, job.user, count)
         self._queue_version += 1
         return True
+
+    # -------------------------------------------------------------- sharing
+
+    def reprioritize(self, now: float) -> None:
+        """Every pending job's term again (its age moved on): O(queue log queue), for a periodic caller."""
+        pending = self._pending
+        for entry in pending.values():
+            entry.key = self._order_key(entry.job, now)
+        self._ordering.resort(lambda job_id: pending[job_id].key)
+        self._queue_version += 1
+
+    def set_bucket_bases(self, base_of: Callable[[Hashable], float]) -> None:
+        """The shared part of each bucket's priority (fair share): O(buckets)."""
+        if self._ordering.set_bases(base_of):
+            self._queue_version += 1
+
+    def pending_job(self, job_id: int) -> SchedJob | None:
+        entry = self._pending.get(job_id)
+        return entry.job if entry is not None else None
+
+    def priority_of(self, job_id: int) -> float | None:
+        """The pending job's priority as the queue orders it now: bucket base + its own term."""
+        entry = self._pending.get(job_id)
+        if entry is None:
+            return None
+        return self._ordering.base_of(entry.job.bucket) - entry.key[0]
+
+    def stop_queue(self, queue: str) -> None:
+        self.stopped.add(queue)
+        self._queue_version += 1
+
+    def start_queue(self, queue: str) -> None:
+        self.stopped.discard(queue)
+        self._queue_version += 1
+
+    def reason_of(self, job_id: int) -> str | None:
+        """Why a pending job waits, in Slurm's words: a stopped queue, a limit, `Resources` (the blocked head
+        job) or `Priority` (others come first); None when the job is not pending."""
+        entry = self._pending.get(job_id)
+        if entry is None:
+            return None
+        if entry.job.queue in self.stopped:
+            return f"QueueStopped: queue {entry.job.queue} is stopped"
+        bucket = self._ordering.buckets.get(entry.job.bucket)
+        if bucket is not None and bucket.reason:
+            return bucket.reason
+        res = self._reservation
+        return "Resources" if res is not None and res.job_id == job_id else "Priority"
+
+    def take_preemptions(self) -> list[Preemption]:
+        """The preemptions decided since the last call: the broker ends those elements."""
+        out, self._preemptions = self._preemptions, []
+        return out
+
+    def _noted_start(self, job: SchedJob, n: int, now: float, from_queue: bool = True) -> None:
+        active = self._active.get(job.job_id)
+        if active is None:
+            self._active[job.job_id] = [job, n]
+        else:
+            active[1] += n
+        self.limits.started(job.queue, job.user, n, job.cores, job.gpus, from_queue)
+        if self.usage_hook is not None:
+            self.usage_hook(job, n, now, 0.0)
+
+    def _noted_release(self, job_id: int, n: int, now: float, ends: float) -> None:
+        """n elements of the job ended; `ends` is the sum of their planned ends (start + time limit)."""
+        active = self._active.get(job_id)
+        if active is None:
+            return  # adopted without its job (an older caller): nothing was counted
+        job = active[0]
+        active[1] -= n
+        if active[1] <= 0:
+            del self._active[job_id]
+        self.limits.released(job.queue, job.user, n, job.cores, job.gpus)
+        if self.usage_hook is not None:
+            self.usage_hook(job, -n, now, max(0.0, n * (now + self._time_limit(job)) - ends))
 
     def pending_count(self) -> int:
         """Pending elements (an array job counts each element not yet started)."""
@@ -180,8 +320,10 @@ class Scheduler:
         """The element's resources are free again (ended, failed or cancelled)."""
         key = (job_id, element)
         self.graph.free(key)
-        del self._running[key]
+        end = self._running.pop(key)
         self._releases += 1
+        self._dying.discard(key)
+        self._noted_release(job_id, 1, now, end)
 
     def release_many(self, elements: Iterable[tuple[int, int]], now: float) -> None:
         """release() each (job_id, element), accounting once per node (graph.free_many).
@@ -194,15 +336,32 @@ class Scheduler:
         if missing is not None:
             raise KeyError(missing)
         self.graph.free_many(keys)
-        for key in keys:
-            del running[key]
         self._releases += len(keys)
+        if self._dying:
+            self._dying.difference_update(keys)
+        jobs = {job_id for job_id, _ in keys}
+        if len(jobs) == 1:  # elements of one array (the common case): sums in C
+            self._noted_release(jobs.pop(), len(keys), now, sum(map(running.pop, keys)))
+            return
+        ends: dict[int, list[float]] = {}
+        for key in keys:
+            end = running.pop(key)
+            found = ends.get(key[0])
+            if found is None:
+                ends[key[0]] = [1, end]
+            else:
+                found[0] += 1
+                found[1] += end
+        for job_id, (n, total) in ends.items():
+            self._noted_release(job_id, int(n), now, total)
 
     def adopt(self, job_id: int, element: int, allocation: Allocation,
-              start_time: float, time_limit: float | None = None) -> None:
-        """Re-register a running element (broker restart from its journal)."""
+              start_time: float, time_limit: float | None = None, job: SchedJob | None = None) -> None:
+        """Re-register a running element (broker restart from its journal); `job` counts it for limits."""
         self.graph.alloc((job_id, element), allocation)
         self._running[(job_id, element)] = start_time + (time_limit or self.default_time_limit)
+        if job is not None:
+            self._noted_start(job, 1, start_time, from_queue=False)
 
     # ------------------------------------------------------------ scheduling
 
@@ -227,6 +386,8 @@ class Scheduler:
         self.graph.alloc(key, allocation)
         self._running[key] = now + self._time_limit(job)
         entry.started += 1
+        self._noted_start(job, 1, now)
+        self._preempting.pop(job.job_id, None)
         return Start(job.job_id, key[1], allocation)
 
     def _start_batch(self, entry: _Pending, policy: str, now: float, room: int) -> list[Start]:
@@ -248,9 +409,42 @@ class Scheduler:
         self._running.update(dict.fromkeys(keys[:n] if n < want else keys,
                                            now + self._time_limit(job)))
         entry.started += n
+        self._noted_start(job, n, now)
         # Start(job_id, e, alloc) for each, built without a Python-level call per element
         return list(map(_new_tuple, repeat(Start, n), zip(repeat(job_id, n),
                                                           range(first, first + n), allocs, strict=True)))
+
+    def _limit_room(self, job: SchedJob, want: int) -> tuple[int, str | None]:
+        if job.queue in self.stopped:
+            return 0, f"QueueStopped: queue {job.queue} is stopped"
+        return self.limits.room(job.queue, job.user, job.cores, job.gpus, want)
+
+    def _preempt_for(self, entry: _Pending, policy: str, now: float) -> None:
+        """Preempt running elements of lower-priority preemptible queues so the blocked head can start."""
+        job = entry.job
+        waiting = self._preempting.get(job.job_id)
+        if waiting and waiting & self._dying:
+            return  # its victims are still on their way out
+        rank = self.queue_priority.get(job.queue, 0)
+        victims_from = {q for q in self.preemptible if self.queue_priority.get(q, 0) < rank
+                        and self.limits.by_queue.get(q) is not None and self.limits.by_queue[q].running > 0}
+        if not victims_from:
+            return
+        stamp = (job.job_id, self._releases, self.graph.topology_version, len(self._running))
+        if stamp == self._preempt_stamp:
+            return  # nothing changed since no set of victims made it fit
+        candidates = lost_work(self._running, self._active, victims_from, self._dying, self._time_limit, now)
+        chosen = choose_victims(self.graph, job.request, policy, candidates)
+        if chosen is None:
+            self._preempt_stamp = stamp
+            return
+        for key in chosen:
+            # SIGTERM now, SIGKILL after the grace: the reservation plans on their resources by then.
+            self._running[key] = now + self.preempt_grace
+            self._dying.add(key)
+            self._preemptions.append(Preemption(key[0], key[1], job.job_id))
+        self._preempting[job.job_id] = set(chosen)
+        self._reservation_stamp = None
 
     def _reserve(self, entry: _Pending, now: float) -> Reservation | None:
         """Reservation for the blocked head, reused while still valid."""
@@ -274,22 +468,31 @@ class _Cycle:
         self.reservation: Reservation | None = None
         self.phantom_cores = 0  # cores held for the reservation right now
         self.failed: set[tuple[object, ...]] = set()
+        self.held: str | None = None  # why the job being looked at may not start (a limit, a stopped queue)
 
     def run(self) -> None:
         s = self.s
         examined = 0
+        merge = s._ordering.merged()
+        s._ordering.clear_reasons()
         try:
-            for key in list(s._order):
-                entry = s._pending.get(key[2])
+            for bucket, job_id in merge:
+                entry = s._pending.get(job_id)
                 if entry is None or not entry.remaining:
                     continue
-                if self.reservation is None:
-                    self._start_in_order(entry)
-                else:
+                if self.reservation is not None:
                     examined += 1
                     if examined > s.backfill_depth or self._nothing_free():
                         break
+                self.held = None
+                if self.reservation is None:
+                    self._start_in_order(entry)
+                else:
                     self._backfill(entry)
+                if self.held is not None:
+                    # A limit or a stopped queue holds this job, and so every later job of its bucket.
+                    bucket.reason = self.held
+                    merge.drop(bucket)
                 if self._limit_reached():
                     break
         finally:
@@ -297,9 +500,15 @@ class _Cycle:
                 s.graph.free(PHANTOM)
         s._reservation = self.reservation
 
-    def _room(self) -> int:
-        """How many more starts this cycle may make."""
-        return (1 << 62) if self.limit is None else self.limit - len(self.starts)
+    def _room(self, entry: _Pending | None = None) -> int:
+        """How many more starts this cycle may make (of `entry`: within its queue's limits too)."""
+        room = (1 << 62) if self.limit is None else self.limit - len(self.starts)
+        if entry is not None:
+            allowed, why = self.s._limit_room(entry.job, min(room, entry.remaining))
+            if allowed <= 0:
+                self.held = why
+            room = min(room, allowed)
+        return room
 
     def _limit_reached(self) -> bool:
         if self.limit is not None and len(self.starts) >= self.limit:
@@ -310,12 +519,15 @@ class _Cycle:
         return self.s.graph.cluster.free_cores + self.phantom_cores == 0
 
     def _start_in_order(self, entry: _Pending) -> None:
-        """Start elements while they fit; reserve for the job if it blocks."""
+        """Start elements while they fit; reserve for the job if it blocks (preempting first if it may)."""
         s, job = self.s, entry.job
         policy = job.policy or s.policy
         while entry.remaining and not self._limit_reached():
+            room = self._room(entry)
+            if room <= 0:
+                return  # held by a limit: not the head, reserves nothing
             if entry.batch:
-                started = s._start_batch(entry, policy, self.now, self._room())
+                started = s._start_batch(entry, policy, self.now, room)
                 if not started:
                     break
                 self.starts += started
@@ -332,6 +544,7 @@ class _Cycle:
         shape = (job.request, policy, "unreservable")
         if shape in self.failed:
             return
+        s._preempt_for(entry, policy, self.now)
         self.reservation = s._reserve(entry, self.now)
         if self.reservation is None:
             self.failed.add(shape)
@@ -352,8 +565,11 @@ class _Cycle:
         short = self.now + s._time_limit(job) <= self.reservation.start
         disjoint = (job.request, policy, "disjoint")
         while entry.remaining and not self._limit_reached():
+            room = self._room(entry)
+            if room <= 0:
+                return
             if entry.batch and disjoint not in self.failed:
-                started = s._start_batch(entry, policy, self.now, self._room())
+                started = s._start_batch(entry, policy, self.now, room)
                 if started:
                     self.starts += started
                     continue

@@ -22,7 +22,8 @@ from minicluster.model.idset import IdSet
 # Keys of one job in `mc jobs --json`, in order. Adding keys is allowed; removing or renaming is not.
 JOB_KEYS = ("id", "name", "uid", "user", "state", "result", "urgency", "t_submit", "t_run",
             "t_inactive", "runtime", "ntasks", "nnodes", "ranks", "status", "exception", "counts",
-            "est_start", "reason", "waiting", "held", "retries")
+            "est_start", "reason", "waiting", "held", "retries", "queue", "project", "priority", "pending_reason",
+            "eff")
 COUNT_KEYS = ("pending", "running", "succeeded", "failed", "cancelled")
 _COUNT_LABELS = {"pending": "pending", "running": "running", "succeeded": "ok", "failed": "failed",
                  "cancelled": "cancelled"}
@@ -116,6 +117,8 @@ def job_json(summary: dict[str, Any], now: float) -> dict[str, Any]:
     out["counts"] = {key: int(counts.get(key, 0)) for key in COUNT_KEYS}
     if "alloc" in summary:
         out["alloc"] = summary["alloc"]
+    if "priority_components" in summary:
+        out["priority_components"] = summary["priority_components"]
     return out
 
 
@@ -137,6 +140,8 @@ def jobs_table(summaries: list[dict[str, Any]], now: float) -> Table:
             info.append(counts_text(counts))
         if s.get("est_start") and s.get("state") != "RUN":
             info.append(f"starts in ~{duration(max(0.0, s['est_start'] - now))}")
+        if s.get("pending_reason"):
+            info.append(f"({s['pending_reason']})")
         if s.get("reason"):
             info.append(s["reason"])
         info.extend(workflow_info(s))
@@ -181,6 +186,37 @@ def attempt_text(row: list[Any]) -> str:
     else:
         how = f"exit {exit_code if exit_code is not None else status}"
     return f"{attempt}: {how} ({_OUTCOMES.get(outcome, outcome)})"
+
+
+def eff_table(summaries: list[dict[str, Any]], now: float) -> Table:
+    """`mc jobs -o eff`: CPU and memory efficiency of finished jobs (`mc job eff ID` for one in full)."""
+    t = table("ID", "NAME", "USER", "QUEUE", "PROJECT", "STATE", "NTASKS", "TIME", "CPU EFF", "MEM EFF")
+    for s in summaries:
+        eff = s.get("eff") or {}
+        t.add_row(str(s.get("id")), escape(str(s.get("name", ""))), user_name(s.get("uid")), s.get("queue") or "-",
+                  s.get("project") or "-", styled(result(s), _RESULT_STYLE), str(s.get("ntasks", "")),
+                  duration(runtime(s, now)), percent(eff.get("cpu")), percent(eff.get("mem")))
+    return t
+
+
+def priority_table(summaries: list[dict[str, Any]]) -> Table:
+    """`mc jobs --priority`: each pending job's priority and its weighted parts, like Slurm's sprio."""
+    t = table("ID", "USER", "QUEUE", "PROJECT", "PRIORITY", "FAIRSHARE", "QUEUE_PRIO", "URGENCY", "AGE",
+              "JOBSIZE")
+    for s in summaries:
+        parts = s.get("priority_components")
+        if not parts:
+            continue
+        weighted, factors = parts["weighted"], parts["factors"]
+        t.add_row(str(s.get("id")), user_name(s.get("uid")), s.get("queue") or "-", s.get("project") or "-",
+                  f"{parts['priority']:.0f}", f"{weighted['fairshare']:.0f} ({factors['fairshare']:.3f})",
+                  f"{weighted['queue']:.0f}", f"{weighted['urgency']:.0f}", f"{weighted['age']:.0f}",
+                  f"{weighted['jobsize']:.0f}")
+    return t
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def _nodes(summary: dict[str, Any]) -> str:

@@ -6,7 +6,8 @@ import time
 from typing import Any
 
 from minicluster.cli.common import Parser, job_id
-from minicluster.cli.format import alloc_table, attempt_text, dumps, job_json, jobs_table, print_table
+from minicluster.cli.format import (alloc_table, attempt_text, dumps, eff_table, job_json, jobs_table, print_table,
+                                     priority_table)
 from minicluster.cli.options import positive_int
 from minicluster.client import Client
 
@@ -18,8 +19,9 @@ def main(argv: list[str]) -> int:
     parser = Parser(prog="mc jobs", description=HELP, epilog=(
         "--json prints {\"jobs\": [JOB, ...]}, JOB being {id, name, uid, user, state, result, urgency, "
         "t_submit, t_run, t_inactive, runtime, ntasks, nnodes, ranks, status, exception, counts: "
-        "{pending, running, succeeded, failed, cancelled}, est_start, reason, waiting, held, retries} (with -o "
-        "alloc also alloc: [{path, ranks}]); with --failed: "
+        "{pending, running, succeeded, failed, cancelled}, est_start, reason, waiting, held, retries, queue, "
+        "project, priority, pending_reason, eff: {cpu, mem}} (with -o alloc also alloc: [{path, ranks}]; with "
+        "--priority also priority_components: {factors, weighted, priority}); with --failed: "
         "{\"jobs\": [{id, failed, attempts}]}, failed being an idset of array indices and attempts (when some "
         "index ran more than once) {INDEX: [{attempt, rank, status, exit_code, signal, error, outcome}, ...]} for "
         "the indices that failed or ran more than once."))
@@ -29,8 +31,11 @@ def main(argv: list[str]) -> int:
                         help="print the failed indices of array job IDs, then the attempts of each index that "
                              "failed or was retried")
     parser.add_argument("-L", "--limit", type=positive_int, metavar="N", help="at most N jobs")
-    parser.add_argument("-o", "--format", choices=("default", "alloc"), default="default",
-                        help="alloc: which topology vertices (racks, zones) each job's ranks are in")
+    parser.add_argument("-o", "--format", choices=("default", "alloc", "eff"), default="default",
+                        help="alloc: which topology vertices (racks, zones) each job's ranks are in; "
+                             "eff: CPU and memory efficiency of finished jobs (with -a)")
+    parser.add_argument("--priority", action="store_true",
+                        help="pending jobs' priority and its weighted parts (fair share, queue, urgency, age, size)")
     parser.add_argument("ids", nargs="*", type=job_id, metavar="ID")
     args = parser.parse_args(argv)
     if args.failed and not args.ids:
@@ -40,12 +45,15 @@ def main(argv: list[str]) -> int:
             return _failed(client, args.ids, args.json)
         alloc = args.format == "alloc"
         summaries = client.jobs(all=args.all or bool(args.ids), ids=args.ids or None, limit=args.limit,
-                                alloc=alloc)
+                                alloc=alloc, priority=args.priority)
     now = time.time()
     if args.json:
         print(dumps({"jobs": [job_json(s, now) for s in summaries]}))
+    elif args.priority:
+        print_table(priority_table(summaries))
     elif summaries:
-        print_table(alloc_table(summaries, now) if alloc else jobs_table(summaries, now))
+        tables = {"alloc": alloc_table, "eff": eff_table}
+        print_table(tables.get(args.format, jobs_table)(summaries, now))
     missing = sorted(set(args.ids) - {s["id"] for s in summaries})
     for job in missing:
         sys.stderr.write(f"mc jobs: error: job {job} not found\n")

@@ -17,6 +17,7 @@ import socket
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from minicluster import config as config_mod
@@ -43,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--transport", choices=("ipc", "tcp"), default="ipc", help="overlay transport (default ipc)")
     p.add_argument("--cert", help="CURVE certificate file to use instead of a fresh one")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other config key, e.g. --set lost_after=5 (repeatable)")
+                   help="any other config key, e.g. --set lost_after=5, --set 'queues={debug={priority=100}}' "
+                        "(a TOML inline table; repeatable)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...: run this inside the instance")
     return p
 
@@ -86,6 +88,13 @@ def _overrides(pairs: list[str]) -> dict[str, object]:
         if not sep:
             raise config_mod.ConfigError(f"--set {pair!r}: expected KEY=VALUE")
         value: object = text
+        if text.startswith(("{", "[")):
+            # A TOML inline table or array: --set 'queues={debug={priority=100}}'
+            try:
+                out[key] = tomllib.loads(f"value = {text}")["value"]
+            except tomllib.TOMLDecodeError as exc:
+                raise config_mod.ConfigError(f"--set {key}: {text!r} is not a TOML table or array: {exc}") from None
+            continue
         for cast in (int, float):
             try:
                 value = cast(text)

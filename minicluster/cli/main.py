@@ -38,6 +38,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "operator": ("minicluster.cli.main", "operator", "run the Kubernetes operator"),
     "top": ("minicluster.cli.top", "main", "live view: queue by state, tasks/s, ranks and their health, busiest jobs"),
     "completion": ("minicluster.cli.completion", "completion", "print the shell completion script (bash, zsh)"),
+    "queue": ("minicluster.cli.queues", "main", "queues: list, status, start|stop|enable|disable"),
+    "bank": ("minicluster.cli.banks", "main", "banks (projects) and fair share: list, add, remove"),
+    "usage": ("minicluster.cli.usage", "usage", "core-, GPU- and wall-hours per user and bank"),
+    "job": ("minicluster.cli.usage", "job", "about one job: eff ID (CPU and memory efficiency)"),
 }
 
 

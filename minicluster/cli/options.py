@@ -145,6 +145,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
                    help="each task's GPUs and memory on the socket of its cores")
     g.add_argument("--cc", type=idset, metavar="IDSET",
                    help="array job: one task per index; {cc} in the command becomes the index")
+    g.add_argument("-q", "--queue", metavar="QUEUE", help="queue to submit to (default: the instance's default)")
+    g.add_argument("--project", metavar="BANK", help="bank to charge (default: your default bank)")
     g = parser.add_argument_group("job environment")
     g.add_argument("--name", help="job name (default: the command's basename)")
     g.add_argument("--urgency", type=urgency, default=16, metavar="0-31", help="higher runs first")
@@ -290,7 +292,8 @@ def jobspec_from_args(args: argparse.Namespace, command: Sequence[str],
     }
     optional = {"time_limit": args.time_limit, "name": args.name, "output": args.output,
                 "array": args.cc, "policy": args.policy, "mpi": args.mpi, "stdin": stdin,
-                "resources": args.resources, "locality": args.locality, "spread": args.spread}
+                "resources": args.resources, "locality": args.locality, "spread": args.spread,
+                "queue": args.queue, "project": args.project}
     spec.update({k: v for k, v in optional.items() if v is not None})
     if args.gpu_affinity:
         spec["gpu_affinity"] = True

@@ -7,6 +7,7 @@ from typing import Any
 
 from minicluster.model import restree, workflow
 from minicluster.model.idset import IdSet, IdSetError
+from minicluster.model.sharing import valid_name
 
 MPI_MODES = ("pmi1", "pmix", "auto", "none")
 MAX_ARGV_BYTES = 1 << 20
@@ -55,6 +56,9 @@ class Jobspec:
     success_indexes: str | None = None
     success_count: int | None = None
     success_task: int | None = None
+    # Sharing: the queue (nil: the instance's default queue) and the bank charged (nil: the user's default).
+    queue: str | None = None
+    project: str | None = None
 
     @property
     def stdin_tasks(self) -> list[int]:
@@ -180,6 +184,12 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
         value = data.get(name)
         if value is not None and (not isinstance(value, str) or not value):
             raise InvalidJobspec(f"{name}: must be a non-empty string or absent")
+        out[name] = value
+    for name in ("queue", "project"):
+        value = data.get(name)
+        if value is not None and (not valid_name(value)):
+            raise InvalidJobspec(f"{name}: {value!r} is not a {name} name (letters, digits, '_', '.', '-'; "
+                                 "at most 64)")
         out[name] = value
     name = data.get("name", "")
     if not isinstance(name, str) or len(name) > 128:

@@ -121,6 +121,8 @@ def instance_config(mc: MiniCluster, cluster_domain: str = "cluster.local") -> I
         # Pods listen on every interface: their own DNS name may not resolve yet when they start.
         listen="*",
         policy=mc.policy,
+        queues=dict(mc.queues),
+        default_queue=mc.default_queue,
     )
 
 

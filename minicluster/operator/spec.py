@@ -82,6 +82,9 @@ class MiniCluster:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity: Mapping[str, Any] = field(default_factory=dict)
     storage: Storage | None = None
+    # spec.queues in the config's own form (queues_config), and spec.defaultQueue.
+    queues: Mapping[str, Any] = field(default_factory=dict)
+    default_queue: str = ""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> MiniCluster:
@@ -112,6 +115,8 @@ class MiniCluster:
             tolerations=tuple(spec.get("tolerations") or ()),
             affinity=spec.get("affinity") or {},
             storage=Storage.from_spec(spec),
+            queues=queues_config(spec.get("queues") or {}),
+            default_queue=spec.get("defaultQueue", "") or "",
         )
 
     @property
@@ -122,6 +127,19 @@ class MiniCluster:
     def broker_job_name(self) -> str:
         """The Job whose end is the MiniCluster's: rank 0's own Job with storage, else the one Indexed Job."""
         return f"{self.name}-broker" if self.storage else self.name
+
+
+_CAMEL = {"defaultTimeLimit": "default_time_limit", "maxTimeLimit": "max_time_limit", "preemptMode": "preempt_mode",
+          "userLimits": "user_limits", "runningJobs": "running_jobs", "queuedJobs": "queued_jobs"}
+
+
+def queues_config(queues: Mapping[str, Any]) -> dict[str, Any]:
+    """spec.queues (Kubernetes' camelCase) as the broker config's `queues` table (snake_case)."""
+    def convert(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {_CAMEL.get(k, k): convert(v) for k, v in value.items()}
+        return value
+    return {name: convert(body) for name, body in queues.items()} if isinstance(queues, Mapping) else {}
 
 
 def effective_max_size(body: Mapping[str, Any]) -> int:
@@ -187,9 +205,11 @@ def _config_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
             max_size=max_size,
             fanout=int(spec.get("fanout", 32)),
             policy=spec.get("policy", "first-fit"),
+            queues=queues_config(spec.get("queues") or {}),
+            default_queue=spec.get("defaultQueue", "") or "",
         )
     except (ConfigError, TypeError, ValueError) as exc:
-        return [str(exc)]
+        return [f"spec: {exc}" if "queue" in str(exc) else str(exc)]
     return []
 
 

@@ -127,6 +127,9 @@ def derive(mc: MiniCluster, old: Mapping[str, Any], seen: Observed, now: str) ->
         fields["jobs"] = {k: int(jobs.get(k, 0)) for k in ("queued", "running", "finished", "failed")}
         if "epoch" in broker and "started" in broker:
             fields["broker"] = {"epoch": int(broker["epoch"]), "started": str(broker["started"])}
+        queues = broker.get("queues")
+        if isinstance(queues, Mapping):
+            fields["queues"] = {name: _queue_status(q) for name, q in queues.items() if isinstance(q, Mapping)}
     wanted = {
         "Ready": (ready, "AllRanksJoined" if ready else reason, message),
         "Suspended": (phase == "Suspended", reason if phase == "Suspended" else "NotSuspended", ""),
@@ -140,6 +143,13 @@ def derive(mc: MiniCluster, old: Mapping[str, Any], seen: Observed, now: str) ->
         conditions = set_condition(conditions, type_, status, why, text, now)
     fields["conditions"] = list(conditions)
     return fields
+
+
+def _queue_status(queue: Mapping[str, Any]) -> dict[str, Any]:
+    """One queue's counts and state for the CR status (docs/operator.md)."""
+    state = ("enabled" if queue.get("enabled", True) else "disabled") + "," + (
+        "started" if queue.get("started", True) else "stopped")
+    return {"pending": int(queue.get("pending", 0)), "running": int(queue.get("running", 0)), "state": state}
 
 
 def _durability(mc: MiniCluster, old: Mapping[str, Any], now_seen: Mapping[str, Any] | None) -> tuple[bool, str, str]:

@@ -1,0 +1,1 @@
+"""Sharing policy, pure: fair share over the bank tree (fairshare.py) and multifactor priority (priority.py)."""

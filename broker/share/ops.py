@@ -1,0 +1,116 @@
+"""Client operations of sharing (protocol.md §3.10): queues, queue control, banks, usage and job efficiency."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from broker.clientapi import Peer
+from broker.jobmanager import JobError
+from broker.ops import _field, _owner_only, _then, op
+from broker.share import banks, reports
+from broker.share.service import uid_of
+
+QUEUE_ACTIONS = ("start", "stop", "enable", "disable")
+_DEFAULT_REASON = {"stop": "stopped by the instance owner", "disable": "disabled by the instance owner"}
+
+
+@op("queues")
+def queues(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    sharing = broker.sharing
+    limits = sharing.scheduler.limits
+    gauges = sharing.gauges()["queues"]
+    out = []
+    for name, spec in sharing.queues.items():
+        state = sharing.state[name]
+        users = [{"uid": uid, **usage.to_wire()} for (queue, uid), usage in sorted(limits.by_user.items())
+                 if queue == name and (usage.pending or usage.running)]
+        out.append({**spec.to_wire(), **gauges[name], "reason": state.reason, "default": name == sharing.default_queue,
+                    "users": users})
+    return {"default": sharing.default_queue, "queues": out}
+
+
+@op("queue-control")
+def queue_control(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    action = _field(req, "action", str)
+    if action not in QUEUE_ACTIONS:
+        raise JobError("bad-request", f"action must be one of {', '.join(QUEUE_ACTIONS)}, got {action!r}")
+    _owner_only(broker, peer, f"{action} queues")
+    names = _field(req, "queues", list, [])
+    if not all(isinstance(n, str) for n in names):
+        raise JobError("bad-request", "queues must be a list of queue names")
+    reason = _field(req, "reason", str, "")[:256]
+    sharing = broker.sharing
+    changed = sharing.set_state(names or list(sharing.queues), action, reason or _DEFAULT_REASON.get(action, ""))
+    broker.manager.wake_scheduler()
+    return _then(broker.journal.write([]), {"queues": changed})
+
+
+@op("banks")
+def bank_list(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+    return {"banks": banks.listing(broker.sharing, time.time())}
+
+
+@op("bank-add")
+def bank_add(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    _owner_only(broker, peer, "change banks")
+    bank = _field(req, "bank", str)
+    shares = _field(req, "shares", int, 1)
+    if "user" in req:
+        statements = banks.add_member(broker.sharing, bank, uid_of(req["user"]), shares,
+                                      _field(req, "default", bool, False))
+    else:
+        statements = banks.add_bank(broker.sharing, bank, _field(req, "parent", str, "root"), shares)
+    broker.sharing.refresh(time.time())
+    return _then(broker.journal.write(statements), {})
+
+
+@op("bank-remove")
+def bank_remove(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    _owner_only(broker, peer, "change banks")
+    bank = _field(req, "bank", str)
+    if "user" in req:
+        statements = banks.remove_member(broker.sharing, broker.manager, bank, uid_of(req["user"]))
+    else:
+        statements = banks.remove_bank(broker.sharing, broker.manager, bank)
+    broker.sharing.refresh(time.time())
+    return _then(broker.journal.write(statements), {})
+
+
+def _time(req: dict[str, Any], name: str) -> float | None:
+    value = _field(req, name, (int, float), None)
+    if value is not None and (isinstance(value, bool) or not 0 <= value < 1e12):
+        raise JobError("bad-request", f"{name} must be a time in seconds since the epoch, got {value!r}")
+    return value
+
+
+@op("usage")
+def usage(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+    uid = uid_of(req["user"]) if req.get("user") is not None else None
+    project = _field(req, "project", str, None)
+    since, until = _time(req, "since"), _time(req, "until")
+    by_queue = _field(req, "by_queue", bool, False)
+    rows = broker.journal.read(lambda c: reports.usage_rows(c, uid, project, since, until, by_queue))
+    return asyncio.ensure_future(_wrap(rows))
+
+
+async def _wrap(rows: Any) -> dict[str, Any]:
+    return {"usage": await rows}
+
+
+@op("job-usage")
+def job_usage(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+    job_id = _field(req, "job", int)
+    record = broker.manager.jobs.get(job_id)
+    if record is not None and not record.closed:  # closed: its clean event, and so its usage row, is durable
+        raise JobError("bad-request", f"job {job_id} has not ended yet: its usage is known once it has")
+
+    async def from_journal() -> dict[str, Any]:
+        # A finished job's row was written with its finish event, before anyone could see it end.
+        row = await broker.journal.read(lambda c: reports.job_usage_row(c, job_id))
+        if row is None:
+            raise JobError("not-found", f"job {job_id} has no usage record (it does not exist, or was purged; "
+                                        "mc usage still counts it)")
+        return {"usage": row}
+
+    return asyncio.ensure_future(from_journal())
