@@ -202,7 +202,7 @@ class Execution:
         attempts = self.manager.workflow.attempts
         for result in results:
             job_id, task, status, exit_code, sig, error, started, ended = result if len(result) == 8 else result[:8]
-            attempt = result[8] if len(result) > 8 and type(result[8]) is int else 0
+            attempt = result[8] if len(result) > 8 else 0
             keys.append([job_id, task, attempt] if attempt else [job_id, task])
             job = self.manager.jobs.get(job_id)
             if job is None or job.state == State.INACTIVE or not 0 <= task < job.total_tasks or job.is_done(task):
@@ -331,14 +331,15 @@ class Execution:
             return
         self._signal(list(self.by_job.get(job.id, ())), sig)
 
-    def preempt_element(self, job: Job, element: int, note: str) -> bool:
-        """End the running array element `element` (SIGTERM, then the kill grace), counted as cancelled."""
-        task = next((key[1] for key in self.by_job.get(job.id, ()) if self.tasks[key].element == element), None)
-        if task is None:
-            return False
-        self.preempted[(job.id, task)] = note
+    def task_of_element(self, job: Job, element: int) -> int | None:
+        """The task running as scheduler element `element` of an array, if any."""
+        return next((key[1] for key in self.by_job.get(job.id, ()) if self.tasks[key].element == element), None)
+
+    def preempt_task(self, job: Job, task: int, note: str, cancel: bool) -> None:
+        """End a running array element (SIGTERM, then the kill grace); with `cancel`, counted as cancelled."""
+        if cancel:
+            self.preempted[(job.id, task)] = note
         self._signal([(job.id, task)], signal.SIGTERM)
-        return True
 
     def _signal(self, keys: list[Key], sig: int) -> None:
         per_rank: dict[int, list[list[int]]] = defaultdict(list)

@@ -33,6 +33,9 @@ PENDING_STATES = (State.DEPEND, State.PRIORITY, State.SCHED)
 UPDATABLE = ("urgency", "time_limit", "name")
 
 
+# The reason of the requeue of preempted work (protocol.md §3.10).
+PREEMPTED = "preempted"
+
 class WorkflowRefusal(Exception):
     """A request refused; `code` is a protocol.md §3.2 error code."""
 
@@ -383,6 +386,17 @@ class Workflow:
         flow.waiters.append(waiter)
         self.manager.kill_tasks(job, signal.SIGTERM)
         return waiter
+
+    def requeue_preempted(self, job: Job, task: int | None) -> None:
+        """The scheduler preempted the job, or one of its array elements (`task`), from a queue whose
+        preempt_mode is requeue (broker/share/preemption.py): its tasks are ended by the caller and the job or
+        element is queued again with the reason `preempted`; like any requeue, not a retry (protocol.md §3.10)."""
+        flow = self.flow_of(job)
+        if task is None:
+            flow.requeue = flow.requeue or PREEMPTED
+        else:
+            flow.judge_all = True
+            flow.requeue_tasks.setdefault(task, PREEMPTED)
 
     # --- shared --------------------------------------------------------------------------------------------
 

@@ -309,7 +309,10 @@ class WorkerAgent:
                result.started, result.ended, *self._attempt_list(key)]
         self.attempts.pop(key, None)
         if result.cpu or max_rss:
-            row.append({"cpu": result.cpu, "rss": max_rss})  # accounting (protocol.md §2.5)
+            # Accounting (protocol.md §2.5): after the attempt, which is then always there (0 included).
+            if len(row) == 8:
+                row.append(0)
+            row.append({"cpu": result.cpu, "rss": max_rss})
         self.unacked[key] = row
         self._done.append(row)
         self._schedule_flush()

@@ -76,8 +76,9 @@ class UsageRecord(NamedTuple):
 
 
 def usage_of_result(row: list[Any]) -> tuple[float, int]:
-    """(cpu seconds, peak RSS KiB) of a `done` result: its trailing `{cpu, rss}` map, if any (protocol.md §2.5)."""
-    last = row[-1] if len(row) > 8 else None
+    """(cpu seconds, peak RSS KiB) of a `done` result: its trailing `{cpu, rss}` map, after the attempt, if any
+    (protocol.md §2.5)."""
+    last = row[-1] if len(row) > 9 else None
     if not isinstance(last, dict):
         return 0.0, 0
     cpu, rss = last.get("cpu", 0.0), last.get("rss", 0)

@@ -1,12 +1,14 @@
 """Carrying out the scheduler's preemptions (docs/scheduling.md, "Preemption").
 
 The scheduler (broker/sched/preempt.py) picks the victims; here each one is ended as its queue says: its tasks get
-SIGTERM and, after `kill_grace`, SIGKILL; it is then requeued or cancelled, and its event log says by which job.
-A plain job is a whole gang; an array element goes alone and counts as cancelled.
+SIGTERM and, after `kill_grace`, SIGKILL; it is then requeued (the workflow requeue, reason `preempted`, not a
+retry) or cancelled, and an `exception` event of type `preempt` says by which job.  A plain job is a whole gang;
+an array element goes alone (cancelled, it counts as cancelled).
 """
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Any
 
 from broker import sched
@@ -23,21 +25,19 @@ def carry_out(manager: Any, execution: Any, sharing: Any, preemptions: list[sche
         by = manager.jobs.get(p.by)
         note = f"preempted by job {p.by}" + (f" of queue {by.queue}" if by is not None and by.queue else "")
         queue = sharing.queues.get(job.queue or sharing.default_queue)
-        requeue = queue is not None and queue.preempt_mode == "requeue"
+        requeue = queue is None or queue.preempt_mode == "requeue"
         log.info("job %d element %d: %s (%s)", job.id, p.element, note, "requeue" if requeue else "cancel")
         if job.is_array:
-            if execution.preempt_element(job, p.element, note):
-                manager.raise_exception(job, "preempt", f"element {p.element} {note}", severity=1)
-        elif requeue and _requeue(manager, job, note):
-            continue
+            task = execution.task_of_element(job, p.element)
+            if task is None:
+                continue
+            manager.raise_exception(job, "preempt", f"index {job.index_of(task)} {note}", severity=1)
+            if requeue:
+                manager.workflow.requeue_preempted(job, task)
+            execution.preempt_task(job, task, note, cancel=not requeue)
+        elif requeue:
+            manager.raise_exception(job, "preempt", note, severity=1)
+            manager.workflow.requeue_preempted(job, None)
+            manager.kill_tasks(job, signal.SIGTERM)
         else:
             manager.raise_exception(job, "preempt", note)
-
-
-def _requeue(manager: Any, job: Any, note: str) -> bool:
-    """Back to the queue with the reason `preempted`, through the workflow requeue when the broker has one."""
-    workflow = getattr(manager, "workflow", None)
-    if workflow is None or not hasattr(workflow, "requeue_preempted"):
-        return False
-    workflow.requeue_preempted(job, note)
-    return True

@@ -28,6 +28,7 @@ SHARING: dict[str, Any] = {
         "high": {"priority": 100},
         "scav": {"preemptible": True, "preempt_mode": "cancel"},
         "gpu": {"requires": ["zone=gpu"]},
+        "spot": {"preemptible": True},   # preempt_mode requeue
     },
     "banks": {"physics": {"shares": 2, "users": ["0"]}, "chem": {"shares": 1, "users": [str(GUEST)]}},
     "priority": {"fairshare_interval": 0.2},
@@ -87,7 +88,7 @@ def test_user_limit_holds_jobs_with_its_reason_and_other_users_run(shared: Local
 
 def test_submissions_get_their_queue_and_bank_or_a_clear_refusal(shared: LocalCluster) -> None:
     refused = mc(shared, "submit", "-q", "nosuch", "true")
-    assert refused.returncode == 1 and "queue: no queue 'nosuch' (queues: batch, high, scav, gpu)" in refused.stderr
+    assert refused.returncode == 1 and "queue: no queue 'nosuch' (queues: batch, high, scav, gpu, spot)" in refused.stderr
     nowhere = mc(shared, "submit", "-q", "gpu", "true")   # the queue's nodes: none here has zone=gpu
     assert nowhere.returncode == 1 and "no node has zone=gpu" in nowhere.stderr
     too_long = mc(shared, "submit", "-t", "2h", "true")
@@ -145,6 +146,34 @@ def test_preemption_cancels_the_lowest_cost_scavenger_work(shared: LocalCluster)
             ended = wait_for(c, plain)
             assert ended["exception"] == "preempt" and ended["status"] == 143
             assert "exception" in event_names(c, plain)
+        finally:
+            c.undrain([0])
+
+
+def test_preemption_requeues_where_the_queue_says_so_and_it_is_not_a_retry(shared: LocalCluster) -> None:
+    with shared.client() as c:
+        c.drain([0], "keep the test on rank 1")
+        try:
+            plain = c.submit(job(["sh", "-c", "sleep 3; echo done"], queue="spot", cores_per_task=4))
+            _until(lambda: c.job(plain)["state"] == "RUN")
+            urgent = c.submit(job(["sleep", "0.5"], queue="high", cores_per_task=4))
+            assert wait_for(c, urgent)["status"] == 0
+            assert wait_for(c, plain)["status"] == 0     # it ran again, to its end
+            events = list(c.eventlog(plain))
+            requeues = [e[3] for e in events if e[2] == "requeue"]
+            assert requeues and requeues[0]["reason"] == "preempted"
+            notes = [e[3]["note"] for e in events if e[2] == "exception"]
+            assert notes == [f"preempted by job {urgent} of queue high"]
+            assert c.job(plain)["retries"] == 0
+            array = c.submit(job(["sleep", "2"], queue="spot", array="0-3"))
+            _until(lambda: c.job(array)["counts"]["running"] == 4)
+            urgent = c.submit(job(["true"], queue="high", cores_per_task=2))
+            assert wait_for(c, urgent)["status"] == 0
+            assert wait_for(c, array)["status"] == 0
+            summary = c.job(array)
+            assert summary["counts"]["succeeded"] == 4 and summary["retries"] == 0
+            requeued = [e[3] for e in c.eventlog(array) if e[2] == "requeue"]
+            assert requeued and all(r["reason"] == "preempted" for r in requeued)
         finally:
             c.undrain([0])
 
