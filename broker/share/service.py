@@ -17,11 +17,11 @@ from typing import Any
 from broker import sched
 from broker.job import Job, State
 from broker.jobmanager import JobError, request_of
-from broker.share import accounting
 from broker.journal import Journal, Statement
 from broker.policy.fairshare import Assoc, FairShare
 from broker.policy.priority import Priority
 from broker.sched.limits import Usage as LimitUsage
+from broker.share import accounting
 from minicluster.config import InstanceConfig
 from minicluster.model.jobspec import Jobspec
 from minicluster.model.sharing import ROOT_BANK, QueueSpec
@@ -74,6 +74,7 @@ class Sharing:
         self.config_members: set[Assoc] = set()
         self.defaults: dict[int, str] = {}
         self.state: dict[str, QueueState] = {}
+        self.queues: dict[str, QueueSpec] = {}
         scheduler.limits = sched.LimitCounters()
         scheduler.preempt_grace = config.kill_grace
         scheduler.usage_hook = self._usage_changed
@@ -84,8 +85,8 @@ class Sharing:
         """Queues and priority weights (at start, and when the config file changes: the operator rewrites it
         when spec.queues changes).  Counts, queue switches and the bank tree stay; a queue that left the config
         but still has jobs stays too, until they are gone and the broker restarts."""
-        queues = {q.name: q for q in spec.queues}
-        for name, old in getattr(self, "queues", {}).items():
+        queues: dict[str, QueueSpec] = {q.name: q for q in spec.queues}
+        for name, old in self.queues.items():
             usage = self.scheduler.limits.by_queue.get(name)
             if name not in queues and usage is not None and (usage.pending or usage.running):
                 queues[name] = old

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from minicluster import config as config_mod
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import event_names, job, wait_for
@@ -293,3 +294,16 @@ def test_queues_banks_and_usage_survive_kill9_and_purge(tmp_path: Any) -> None:
             _until(lambda: done not in {j["id"] for j in c.jobs(all=True)})  # purged, still counted above
             fairshare = {(n["parent"], n.get("uid")): n["usage"] for n in c.banks() if "uid" in n}
             assert fairshare[("physics", 0)] > 0  # decayed usage came back from the journal
+
+
+def test_queue_settings_follow_the_config_file(tmp_path: Any) -> None:
+    """What the operator does when spec.queues changes: rewrite config.toml; the broker applies it live."""
+    with LocalCluster(tmp_path, size=1, resources="cores=2", **SHARING) as cluster:
+        with cluster.client() as c:
+            queues = dict(SHARING["queues"], night={"priority": 5}, batch={"user_limits": {"running_jobs": 7}})
+            config_mod.write(cluster.config.replace(queues=queues), cluster.config_path)
+            found = _until(lambda: {q["name"]: q for q in c.queues()["queues"]}.get("night"), timeout=30)
+            assert found["priority"] == 5
+            batch = next(q for q in c.queues()["queues"] if q["name"] == "batch")
+            assert batch["user_limits"]["running_jobs"] == 7 and batch["max_time_limit"] == 0
+            assert wait_for(c, c.submit(job(["true"], queue="night")))["status"] == 0
