@@ -26,6 +26,7 @@ efficiency  a real task asking 8 cores that keeps one busy for 5 s: the CPU effi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -35,9 +36,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,7 +78,7 @@ def as_user(uid: int, fn: Callable[[], Any]) -> Any:
             os.setgid(NOGROUP)
             os.setuid(uid)
             data = json.dumps(fn()).encode()
-        except BaseException as exc:  # noqa: BLE001  (reported to the parent)
+        except BaseException as exc:  # reported to the parent
             data, code = json.dumps({"error": repr(exc)}).encode(), 1
         with os.fdopen(write_end, "wb") as pipe:
             pipe.write(data)
@@ -97,14 +98,14 @@ def as_user(uid: int, fn: Callable[[], Any]) -> Any:
 def fairness(jobs_per_user: int) -> dict[str, Any]:
     state = tempfile.mkdtemp(prefix="mc-fair-")
     os.chmod(state, 0o711)
-    banks = {f"p{i}": {"shares": s, "users": [str(u)]} for i, (u, s) in enumerate(zip(USERS, SHARES))}
+    banks = {f"p{i}": {"shares": s, "users": [str(u)]} for i, (u, s) in enumerate(zip(USERS, SHARES, strict=True))}
     with LocalCluster(state, size=4, resources="cores=64", test_exec=True, access_group="nogroup", banks=banks,
                       priority={"fairshare_interval": 0.25}) as cluster:
         with cluster.client() as owner:
             owner.drain([0, 1, 2, 3], "queue first")
             progress(f"fairness: {len(USERS)} users queue {jobs_per_user:,} jobs each")
             for seed, uid in enumerate(USERS):
-                as_user(uid, lambda seed=seed: _flood(cluster.uri, jobs_per_user, seed))
+                as_user(uid, functools.partial(_flood, cluster.uri, jobs_per_user, seed))
             t0 = time.time()
             owner.undrain([0, 1, 2, 3])
             while owner.status()["queue"].get("SCHED", 0) or owner.status()["queue"].get("RUN", 0):
@@ -131,7 +132,7 @@ def _flood(uri: str, n: int, seed: int) -> int:
 
 
 def _windows(rows: list[tuple[int, float, float]], t0: float) -> dict[str, Any]:
-    target = {u: s / sum(SHARES) for u, s in zip(USERS, SHARES)}
+    target = {u: s / sum(SHARES) for u, s in zip(USERS, SHARES, strict=True)}
     # Backlogged from the undrain until the first user starts its last job.
     end = min(max(start for uid, start, _ in rows if uid == u) for u in USERS)
     out: dict[str, Any] = {"backlogged_seconds": end - t0, "target": {str(u): target[u] for u in USERS}}
@@ -139,7 +140,7 @@ def _windows(rows: list[tuple[int, float, float]], t0: float) -> dict[str, Any]:
         shares, worst_rel, worst_abs = [], 0.0, 0.0
         start = t0
         while start + width <= end:
-            used = {u: 0.0 for u in USERS}
+            used = dict.fromkeys(USERS, 0.0)
             for uid, s, e in rows:
                 overlap = min(e, start + width) - max(s, start)
                 if overlap > 0:
@@ -194,7 +195,11 @@ def scale(queued: int) -> dict[str, Any]:
 
     def recompute(at: float) -> None:
         factors = fs.compute(at)
-        sched.set_bucket_bases(lambda b: weights.fairshare * factors.get((b[2], b[1]), 1.0))
+        def base(bucket: Hashable) -> float:
+            _queue, user, bank = cast(tuple[str, int, str], bucket)
+            return weights.fairshare * factors.get((bank, user), 1.0)
+
+        sched.set_bucket_bases(base)
         sched.reprioritize(at)
 
     recompute(now)
@@ -202,7 +207,7 @@ def scale(queued: int) -> dict[str, Any]:
     first = sched.schedule(now)
     running = [(s.job_id, s.element) for s in first]
     passes, recomputes = [], []
-    for i in range(11):
+    for _ in range(11):
         now += 10.0
         for key in rng.sample(running, 20):
             sched.release(*key, now)
@@ -211,7 +216,7 @@ def scale(queued: int) -> dict[str, Any]:
         starts = sched.schedule(now)
         passes.append(time.process_time() - t)
         running += [(s.job_id, s.element) for s in starts]
-    for i in range(5):
+    for _ in range(5):
         now += 60.0
         t = time.process_time()
         recompute(now)
@@ -266,7 +271,7 @@ def throughput(tasks: int, runs: int, baseline: str) -> dict[str, Any]:
                          f"{result['broker_cpu_us_per_task']:.1f} us broker CPU per task")
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in results.items()}
     # Run i of both was taken back to back, under about the same load: ratios run by run, then their median.
-    pairs = list(zip(results["current"], results["baseline"]))
+    pairs = list(zip(results["current"], results["baseline"], strict=True))
     return {"array_tasks": tasks, "baseline": baseline, "runs": results, "median": med,
             "ratio_tasks_per_s": statistics.median(c["tasks_per_s"] / b["tasks_per_s"] for c, b in pairs),
             "ratio_broker_cpu": statistics.median(c["broker_cpu_us_per_task"] / b["broker_cpu_us_per_task"]
@@ -282,15 +287,15 @@ def efficiency(runs: int) -> dict[str, Any]:
     spin = ("import time\nt, c = time.time(), time.process_time()\nwhile time.time() - t < 5: pass\n"
             "print((time.process_time() - c) / (time.time() - t))")
     reported, own = [], []
-    with tempfile.TemporaryDirectory(prefix="mc-eff-") as d, LocalCluster(d, size=1, resources="cores=8") as c:
-        with c.client() as client:
-            for _ in range(runs):
-                job = client.submit({"argv": [sys.executable, "-c", spin], "env": {}, "cwd": "/tmp",
-                                     "cores_per_task": 8})
-                list(client.wait([job]))
-                reported.append(client.job_usage(job)["cpu_efficiency"])
-                text = b"".join(data for _task, stream, data in client.output(job) if stream == 1)
-                own.append(float(text.decode().strip()) / 8)
+    with (tempfile.TemporaryDirectory(prefix="mc-eff-") as d, LocalCluster(d, size=1, resources="cores=8") as c,
+          c.client() as client):
+        for _ in range(runs):
+            job = client.submit({"argv": [sys.executable, "-c", spin], "env": {}, "cwd": "/tmp",
+                                 "cores_per_task": 8})
+            list(client.wait([job]))
+            reported.append(client.job_usage(job)["cpu_efficiency"])
+            text = b"".join(data for _task, stream, data in client.output(job) if stream == 1)
+            own.append(float(text.decode().strip()) / 8)
     return {"cores_asked": 8, "cores_used": 1, "cpu_efficiency": reported, "median": statistics.median(reported),
             "task_own_share_over_8": own, "median_own": statistics.median(own),
             "expected_on_an_idle_core": 0.125, "goal": [0.12, 0.13]}

@@ -133,7 +133,7 @@ def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     summaries = [manager.summary(j, alloc) for j in selected[:limit]]
     if with_priority:
         now = manager.clock()
-        for summary, record in zip(summaries, selected):
+        for summary, record in zip(summaries, selected[:limit], strict=True):
             summary["priority_components"] = broker.sharing.components(record, now)
     return {"jobs": summaries}
 

@@ -102,7 +102,7 @@ class InstanceConfig:
         if self.listen not in ("", "*") and any(c in self.listen for c in "/[] "):
             raise ConfigError(f"listen must be empty, '*' or one address, got {self.listen!r}")
         try:
-            self.sharing
+            _ = self.sharing  # parses the queues, banks and weights
         except sharing_mod.SharingError as exc:
             raise ConfigError(str(exc)) from None
 

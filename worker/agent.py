@@ -305,7 +305,7 @@ class WorkerAgent:
                 self.jobs.pop(key[0], None)
                 self.output_sent.pop(key[0], None)
                 self.pmi.finished(key[0])
-        row = [key[0], key[1], result.status, result.exit_code, result.signal, error,
+        row: list[Any] = [key[0], key[1], result.status, result.exit_code, result.signal, error,
                result.started, result.ended, *self._attempt_list(key)]
         self.attempts.pop(key, None)
         if result.cpu or max_rss:

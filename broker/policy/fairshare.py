@@ -184,9 +184,9 @@ class FairShare:
         for bank, uid in self.usage:
             members.setdefault((bank, uid), DEFAULT_SHARES if bank == ROOT_BANK else 0)
         for (bank, uid), shares in members.items():
-            usage = self.usage.get((bank, uid))
+            found = self.usage.get((bank, uid))
             children.setdefault(bank, []).append(
-                Node(str(uid), bank, shares, user=uid, usage=usage.ranked if usage else 0.0))
+                Node(str(uid), bank, shares, user=uid, usage=found.ranked if found else 0.0))
         _sum_usage(ROOT_BANK, children)
         order: list[Node] = []
         _walk(ROOT_BANK, 1.0, children, order)

@@ -15,8 +15,9 @@ is matched), or if it fits at all and ends before the shadow time.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from .alloc import Allocation
 from .graph import ResourceGraph
@@ -54,16 +55,19 @@ def plan_reservation(graph: ResourceGraph, job_id: int, request: Request, policy
         return Reservation(job_id, max(now, ends[order[count - 1]]), found, order[count - 1])
 
 
-class DetachedPrefix:
+K = TypeVar("K", bound=Hashable)
+
+
+class DetachedPrefix(Generic[K]):
     """Running allocations detached from the graph in a given order, the first `count` of them at a time;
     everything is attached again on leaving the `with` block.  Also the preemption search's tool."""
 
-    def __init__(self, graph: ResourceGraph, order: list[Hashable]) -> None:
+    def __init__(self, graph: ResourceGraph, order: Sequence[K]) -> None:
         self.graph = graph
         self.order = order
-        self.detached: list[tuple[Hashable, dict[int, Hold]]] = []
+        self.detached: list[tuple[K, dict[int, Hold]]] = []
 
-    def __enter__(self) -> "DetachedPrefix":
+    def __enter__(self) -> DetachedPrefix[K]:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -81,7 +81,7 @@ class Ordering:
         for bucket in self.buckets.values():
             bucket.reason = None
 
-    def merged(self) -> "Merge":
+    def merged(self) -> Merge:
         return Merge(list(self.buckets.values()))
 
 

@@ -10,24 +10,27 @@ Everything is re-attached before returning.  Pure: no I/O.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .backfill import DetachedPrefix
+from .backfill import DetachedPrefix, K
 from .graph import ResourceGraph
 from .request import Request
 from .state import Hold
 
 
-def lost_work(running: Mapping[Hashable, float], active: Mapping[int, list[Any]], queues: set[str],
-              dying: set[Hashable], time_limit: Callable[[Any], float], now: float) -> list[tuple[Hashable, float]]:
+Key = tuple[int, int]  # (job, element): a running allocation
+
+
+def lost_work(running: Mapping[Key, float], active: Mapping[int, list[Any]], queues: set[str],
+              dying: set[Key], time_limit: Callable[[Any], float], now: float) -> list[tuple[Key, float]]:
     """(key, elapsed core-seconds) of the running allocations of `queues` not already being preempted.
 
     `running` maps (job, element) to its planned end (start + time limit); `active` job id to [SchedJob, n].
     """
-    out = []
+    out: list[tuple[Key, float]] = []
     for key, end in running.items():
-        entry = active.get(key[0])  # type: ignore[index]
+        entry = active.get(key[0])
         if entry is None or entry[0].queue not in queues or key in dying:
             continue
         victim = entry[0]
@@ -36,7 +39,7 @@ def lost_work(running: Mapping[Hashable, float], active: Mapping[int, list[Any]]
 
 
 def choose_victims(graph: ResourceGraph, request: Request, policy: str,
-                   candidates: list[tuple[Hashable, float]]) -> list[Hashable] | None:
+                   candidates: list[tuple[K, float]]) -> list[K] | None:
     """Keys of the allocations to preempt so that `request` fits, least lost work first; None if none do.
 
     `candidates` are (allocation key, lost work) of the allocations that may be preempted.
@@ -49,9 +52,9 @@ def choose_victims(graph: ResourceGraph, request: Request, policy: str,
 
 
 def _pruned(graph: ResourceGraph, request: Request, policy: str,
-            detached: list[tuple[Hashable, dict[int, Hold]]], lost: dict[Hashable, float]) -> list[Hashable]:
+            detached: list[tuple[K, dict[int, Hold]]], lost: dict[K, float]) -> list[K]:
     """The detached victims the request really needs: each one is tried back, most lost work first."""
-    needed = []
+    needed: list[K] = []
     for key, holds in sorted(detached, key=lambda d: -lost[d[0]]):
         graph.attach(key, holds)
         if graph.fits(request, policy):
@@ -59,7 +62,7 @@ def _pruned(graph: ResourceGraph, request: Request, policy: str,
         graph.detach(key)
         needed.append(key)
     # Restore the state the caller's cleanup expects: every key in `detached` detached.
-    for key, holds in detached:
+    for key, _holds in detached:
         if key not in needed:
             graph.detach(key)
     return sorted(needed, key=lambda k: lost[k])

@@ -31,7 +31,7 @@ import dataclasses
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .alloc import Allocation
 from .backfill import PHANTOM, Reservation, plan_reservation
@@ -170,11 +170,11 @@ class Scheduler:
         self._ordering = Ordering()
         self._running: dict[tuple[int, int], float] = {}  # (job, element) -> expected end
         # Jobs with running elements: the job and how many of its elements run.
-        self._active: dict[int, list] = {}
+        self._active: dict[int, list[Any]] = {}
         self._preemptions: list[Preemption] = []
         self._dying: set[tuple[int, int]] = set()          # preempted, not yet released
         self._preempting: dict[int, set[tuple[int, int]]] = {}
-        self._preempt_stamp: tuple | None = None
+        self._preempt_stamp: tuple[int, ...] | None = None
         self._reservation: Reservation | None = None
         self._reservation_stamp: tuple[int, int, int] | None = None
         self._queue_version = 0

@@ -16,7 +16,8 @@ MAX_ROWS = 100_000
 
 def usage_rows(c: sqlite3.Connection, uid: int | None, project: str | None, since: float | None,
                until: float | None, by_queue: bool) -> list[dict[str, Any]]:
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if uid is not None:
         where.append("uid=?")
         params.append(uid)

@@ -12,7 +12,7 @@ import logging
 import pwd
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from broker import sched
 from broker.job import Job, State
@@ -118,10 +118,10 @@ class Sharing:
                 if uid is not None:
                     self.fairshare.set_member(bank.name, uid, shares)
                     self.config_members.add((bank.name, uid))
-        for user, bank in spec.default_projects:
+        for user, default in spec.default_projects:
             uid = self.config_uid(user, "default_projects")
             if uid is not None:
-                self.defaults[uid] = bank
+                self.defaults[uid] = default
         rows = self.journal.query("SELECT name, parent, shares FROM banks")
         for name, parent, shares in _rows_parents_first(rows):
             try:
@@ -207,7 +207,7 @@ class Sharing:
         weight = self.weights.fairshare
 
         def base(bucket: Hashable) -> float:
-            _queue, user, project = bucket  # type: ignore[misc]
+            _queue, user, project = cast(tuple[str, int, str], bucket)
             return weight * factors.get((project or ROOT_BANK, user), 1.0)
 
         self.scheduler.set_bucket_bases(base)

@@ -138,7 +138,7 @@ def valid_name(value: Any) -> bool:
 def _name(value: Any, key: str) -> str:
     if not valid_name(value):
         raise SharingError(f"{key}: {value!r} is not a valid name (letters, digits, '_', '.', '-'; at most 64)")
-    return value
+    return str(value)
 
 
 def _user(value: Any, key: str) -> str:

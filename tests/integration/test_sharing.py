@@ -82,14 +82,15 @@ def test_user_limit_holds_jobs_with_its_reason_and_other_users_run(shared: Local
         batch = json.loads(status.stdout)["queues"][0]
         assert batch["user_limits"]["running_jobs"] == 2 and batch["running"] >= 2
         assert {u["uid"] for u in batch["users"]} >= {0}
-        for j in mine + [theirs]:
+        for j in [*mine, theirs]:
             assert wait_for(c, j)["status"] == 0
         assert c.job(theirs)["project"] == "chem"
 
 
 def test_submissions_get_their_queue_and_bank_or_a_clear_refusal(shared: LocalCluster) -> None:
     refused = mc(shared, "submit", "-q", "nosuch", "true")
-    assert refused.returncode == 1 and "queue: no queue 'nosuch' (queues: batch, high, scav, gpu, spot)" in refused.stderr
+    assert refused.returncode == 1
+    assert "queue: no queue 'nosuch' (queues: batch, high, scav, gpu, spot)" in refused.stderr
     nowhere = mc(shared, "submit", "-q", "gpu", "true")   # the queue's nodes: none here has zone=gpu
     assert nowhere.returncode == 1 and "no node has zone=gpu" in nowhere.stderr
     too_long = mc(shared, "submit", "-t", "2h", "true")
@@ -181,7 +182,7 @@ def test_preemption_requeues_where_the_queue_says_so_and_it_is_not_a_retry(share
 
 def test_usage_and_efficiency_reports(shared: LocalCluster) -> None:
     with shared.client() as c:
-        spin = f"import time\nt = time.time()\nwhile time.time() - t < 2: pass"
+        spin = "import time\nt = time.time()\nwhile time.time() - t < 2: pass"
         busy = c.submit(job([sys.executable, "-c", spin], cores_per_task=4, mem_per_task=64))
         assert wait_for(c, busy)["status"] == 0
         guest_job = guest(shared, lambda g: g.submit(job(["sleep", "0.5"], cores_per_task=2)))["ok"]
@@ -252,16 +253,16 @@ def test_banks_are_the_owners_to_change(shared: LocalCluster) -> None:
 
 def test_metrics_show_queue_and_user_gauges(tmp_path: Any) -> None:
     port = 18000 + os.getpid() % 2000
-    with LocalCluster(tmp_path, size=1, resources="cores=2", status_port=port, **SHARING) as cluster:
-        with cluster.client() as c:
-            c.drain([0], "hold")
-            held = c.submit(job(["true"], queue="high"))
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-            assert 'minicluster_queue_pending{queue="high"} 1' in text
-            assert 'minicluster_queue_open{queue="scav",switch="started"} 1' in text
-            assert 'minicluster_user_pending{user="root",uid="0"} 1' in text
-            c.undrain([0])
-            wait_for(c, held)
+    with (LocalCluster(tmp_path, size=1, resources="cores=2", status_port=port, **SHARING) as cluster,
+          cluster.client() as c):
+        c.drain([0], "hold")
+        held = c.submit(job(["true"], queue="high"))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert 'minicluster_queue_pending{queue="high"} 1' in text
+        assert 'minicluster_queue_open{queue="scav",switch="started"} 1' in text
+        assert 'minicluster_user_pending{user="root",uid="0"} 1' in text
+        c.undrain([0])
+        wait_for(c, held)
 
 
 def test_queues_banks_and_usage_survive_kill9_and_purge(tmp_path: Any) -> None:
@@ -298,12 +299,11 @@ def test_queues_banks_and_usage_survive_kill9_and_purge(tmp_path: Any) -> None:
 
 def test_queue_settings_follow_the_config_file(tmp_path: Any) -> None:
     """What the operator does when spec.queues changes: rewrite config.toml; the broker applies it live."""
-    with LocalCluster(tmp_path, size=1, resources="cores=2", **SHARING) as cluster:
-        with cluster.client() as c:
-            queues = dict(SHARING["queues"], night={"priority": 5}, batch={"user_limits": {"running_jobs": 7}})
-            config_mod.write(cluster.config.replace(queues=queues), cluster.config_path)
-            found = _until(lambda: {q["name"]: q for q in c.queues()["queues"]}.get("night"), timeout=30)
-            assert found["priority"] == 5
-            batch = next(q for q in c.queues()["queues"] if q["name"] == "batch")
-            assert batch["user_limits"]["running_jobs"] == 7 and batch["max_time_limit"] == 0
-            assert wait_for(c, c.submit(job(["true"], queue="night")))["status"] == 0
+    with LocalCluster(tmp_path, size=1, resources="cores=2", **SHARING) as cluster, cluster.client() as c:
+        queues = dict(SHARING["queues"], night={"priority": 5}, batch={"user_limits": {"running_jobs": 7}})
+        config_mod.write(cluster.config.replace(queues=queues), cluster.config_path)
+        found = _until(lambda: {q["name"]: q for q in c.queues()["queues"]}.get("night"), timeout=30)
+        assert found["priority"] == 5
+        batch = next(q for q in c.queues()["queues"] if q["name"] == "batch")
+        assert batch["user_limits"]["running_jobs"] == 7 and batch["max_time_limit"] == 0
+        assert wait_for(c, c.submit(job(["true"], queue="night")))["status"] == 0

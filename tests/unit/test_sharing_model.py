@@ -101,7 +101,7 @@ def test_usage_is_split_over_the_hours_a_job_ran() -> None:
 
 def test_result_usage_is_the_map_after_the_attempt() -> None:
     base = [1, 0, 0, 0, None, None, 1.0, 2.0]
-    assert usage_of_result(base) == (0.0, 0) and usage_of_result(base + [2]) == (0.0, 0)
-    assert usage_of_result(base + [0, {"cpu": 1.5, "rss": 2048}]) == (1.5, 2048)
-    assert usage_of_result(base + [3, {"cpu": 1.5, "rss": 2048}]) == (1.5, 2048)   # after an attempt number
-    assert usage_of_result(base + [0, {"cpu": -1, "rss": "x"}]) == (0.0, 0)         # garbage is ignored
+    assert usage_of_result(base) == (0.0, 0) and usage_of_result([*base, 2]) == (0.0, 0)
+    assert usage_of_result([*base, 0, {"cpu": 1.5, "rss": 2048}]) == (1.5, 2048)
+    assert usage_of_result([*base, 3, {"cpu": 1.5, "rss": 2048}]) == (1.5, 2048)   # after an attempt number
+    assert usage_of_result([*base, 0, {"cpu": -1, "rss": "x"}]) == (0.0, 0)         # garbage is ignored
