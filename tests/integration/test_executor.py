@@ -351,19 +351,16 @@ async def test_mock_bad_env_is_an_error_result():
     assert r.status == 126 and "mock task" in r.error
 
 
-async def test_mock_throughput():
+async def test_mock_executor_completes_a_large_batch_in_one_iteration():
+    # Its rate is measured in benchmarks/throughput.py; here only that every task ends, once.
     done = []
     ex = TestExecutor(lambda *a: None, done.append)
     env = mock_env(exit_code=0)
     specs = [TaskSpec((2, i), ("x",), env) for i in range(50_000)]
-    t0 = time.perf_counter()
     for spec in specs:
         ex.start(spec)
     await asyncio.sleep(0)
-    rate = len(specs) / (time.perf_counter() - t0)
-    assert len(done) == len(specs) and ex.running == 0
-    # ~200k/s on an idle 2-core VM; the margin absorbs a busy CI machine.
-    assert rate > 40_000, f"{rate:.0f} tasks/s"
+    assert sorted(r.key for r in done) == [s.key for s in specs] and ex.running == 0
 
 
 async def test_pidfile_is_compacted_as_tasks_come_and_go(tmp_path):
