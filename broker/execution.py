@@ -10,6 +10,7 @@ import asyncio
 import heapq
 import logging
 import signal
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -49,8 +50,8 @@ class Execution:
         self.by_job: dict[int, set[Key]] = defaultdict(set)
         self._deadlines: list[tuple[float, int, int]] = []
         self._pmi: dict[tuple[int, str, int], dict[int, Any]] = {}
-        # Aborts waiting out ABORT_SETTLE, per job: the notes by task in arrival order, and the timer.
-        self._aborts: dict[int, tuple[dict[int, tuple[int, str]], asyncio.TimerHandle]] = {}
+        # Per job: the aborts settling, task -> (when the task called abort, status, note), and their timer.
+        self._aborts: dict[int, tuple[dict[int, tuple[float, int, str]], asyncio.TimerHandle]] = {}
         # Plain jobs whose `run` waits for their alloc event to be durable.
         self._undispatched: set[int] = set()
         # Array elements being preempted (broker/share/preemption.py): they end counted as cancelled.
@@ -238,7 +239,7 @@ class Execution:
             if running is not None and job.is_array:
                 released.append((job_id, running.element))
             if status and not job.ending and not cancelled:   # a task a workflow rule cut short is a consequence
-                failure = self._failure(job, task, rank, status, error)
+                failure = self._failure(job, task, rank, status, error, ended)
                 # A success_task job is decided by its driver: another task failing does not end it.
                 if job.spec is None or job.spec.success_task in (None, task):
                     job.first_failure = job.first_failure or failure
@@ -460,27 +461,34 @@ class Execution:
         note = f"task {task} on rank {rank} called abort({code}): {body.get('message', '')}".strip()
         # As mpiexec: the job exits with the code given to MPI_Abort (one that reads as success becomes 1).
         status = code % 256 if isinstance(code, int) and not isinstance(code, bool) else 1
+        when = body.get("t")
+        when = float(when) if isinstance(when, int | float) and not isinstance(when, bool) else time.time()
         pending = self._aborts.get(job.id)
         if pending is None:
             timer = asyncio.get_running_loop().call_later(ABORT_SETTLE, self._raise_abort, job)
             pending = self._aborts[job.id] = ({}, timer)
-        pending[0].setdefault(task if isinstance(task, int) else -1, (status or 1, note))
+        pending[0].setdefault(task if isinstance(task, int) else -1, (when, status or 1, note))
 
     def _raise_abort(self, job: Job) -> None:
         aborts, _ = self._aborts.pop(job.id)
         if not job.ending and job.state == State.RUN:
-            status, note = next(iter(aborts.values()))
+            _, status, note = min(aborts.values())
             self.manager.raise_exception(job, "abort", note, status=status)
 
-    def _failure(self, job: Job, task: int, rank: int, status: int, error: str | None) -> tuple[int, str]:
-        """(status, note) of `task` failing: its own abort if one is settling, else its exit, which also beats a
-        peer's settling abort (that peer most likely reacted to this task vanishing)."""
+    def _failure(self, job: Job, task: int, rank: int, status: int, error: str | None,
+                 ended: float | None) -> tuple[int, str]:
+        """(status, note) of `task` failing: the earliest of the aborts settling and this exit, by the workers'
+        clocks.  A rank's own abort precedes its exit; a peer's abort after this exit most likely reacted to
+        this task vanishing, and one that overtook the report of an earlier exit is not taken for the cause."""
+        exit_cause = (status, job.failure_note(task, rank, status, error))
         pending = self._aborts.pop(job.id, None)
-        if pending is not None:
-            pending[1].cancel()
-            if task in pending[0]:
-                return pending[0][task]
-        return status, job.failure_note(task, rank, status, error)
+        if pending is None:
+            return exit_cause
+        pending[1].cancel()
+        when, abort_status, note = min(pending[0].values())
+        if ended is None or when <= ended:
+            return abort_status, note
+        return exit_cause
 
 
 def _cut_at_line_end(data: bytes, room: int, whole_output: bool) -> bytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -80,7 +81,7 @@ class PMIJobs:
             kvsname=self.kvsname(job), universe_size=int(info["ntasks"]), local_ranks=sorted(tasks),
             process_mapping=process_mapping([n for _, n in layout]), exchange=exchange,
             on_abort=lambda task, code, message: self.send(
-                "abort", 0, {"job": job, "task": task, "code": code, "message": message}),
+                "abort", 0, {"job": job, "task": task, "code": code, "message": message, "t": time.time()}),
             # The job is an MPI job: rank 0 then ends it when a task fails (protocol.md §3.6).
             on_init=lambda: self.send("pmi-init", 0, {"job": job}),
         )

@@ -9,6 +9,7 @@ import itertools
 import logging
 import os
 import shutil
+import time
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -166,7 +167,7 @@ class PMIxJobs:
     def _abort(self, nspace: str, rank: int, status: int, message: str) -> None:
         job = self._by_nspace.get(nspace)
         if job is not None:
-            self.send("abort", 0, {"job": job, "task": rank, "code": status, "message": message})
+            self.send("abort", 0, {"job": job, "task": rank, "code": status, "message": message, "t": time.time()})
 
 
 def job_env(tmpdir: str) -> dict[str, str]:
