@@ -477,15 +477,19 @@ class Execution:
 
     def _failure(self, job: Job, task: int, rank: int, status: int, error: str | None,
                  ended: float | None) -> tuple[int, str]:
-        """(status, note) of `task` failing: the earliest of the aborts settling and this exit, by the workers'
-        clocks.  A rank's own abort precedes its exit; a peer's abort after this exit most likely reacted to
-        this task vanishing, and one that overtook the report of an earlier exit is not taken for the cause."""
+        """(status, note) of `task` failing: its own abort if one is settling (the worker may notice the exit
+        before it reads the abort, so their clocks cannot order the two), else the earliest of the peers'
+        settling aborts and this exit.  A peer's abort after this exit most likely reacted to this task
+        vanishing; one that overtook the report of an earlier exit is not taken for the cause."""
         exit_cause = (status, job.failure_note(task, rank, status, error))
         pending = self._aborts.pop(job.id, None)
         if pending is None:
             return exit_cause
         pending[1].cancel()
-        when, abort_status, note = min(pending[0].values())
+        aborts = pending[0]
+        if task in aborts:
+            return aborts[task][1:]
+        when, abort_status, note = min(aborts.values())
         if ended is None or when <= ended:
             return abort_status, note
         return exit_cause
