@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from broker import sched
+from broker.abortcause import AbortSettlement
 from broker.job import Job, State
 from broker.jobmanager import JobManager, request_of
 from broker.share import accounting
@@ -51,7 +52,7 @@ class Execution:
         self._deadlines: list[tuple[float, int, int]] = []
         self._pmi: dict[tuple[int, str, int], dict[int, Any]] = {}
         # Per job: the aborts settling, task -> (when the task called abort, status, note), and their timer.
-        self._aborts: dict[int, tuple[dict[int, tuple[float, int, str]], asyncio.TimerHandle]] = {}
+        self._aborts: dict[int, tuple[AbortSettlement, asyncio.TimerHandle]] = {}
         # Plain jobs whose `run` waits for their alloc event to be durable.
         self._undispatched: set[int] = set()
         # Array elements being preempted (broker/share/preemption.py): they end counted as cancelled.
@@ -239,10 +240,14 @@ class Execution:
             if running is not None and job.is_array:
                 released.append((job_id, running.element))
             if status and not job.ending and not cancelled:   # a task a workflow rule cut short is a consequence
-                failure = self._failure(job, task, rank, status, error, ended)
+                failure = (status, job.failure_note(task, rank, status, error))
                 # A success_task job is decided by its driver: another task failing does not end it.
                 if job.spec is None or job.spec.success_task in (None, task):
-                    job.first_failure = job.first_failure or failure
+                    settling = self._aborts.get(job.id)
+                    if settling is not None:  # the settle timer names the earliest cause
+                        settling[0].exit(task, ended if ended is not None else now, failure)
+                    else:
+                        job.first_failure = job.first_failure or failure
                 if error and job.reason is None:
                     job.reason = failure[1]
             touched[job_id] = job
@@ -463,36 +468,17 @@ class Execution:
         status = code % 256 if isinstance(code, int) and not isinstance(code, bool) else 1
         when = body.get("t")
         when = float(when) if isinstance(when, int | float) and not isinstance(when, bool) else time.time()
-        pending = self._aborts.get(job.id)
-        if pending is None:
+        settling = self._aborts.get(job.id)
+        if settling is None:
             timer = asyncio.get_running_loop().call_later(ABORT_SETTLE, self._raise_abort, job)
-            pending = self._aborts[job.id] = ({}, timer)
-        pending[0].setdefault(task if isinstance(task, int) else -1, (when, status or 1, note))
+            settling = self._aborts[job.id] = (AbortSettlement(), timer)
+        settling[0].abort(task if isinstance(task, int) else -1, when, (status or 1, note))
 
     def _raise_abort(self, job: Job) -> None:
-        aborts, _ = self._aborts.pop(job.id)
+        settlement, _ = self._aborts.pop(job.id)
         if not job.ending and job.state == State.RUN:
-            _, status, note = min(aborts.values())
+            status, note = settlement.cause()
             self.manager.raise_exception(job, "abort", note, status=status)
-
-    def _failure(self, job: Job, task: int, rank: int, status: int, error: str | None,
-                 ended: float | None) -> tuple[int, str]:
-        """(status, note) of `task` failing: its own abort if one is settling (the worker may notice the exit
-        before it reads the abort, so their clocks cannot order the two), else the earliest of the peers'
-        settling aborts and this exit.  A peer's abort after this exit most likely reacted to this task
-        vanishing; one that overtook the report of an earlier exit is not taken for the cause."""
-        exit_cause = (status, job.failure_note(task, rank, status, error))
-        pending = self._aborts.pop(job.id, None)
-        if pending is None:
-            return exit_cause
-        pending[1].cancel()
-        aborts = pending[0]
-        if task in aborts:
-            return aborts[task][1:]
-        when, abort_status, note = min(aborts.values())
-        if ended is None or when <= ended:
-            return abort_status, note
-        return exit_cause
 
 
 def _cut_at_line_end(data: bytes, room: int, whole_output: bool) -> bytes:

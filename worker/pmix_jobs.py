@@ -9,7 +9,6 @@ import itertools
 import logging
 import os
 import shutil
-import time
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,10 +163,10 @@ class PMIxJobs:
             self._jobs[job].connected = True
             self.send("pmi-init", 0, {"job": job})
 
-    def _abort(self, nspace: str, rank: int, status: int, message: str) -> None:
+    def _abort(self, nspace: str, rank: int, status: int, message: str, when: float) -> None:
         job = self._by_nspace.get(nspace)
         if job is not None:
-            self.send("abort", 0, {"job": job, "task": rank, "code": status, "message": message, "t": time.time()})
+            self.send("abort", 0, {"job": job, "task": rank, "code": status, "message": message, "t": when})
 
 
 def job_env(tmpdir: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ import ctypes
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ class Upcalls:
 
     fence: Callable[[str, bytes, Complete], None]
     direct_modex: Callable[[str, int, Complete], None]
-    abort: Callable[[str, int, int, str], None]
+    abort: Callable[[str, int, int, str, float], None]  # nspace, rank, status, message, when (time.time())
     # A client of the namespace called PMIx_Init.
     connected: Callable[[str], None] = lambda nspace: None
 
@@ -136,7 +137,9 @@ class PMIxHost:
                cbfunc: Any, cbdata: Any) -> int:
         nspace, rank = proc[0].nspace.decode(), int(proc[0].rank)
         text = (msg or b"").decode(errors="replace")
-        self._loop.call_soon_threadsafe(self._upcalls.abort, nspace, rank, int(status), text)
+        # Stamped here, not on the loop: the caller is released at once, and a busy loop could otherwise date the
+        # abort after the aborts of the peers that saw this task go (rank 0 names the earliest as the cause).
+        self._loop.call_soon_threadsafe(self._upcalls.abort, nspace, rank, int(status), text, time.time())
         # Release the caller at once: the job's end comes from rank 0 like any other gang failure.
         return libpmix.OPERATION_SUCCEEDED
 
