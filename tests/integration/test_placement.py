@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
 from minicluster.client import Client, ClientError
 from minicluster.testing import LocalCluster
-from tests.integration.conftest import job, output_of, wait_for
+from tests.integration.conftest import job, output_of, started, wait_for
 
 ZONES = {0: "zone=a", 1: "zone=a,spot", 2: "zone=b"}
 
@@ -67,9 +68,15 @@ def test_drain_and_undrain(client: Client) -> None:
 
 def test_backfill_estimate_for_blocked_head(client: Client) -> None:
     long = client.submit(job(["sleep", "5"], nnodes=3, ntasks=6, mpi="none", time_limit=30))
+    started(client, long)
     head = client.submit(job(["true"], nnodes=3, ntasks=3, mpi="none", time_limit=10))
     small = client.submit(job(["true"], time_limit=5))
+    # The reservation is made by the scheduler's next pass, after the submit is acknowledged.
     summary = client.job(head)
+    deadline = time.monotonic() + 10
+    while summary["est_start"] is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        summary = client.job(head)
     assert summary["state"] == "SCHED" and summary["est_start"] is not None
     assert summary["est_start"] >= client.job(long)["t_run"] + 29
     # The small job does not fit either (every core is busy) and must not jump ahead of the reservation.

@@ -283,9 +283,11 @@ async def test_storage_gives_rank_0_a_claim_and_a_job_and_ends_the_workers_with_
     operator: None, kmock: Kmock, make_body: Make,
 ) -> None:
     await create(kmock, make_body(storage={"size": "1Gi"}))
-    broker_job = await eventually(lambda: obj(kmock, JOB, "demo-broker"))
-    claim = obj(kmock, "v1/persistentvolumeclaims", "demo-state")
-    for child in (broker_job, claim, obj(kmock, JOB, "demo")):
+    # The handler creates the three children one after another; each may still be on its way.
+    names = ((JOB, "demo-broker"), ("v1/persistentvolumeclaims", "demo-state"), (JOB, "demo"))
+    children = [await eventually(lambda r=resource, n=name: obj(kmock, r, n))  # type: ignore[misc]
+                for resource, name in names]
+    for child in children:
         assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-demo"
     durable = await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "StateDurable"))
     assert (durable["status"], durable["reason"]) == ("True", "PersistentVolumeClaim")
