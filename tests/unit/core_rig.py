@@ -14,11 +14,12 @@ import asyncio
 import contextlib
 import os
 import tempfile
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from broker import nodes, sched
+from broker import flowrecovery, nodes, sched
 from broker.execution import Execution
 from broker.job import Job
 from broker.jobmanager import JobManager, unpack
@@ -54,10 +55,12 @@ async def restarted(previous: Core, advance: float = 5.0) -> AsyncIterator[Core]
     await previous.close()
     previous.clock.advance(advance)
     core = Core(previous.config, previous.clock)
+    core.placed = previous.placed
     recovered = load(core.journal, core.manager)
     core.manager.next_id = recovered.next_id
     core.epoch = recovered.epoch
     core.reattach = Reattach(core.manager, recovered.active)
+    core.workflows = flowrecovery.recover(core.manager.workflow, core.journal, recovered.active)
     core.start()
     try:
         yield core
@@ -81,6 +84,9 @@ class Core:
         self.execution = Execution(self.config, self.manager, self.sender.send, URI)
         # Set in a restarted core until `settle` closes the window.
         self.reattach: Reattach | None = None
+        self.workflows: flowrecovery.Recovered | None = None
+        # (job, task) -> (rank, cores) of every task `running` saw dispatched, in this life or the ones before.
+        self.placed: dict[tuple[int, int], tuple[int, list[int]]] = {}
         self.epoch = 0
 
     def start(self) -> None:
@@ -99,6 +105,16 @@ class Core:
         job_id, _ = self.manager.submit(os.getuid(), os.getgid(), jobspec(argv, **fields))
         return self.manager.jobs[job_id]
 
+    async def running(self, **fields: Any) -> Job:
+        """Submit a job that starts in this scheduling pass, and wait until its `run`s went out."""
+        record = self.submit(**fields)
+        assert record.id in {start.job_id for start in self.schedule()}, "the job should start now"
+        await self.durable()
+        for rank, entries in self.runs():
+            for job_id, task, _index, cores, *_ in entries:
+                self.placed[(job_id, task)] = (rank, cores)
+        return record
+
     def schedule(self) -> list[sched.Start]:
         starts = self.scheduler.schedule(self.clock())
         if starts:
@@ -116,13 +132,23 @@ class Core:
         self.execution.on_done(rank, [[job.id, task, status, status if status < 128 else None,
                                        status - 128 if status >= 128 else None, error, started, self.clock()]])
 
-    def settle(self, reports: dict[int, list[tuple[Job, int, tuple[int, ...]]]]) -> None:
-        """Close the reattach window: each rank reports (job, task, cores) it still runs (protocol.md §2.7 join)."""
-        assert self.reattach is not None
+    def reports(self, *running: tuple[Job, list[int]]) -> dict[int, list[list[Any]]]:
+        """What the workers running these (job, tasks) list in their `join` (protocol.md §2.7), by rank."""
+        out: dict[int, list[list[Any]]] = defaultdict(list)
+        for job, tasks in running:
+            for task in tasks:
+                rank, cores = self.placed[(job.id, task)]
+                out[rank].append([job.id, task, cores, []])
+        return out
+
+    def settle(self, reports: dict[int, list[list[Any]]]) -> None:
+        """Close the reattach window with these reports, as Broker._close_reattach_window does."""
+        assert self.reattach is not None and self.workflows is not None
         for rank, running in reports.items():
-            self.reattach.report(rank, [[job.id, task, list(cores), []] for job, task, cores in running])
+            self.reattach.report(rank, running)
         self.reattach.settle(self.execution, self.clock())
         self.reattach = None
+        flowrecovery.settled(self.manager.workflow, self.workflows)
 
     def crash_at(self, event: str) -> None:
         """Rank 0 dies just before the write that carries `event`: nothing from that write on reaches the journal.

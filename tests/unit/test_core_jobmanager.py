@@ -28,11 +28,7 @@ async def core(tmp_path):
 async def running(core: Core, **fields) -> Job:
     """A job whose `run` went out to rank 0."""
     core.add_rank(0)
-    record = core.submit(**fields)
-    assert core.schedule(), "the job should start on rank 0"
-    await core.durable()
-    assert [rank for rank, _ in core.runs()] == [0]
-    return record
+    return await core.running(**fields)
 
 
 # --- submit ----------------------------------------------------------------------------------------------------
