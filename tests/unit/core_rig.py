@@ -126,11 +126,13 @@ class Core:
         await flushed(self.journal)
         await flushed(self.journal)  # callbacks of the first flush may have written (a `run` after its alloc)
 
-    def done(self, rank: int, job: Job, task: int, status: int = 0, error: str | None = None) -> None:
-        """The worker on `rank` reports one result (protocol.md §2.5 `done`)."""
+    def done(self, rank: int, job: Job, task: int, status: int = 0, error: str | None = None,
+             attempt: int | None = None) -> None:
+        """The worker on `rank` reports one result (protocol.md §2.5 `done`; §2.9 for `attempt`)."""
         started = self.clock() - 1.0
-        self.execution.on_done(rank, [[job.id, task, status, status if status < 128 else None,
-                                       status - 128 if status >= 128 else None, error, started, self.clock()]])
+        result = [job.id, task, status, status if status < 128 else None, status - 128 if status >= 128 else None,
+                  error, started, self.clock()]
+        self.execution.on_done(rank, [result if attempt is None else [*result, attempt]])
 
     def reports(self, *running: tuple[Job, list[int]]) -> dict[int, list[list[Any]]]:
         """What the workers running these (job, tasks) list in their `join` (protocol.md §2.7), by rank."""
