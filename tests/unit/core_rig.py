@@ -3,7 +3,8 @@ broker/service.py wires them, with the test kit's fakes at the edges.
 
 - time is a FakeClock (JobManager's `clock`; Execution reads the manager's);
 - the overlay's `send` is a RecordingSender, so every `run`, `kill` and `done-ack` passes through the codec;
-- the journal is the real sqlite journal in the test's directory (minicluster/testing/journal.py);
+- the journal is the real sqlite journal (broker/journal.py, its writer thread included), on tmpfs when there
+  is one: a test takes milliseconds, not the ~10 ms per commit of FULL sync on a disk;
 - nothing schedules by itself: the test says when (`schedule()`), as the broker's `_wake_scheduler` would.
 
 Sharing (queues, banks, accounting) stays off, as in a manager whose `sharing` was never set.
@@ -30,13 +31,13 @@ from minicluster.config import InstanceConfig
 from minicluster.testing import FakeClock, RecordingSender, flushed, jobspec, resources
 
 URI = "unix:///nonexistent/core-rig.sock"
-# sqlite's FULL sync costs ~10 ms a commit on a disk and nothing on tmpfs, which keeps these tests fast.
 TMPFS = "/dev/shm"
 
 
 @contextlib.asynccontextmanager
 async def started(fallback: Path, **config: Any) -> AsyncIterator[Core]:
-    """A started Core whose journal lives on tmpfs when there is one (else in `fallback`), removed on exit."""
+    """A started Core of a two-rank instance (ranks join with `add_rank`); its journal lives on tmpfs when there
+    is one (else in `fallback`) and is removed on exit."""
     with contextlib.ExitStack() as stack:
         base = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=TMPFS))) if os.access(TMPFS, os.W_OK) \
             else fallback
@@ -88,6 +89,7 @@ class Core:
         # (job, task) -> (rank, cores) of every task `running` saw dispatched, in this life or the ones before.
         self.placed: dict[tuple[int, int], tuple[int, list[int]]] = {}
         self.epoch = 0
+        self.crashed = False
 
     def start(self) -> None:
         self.journal.start()
@@ -123,6 +125,7 @@ class Core:
 
     async def durable(self) -> None:
         """Everything posted so far is committed, and its commit callbacks (run dispatch, watchers) have run."""
+        assert not self.crashed, "a crashed life commits nothing more: go on with `restarted`"
         await flushed(self.journal)
         await flushed(self.journal)  # callbacks of the first flush may have written (a `run` after its alloc)
 
@@ -157,6 +160,7 @@ class Core:
 
         A fault at the journal's edge (as kill -9 between two commits), not a change to what the manager does:
         its in-memory effects go on and are thrown away with this life."""
+        self.crashed = True
         journal = self.journal
         append, write = journal.append, journal.write
         dead = False

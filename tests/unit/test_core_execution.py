@@ -21,13 +21,14 @@ async def core(tmp_path):
         yield rig
 
 
-async def test_run_goes_out_only_once_the_alloc_is_durable_one_message_per_rank(core: Core) -> None:
+async def test_run_goes_out_only_once_the_alloc_is_durable_one_to_each_rank(core: Core) -> None:
     record = core.submit(("hostname", "-s"), ntasks=2)
     core.schedule()
     assert record.state is State.RUN and core.runs() == [], "no run before the alloc is durable"
     await core.durable()
-    runs = {m.dst: m.body for m in core.sender.take("run")}
-    assert sorted(runs) == [0, 1]
+    messages = core.sender.take("run")
+    assert sorted(m.dst for m in messages) == [0, 1]
+    runs = {m.dst: m.body for m in messages}
     assert [entry[:3] for rank in (0, 1) for entry in runs[rank]["tasks"]] == [[record.id, 0, 0], [record.id, 1, 1]]
     info = runs[1]["jobs"][record.id]
     assert (info["argv"], info["ntasks"], info["layout"], info["mpi"]) == (["hostname", "-s"], 2, [[0, 1], [1, 1]],

@@ -229,3 +229,53 @@ async def test_an_array_element_over_its_limit_is_ended_alone(core: Core) -> Non
     assert record.state is State.RUN
     core.done(0, record, 1, 0)
     assert record.state is State.INACTIVE and (record.failed, record.succeeded) == (1, 1)
+
+
+async def test_a_time_limit_raised_while_running_moves_the_deadline(core: Core) -> None:
+    record = await running(core, time_limit=10.0)
+    core.clock.advance(5.0)
+    core.manager.workflow.update(record, record.uid, {"time_limit": 30.0})
+    core.clock.advance(5.0)
+    core.execution.check_deadlines(core.clock())
+    assert core.kills() == [] and not record.ending, "the old deadline no longer holds"
+    core.clock.advance(20.0)
+    core.execution.check_deadlines(core.clock())
+    assert record.exception == "timeout" and record.reason == "time limit of 30s reached"
+
+
+async def test_a_time_limit_lowered_below_the_time_run_fires_at_the_next_check(core: Core) -> None:
+    record = await running(core, time_limit=100.0)
+    core.clock.advance(20.0)
+    core.manager.workflow.update(record, record.uid, {"time_limit": 10.0})
+    core.execution.check_deadlines(core.clock())
+    assert core.kills() == [(0, [[record.id, 0]], signal.SIGTERM)] and record.exception == "timeout"
+
+
+# --- purge -----------------------------------------------------------------------------------------------------
+
+
+async def test_purge_forgets_inactive_jobs_once_older_than_the_configured_age(tmp_path) -> None:
+    async with core_rig.started(tmp_path, purge_max_age=100.0) as core:
+        old, young, live = core.submit(), core.submit(), core.submit()
+        core.manager.cancel(old.uid, [old.id])
+        core.clock.advance(60.0)
+        core.manager.cancel(young.uid, [young.id])
+        await core.durable()
+        core.clock.advance(40.0)
+        assert core.manager.purge() == 0, "exactly the age is not older"
+        core.clock.advance(1.0)
+        assert core.manager.purge() == 1
+        assert sorted(core.manager.jobs) == [young.id, live.id]
+        await core.durable()
+        assert core.events(old) == [], "its journal rows go too"
+        with pytest.raises(JobError, match="does not exist"):
+            core.manager.get(old.id)
+
+
+async def test_purge_keeps_at_most_the_configured_count_oldest_first(tmp_path) -> None:
+    async with core_rig.started(tmp_path, purge_max_count=2) as core:
+        ids = [core.submit().id for _ in range(4)]
+        core.manager.cancel(os.getuid(), ids)
+        assert core.manager.purge() == 0, "a job is purged only once its end is durable"
+        await core.durable()
+        assert core.manager.purge() == 2 and sorted(core.manager.jobs) == ids[2:]
