@@ -276,8 +276,10 @@ class Execution:
                 usage_rows.append(used)
 
     def _after_results(self, job: Job, now: float) -> None:
-        if not job.is_array and job.running == 0 and job.state == State.RUN:
-            self.manager.scheduler.release(job.id, 0, now)
+        scheduler = self.manager.scheduler
+        # In the reattach window results may end a job whose allocation is not adopted yet: nothing to release.
+        if not job.is_array and job.running == 0 and job.state == State.RUN and scheduler.holds(job.id, 0):
+            scheduler.release(job.id, 0, now)
         if job.flow is not None:
             self.manager.workflow.attempts.after_results(job)
         self._abort_gang(job)

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from broker.job import Job, State, TransitionError
+from broker.job import Job, State
 from broker.jobmanager import JobError
 from tests.unit import core_rig
 from tests.unit.core_rig import Core
@@ -133,9 +133,6 @@ async def test_cancel_of_an_inactive_job_is_refused_and_records_nothing(core: Co
     assert core.event_names(record) == before and record.status == 0
 
 
-@pytest.mark.xfail(strict=True, raises=TransitionError,
-                   reason="JobManager.cancel treats CLEANUP as live: raise_exception posts `finish` again, which "
-                          "RFC 21 refuses; the job then settles as cancelled with no status (report-core-tests.md)")
 async def test_cancel_of_a_job_found_in_cleanup_after_a_restart_is_refused(core: Core) -> None:
     """The finish of a job was durable and its clean not (the writer commits them apart) when rank 0 stopped; a
     client asks to cancel it while the reattach window is open."""
