@@ -222,7 +222,8 @@ class Broker:
         resources = body.get("resources") or {}
         now = time.time()
         try:
-            self._add_resources(rank, resources)
+            if rank != 0 or self.config.broker_runs_tasks:
+                self._add_resources(rank, resources)
         except (KeyError, TypeError, ValueError) as exc:
             self.overlay.send("error", rank, {"code": "bad-request", "message": f"bad resources: {exc}", "ref": "join"})
             return
