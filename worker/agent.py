@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minicluster.config import InstanceConfig
+from minicluster.model import outputpath
 from minicluster.proto import topology
 from minicluster.proto.envelope import Message
 from worker.executor import STATUS_CANNOT_RUN, TaskExecutor, TaskResult, TaskSpec, TestExecutor
@@ -150,7 +151,11 @@ class WorkerAgent:
                 self._fail_unstarted(job_id, [e[1] for e in fresh], f"cannot serve PMI: {exc}")
                 continue
             for job, task, index, cores, gpus, *attempt in fresh:
-                self._start(job, task, index, cores, gpus, info, pmi_env, attempt[0] if attempt else 0)
+                try:
+                    self._start(job, task, index, cores, gpus, info, pmi_env, attempt[0] if attempt else 0)
+                except Exception as exc:  # one task that cannot start must not take the rest of the batch along
+                    log.exception("job %d task %d cannot start", job, task)
+                    self._fail_unstarted(job, [task], f"cannot start: {outputpath.cut(str(exc))}")
             if pmi_env is not None:
                 self.pmi.spawned(job_id)
 
@@ -195,7 +200,11 @@ class WorkerAgent:
             # A root worker runs a guest's tasks under the guest's own ids (setpriv from util-linux).
             argv = ("setpriv", f"--reuid={uid}", f"--regid={info.get('gid', uid)}", "--clear-groups", "--", *argv)
         out = info.get("output")
-        path = out.format(id=job, task=task, index=index) if out else None
+        try:
+            path = outputpath.expand(out, job, task, index) if out else None
+        except outputpath.TemplateError as exc:
+            self._fail_unstarted(job, [task], f"output: {exc}")
+            return
         self.running[key] = (cores, gpus)
         bind = tuple(cores) if self.resources.pinned else ()
         if self._real_cores is not None:
@@ -223,9 +232,12 @@ class WorkerAgent:
         return group
 
     def _fail_unstarted(self, job: int, tasks: list[int], error: str) -> None:
+        """End tasks that could not start with status 126 and the reason, on the next loop iteration (after
+        the rest of their `run` message was started)."""
         now = time.time()
+        loop = asyncio.get_running_loop()
         for task in tasks:
-            self._on_exit(TaskResult((job, task), STATUS_CANNOT_RUN, None, None, error, None, now, now))
+            loop.call_soon(self._on_exit, TaskResult((job, task), STATUS_CANNOT_RUN, None, None, error, None, now, now))
 
     def _on_kill(self, body: dict[str, Any]) -> None:
         sig = int(body.get("signal", signal.SIGTERM))
@@ -300,11 +312,10 @@ class WorkerAgent:
             if left:
                 self.job_running[key[0]] = left
             else:
-                # The job's last task here ended: drop its info (every `run` carries it) and PMI server.
                 del self.job_running[key[0]]
-                self.jobs.pop(key[0], None)
-                self.output_sent.pop(key[0], None)
-                self.pmi.finished(key[0])
+                self._forget_job(key[0])
+        elif key[0] not in self.job_running:
+            self._forget_job(key[0])  # none of its tasks here could start
         row: list[Any] = [key[0], key[1], result.status, result.exit_code, result.signal, error,
                result.started, result.ended, *self._attempt_list(key)]
         self.attempts.pop(key, None)
@@ -320,6 +331,12 @@ class WorkerAgent:
         if waiting is not None:
             entry, info = waiting
             self._on_run({"jobs": {key[0]: info}, "tasks": [entry]})
+
+    def _forget_job(self, job: int) -> None:
+        """The job's last task here ended: drop its info (every `run` carries it) and PMI server."""
+        self.jobs.pop(job, None)
+        self.output_sent.pop(job, None)
+        self.pmi.finished(job)
 
     def _remove_group(self, group: TaskMemoryGroup, tries: int = 20) -> None:
         # The task's leftover processes were just SIGKILLed; the group empties once they are gone.

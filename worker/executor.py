@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from minicluster.model.idset import IdSet, IdSetError
+from minicluster.model.outputpath import cut
 from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup
 
@@ -223,7 +224,7 @@ class TaskExecutor(_Executor):
     def _spawn(self, spec: TaskSpec) -> tuple[int, int, dict[int, str]]:
         path = _resolve(spec)
         if spec.cwd is not None and not os.path.isdir(spec.cwd):
-            raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {spec.cwd}: no such directory")
+            raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(spec.cwd)}: no such directory")
         bad = sorted(set(spec.cores) - self._allowed_cores)
         if bad:
             raise _SpawnError(STATUS_CANNOT_RUN, f"cores {bad} are not in this worker's"
@@ -275,7 +276,9 @@ class TaskExecutor(_Executor):
                                       setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
         except OSError as e:
             status = STATUS_NOT_FOUND if e.errno == errno.ENOENT else STATUS_CANNOT_RUN
-            raise _SpawnError(status, f"{spec.argv[0]}: {e.strerror}") from None
+            raise _SpawnError(status, f"{cut(spec.argv[0])}: {e.strerror}") from None
+        except ValueError as e:  # a NUL byte in argv or env, or '=' in an env name: nothing execve could carry
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{cut(spec.argv[0])}: {e}") from None
         finally:
             if saved_cwd is not None:
                 os.fchdir(saved_cwd)
@@ -399,15 +402,15 @@ def _resolve(spec: TaskSpec) -> str:
         if os.path.isfile(c):
             if os.access(c, os.X_OK):
                 return os.path.abspath(c)
-            raise _SpawnError(STATUS_CANNOT_RUN, f"{name}: permission denied")
-    raise _SpawnError(STATUS_NOT_FOUND, f"{name}: command not found")
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{cut(name)}: permission denied")
+    raise _SpawnError(STATUS_NOT_FOUND, f"{cut(name)}: command not found")
 
 
 def _chdir(cwd: str) -> None:
     try:
         os.chdir(cwd)
     except OSError as e:
-        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cwd}: {e.strerror}") from None
+        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(cwd)}: {e.strerror}") from None
 
 
 def _open_output(name: str, path: str | None, pipes: dict[int, str]) -> int:
@@ -415,8 +418,8 @@ def _open_output(name: str, path: str | None, pipes: dict[int, str]) -> int:
     if path is not None:
         try:
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
-        except OSError as e:
-            raise _SpawnError(STATUS_CANNOT_RUN, f"{name} {path}: {e.strerror}") from None
+        except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{name} {cut(path)}: {getattr(e, 'strerror', None) or e}") from None
     try:
         r, w = os.pipe2(os.O_CLOEXEC)
     except OSError as e:  # EMFILE: the worker is out of fds, not the user's fault

@@ -79,6 +79,27 @@ def test_bad_requests_get_clear_errors(cluster: LocalCluster, message: dict, cod
         assert reply(s)["ok"] is True
 
 
+@pytest.mark.parametrize("fields, says", [
+    ({"output": "out{"}, "output: '{' in 'out{' is not a placeholder"),
+    ({"output": "/x/{id:70000000}"}, "'{id:70000000}' in '/x/{id:70000000}' is not a placeholder"),
+    ({"env": {"A=B": "1"}}, "env: 'A=B' is not a variable name"),
+    ({"env": {"A": "a\0b"}}, "env: the value of 'A' contains a NUL byte"),
+    ({"argv": ["echo", "a\0b"]}, "argv: argument 1"),
+    ({"cwd": "/tmp\0"}, "cwd: '/tmp\\x00' contains a NUL byte"),
+])
+def test_what_the_worker_could_not_start_is_refused_at_submit(cluster: LocalCluster, fields: dict, says: str) -> None:
+    """These passed submit and stayed in RUN forever, pinning their cores (issue 10, item 2)."""
+    with cluster.client() as c:
+        with pytest.raises(ClientError) as info:
+            c.submit(job(["true"]) | fields)
+        assert info.value.code == "invalid-jobspec" and says in str(info.value) and len(str(info.value)) < 300
+        # A bad spec among good ones in one submit-many refuses only itself.
+        answers = c.call("submit-many", jobspecs=[job(["true"]), job(["true"]) | fields])["jobs"]
+        assert isinstance(answers[0], int) and answers[1]["code"] == "invalid-jobspec"
+        assert wait_for(c, answers[0])["status"] == 0
+    still_serving(cluster)
+
+
 def test_frame_not_a_map(cluster: LocalCluster) -> None:
     with raw(cluster) as s:
         body = msgpack.packb([1, 2, 3])
