@@ -17,6 +17,7 @@ from typing import Any
 
 from minicluster.config import InstanceConfig
 from minicluster.model import outputpath
+from minicluster.model.text import cut
 from minicluster.proto import topology
 from minicluster.proto.envelope import Message
 from worker.executor import STATUS_CANNOT_RUN, STATUS_NOT_FOUND, TaskExecutor, TaskResult, TaskSpec, TestExecutor
@@ -171,7 +172,7 @@ class WorkerAgent:
                     self._fail_unstarted(job, [task], str(exc), exc.status)
                 except Exception as exc:  # one task that cannot start must not take the rest of the batch along
                     log.exception("job %d task %d cannot start", job, task)
-                    self._fail_unstarted(job, [task], f"cannot start: {outputpath.cut(str(exc))}")
+                    self._fail_unstarted(job, [task], f"cannot start: {cut(str(exc))}")
             if pmi_env is not None:
                 self.pmi.spawned(job_id)
 

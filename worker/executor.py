@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from minicluster.model.idset import IdSet, IdSetError
-from minicluster.model.outputpath import cut
+from minicluster.model.text import cut
 from worker.asuser import acting_as
 from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup

@@ -8,6 +8,7 @@ from typing import Any
 from minicluster.model import outputpath, restree, workflow
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.sharing import valid_name
+from minicluster.model.text import brief
 
 MPI_MODES = ("pmi1", "pmix", "auto", "none")
 MAX_ARGV_BYTES = 1 << 20
@@ -134,9 +135,12 @@ _WORKFLOW_DEFAULTS = {
     for name in _FIELD_NAMES[_FIELD_NAMES.index("dependencies"):_FIELD_NAMES.index("success_task") + 1]
 }
 
+# Integer fields: (least, most). Counts are bounded as a resource tree's are (restree.MAX_COUNT), memory (MiB)
+# at 2^40; urgency's own range is checked with the message users know (0..31).
 _INT_FIELDS = {
-    "ntasks": 1, "nnodes": 0, "tasks_per_node": 0, "cores_per_task": 1,
-    "gpus_per_task": 0, "mem_per_task": 0, "urgency": 0,
+    "ntasks": (1, restree.MAX_COUNT), "nnodes": (0, restree.MAX_COUNT), "tasks_per_node": (0, restree.MAX_COUNT),
+    "cores_per_task": (1, restree.MAX_COUNT), "gpus_per_task": (0, restree.MAX_COUNT),
+    "mem_per_task": (0, 1 << 40), "urgency": (0, (1 << 63) - 1),
 }
 
 
@@ -160,7 +164,7 @@ def _parse(data: Any) -> Jobspec:
     known = set(Jobspec.__dataclass_fields__)
     unknown = sorted(str(k) for k in data if k not in known)
     if unknown:
-        shown = ", ".join(outputpath.brief(k, 30) for k in unknown[:5])
+        shown = ", ".join(brief(k, 30) for k in unknown[:5])
         raise InvalidJobspec(f"unknown jobspec field(s): {shown}{' …' if len(unknown) > 5 else ''}")
     argv = data.get("argv")
     if not isinstance(argv, (list, tuple)) or not argv or not all(isinstance(a, str) for a in argv):
@@ -171,11 +175,11 @@ def _parse(data: Any) -> Jobspec:
         raise InvalidJobspec(f"argv: longer than {MAX_ARGV_BYTES} bytes")
     nul = next((i for i, a in enumerate(argv) if "\0" in a), None)
     if nul is not None:
-        raise InvalidJobspec(f"argv: argument {nul} ({outputpath.brief(argv[nul])}) contains a NUL byte")
+        raise InvalidJobspec(f"argv: argument {nul} ({brief(argv[nul])}) contains a NUL byte")
     values: dict[str, Any] = {"argv": tuple(argv)}
-    for name, minimum in _INT_FIELDS.items():
+    for name, (least, most) in _INT_FIELDS.items():
         if name in data:
-            values[name] = _int(data, name, minimum)
+            values[name] = _int(data, name, least, most)
     values.update(_optional_fields(data))
     values.update(_tree_fields(data))
     try:
@@ -208,7 +212,7 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     for name in ("queue", "project"):
         value = data.get(name)
         if value is not None and (not valid_name(value)):
-            raise InvalidJobspec(f"{name}: {outputpath.brief(repr(value))} is not a {name} name (letters, digits, "
+            raise InvalidJobspec(f"{name}: {brief(repr(value))} is not a {name} name (letters, digits, "
                                  "'_', '.', '-'; at most 64)")
         out[name] = value
     name = data.get("name", "")
@@ -225,8 +229,8 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     out["requires"] = tuple(requires)
     limit = data.get("time_limit")
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
-            raise InvalidJobspec("time_limit: must be a positive number of seconds")
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < 1e11:
+            raise InvalidJobspec("time_limit: must be a positive number of seconds (less than 1e11)")
         out["time_limit"] = float(limit)
     return out
 
@@ -335,7 +339,7 @@ def _check_consistency(spec: Jobspec) -> None:
     if spec.tasks_per_node and spec.nnodes and spec.tasks_per_node * spec.nnodes != spec.ntasks:
         raise InvalidJobspec("tasks_per_node: nnodes x tasks_per_node must equal ntasks")
     if spec.mpi is not None and spec.mpi not in MPI_MODES:
-        raise InvalidJobspec(f"mpi: must be one of {', '.join(MPI_MODES)}, got {outputpath.brief(spec.mpi)}")
+        raise InvalidJobspec(f"mpi: must be one of {', '.join(MPI_MODES)}, got {brief(spec.mpi)}")
     if spec.array is not None:
         try:
             ids = IdSet.parse(spec.array)
@@ -369,10 +373,10 @@ def _check_env(env: dict[str, str]) -> None:
     size = 0
     for key, value in env.items():
         if not key or "=" in key or "\0" in key:
-            raise InvalidJobspec(f"env: {outputpath.brief(key)} is not a variable name (empty, or has '=' or a"
+            raise InvalidJobspec(f"env: {brief(key)} is not a variable name (empty, or has '=' or a"
                                  " NUL byte)")
         if "\0" in value:
-            raise InvalidJobspec(f"env: the value of {outputpath.brief(key)} contains a NUL byte")
+            raise InvalidJobspec(f"env: the value of {brief(key)} contains a NUL byte")
         size += len(key) + len(value) + 2
     if size > MAX_ENV_BYTES:
         raise InvalidJobspec(f"env: longer than {MAX_ENV_BYTES} bytes")
@@ -380,9 +384,9 @@ def _check_env(env: dict[str, str]) -> None:
 
 def _check_cwd(cwd: str) -> None:
     if not cwd.startswith("/"):
-        raise InvalidJobspec(f"cwd: must be an absolute path, got {outputpath.brief(cwd)}")
+        raise InvalidJobspec(f"cwd: must be an absolute path, got {brief(cwd)}")
     if "\0" in cwd:
-        raise InvalidJobspec(f"cwd: {outputpath.brief(cwd)} contains a NUL byte")
+        raise InvalidJobspec(f"cwd: {brief(cwd)} contains a NUL byte")
     if len(cwd.encode(errors="surrogatepass")) > outputpath.MAX_PATH_BYTES:
         raise InvalidJobspec(f"cwd: longer than {outputpath.MAX_PATH_BYTES} bytes")
 
@@ -401,11 +405,13 @@ def _check_stdin(spec: Jobspec) -> None:
         raise InvalidJobspec(f"stdin: task {beyond[0]} does not exist, the job has {spec.ntasks} task(s)")
 
 
-def _int(data: dict[str, Any], name: str, minimum: int) -> int:
+def _int(data: dict[str, Any], name: str, least: int, most: int) -> int:
     value = data[name]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidJobspec(f"{name}: must be an integer, got {outputpath.brief(repr(value))}")
-    if value < minimum:
-        raise InvalidJobspec(f"{name}: must be >= {minimum}, got {value}")
+        raise InvalidJobspec(f"{name}: must be an integer, got {brief(repr(value))}")
+    if value < least:
+        raise InvalidJobspec(f"{name}: must be >= {least}, got {value}")
+    if value > most:
+        raise InvalidJobspec(f"{name}: must be <= {most}, got {value}")
     return value
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from minicluster.model.text import brief
+
 PLACEHOLDERS = ("{id}", "{task}", "{index}")
 # PATH_MAX on Linux; a longer path cannot be opened anyway.
 MAX_PATH_BYTES = 4096
@@ -16,18 +18,6 @@ _PLACEHOLDER = re.compile(r"(\{id\}|\{task\}|\{index\})")
 
 class TemplateError(ValueError):
     """The template has a brace that is not one of PLACEHOLDERS, or cannot be a path."""
-
-
-def brief(text: str, limit: int = 60) -> str:
-    """`text` quoted for an error message, cut at `limit` characters: messages never echo unbounded input."""
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}… ({len(text)} characters)"
-
-
-def cut(text: str, limit: int = 200) -> str:
-    """`text` as it is when short, else its first `limit` characters and an ellipsis."""
-    return text if len(text) <= limit else f"{text[:limit]}…"
 
 
 def check(template: str) -> None:

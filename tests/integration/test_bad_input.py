@@ -68,6 +68,12 @@ def test_oversized_frame_is_refused_without_reading_it(cluster: LocalCluster) ->
     ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "ntasks": -1}}, "invalid-jobspec"),
     ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "requires": ["=bad"]}}, "invalid-jobspec"),
     ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "policy": "random"}}, "invalid-jobspec"),
+    # Found by fuzzing (test_jobspec_fuzz*.py): a MemoryError in the matcher, an OverflowError in the idset.
+    ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "nnodes": 2**62, "ntasks": 2**62}},
+     "invalid-jobspec"),
+    ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "array": "0-" + "9" * 40}}, "invalid-jobspec"),
+    ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "time_limit": float("inf")}},
+     "invalid-jobspec"),
 ])
 def test_bad_requests_get_clear_errors(cluster: LocalCluster, message: dict, code: str) -> None:
     with raw(cluster) as s:
@@ -91,7 +97,7 @@ def test_what_the_worker_could_not_start_is_refused_at_submit(cluster: LocalClus
     """These passed submit and stayed in RUN forever, pinning their cores (issue 10, item 2)."""
     with cluster.client() as c:
         with pytest.raises(ClientError) as info:
-            c.submit(job(["true"]) | fields)
+            c.call("submit", jobspec=job(["true"]) | fields)  # not c.submit: it checks before sending
         assert info.value.code == "invalid-jobspec" and says in str(info.value) and len(str(info.value)) < 300
         # A bad spec among good ones in one submit-many refuses only itself.
         answers = c.call("submit-many", jobspecs=[job(["true"]), job(["true"]) | fields])["jobs"]
