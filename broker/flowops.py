@@ -8,7 +8,7 @@ from typing import Any
 from broker.clientapi import Peer
 from broker.job import Job
 from broker.jobmanager import JobError
-from broker.ops import _field, _task_of_index, _then, op
+from broker.ops import _field, _readable, _task_of_index, _then, op
 from broker.workflow import WorkflowRefusal
 
 ATTEMPT_COLUMNS = "task, idx, attempt, rank, status, exit_code, signal, error, started, ended, outcome"
@@ -63,10 +63,7 @@ def update(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 @op("attempts")
 def attempts(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
-    record = broker.manager.get(_field(req, "job", int))
-    if peer.uid not in (record.uid, broker.owner_uid):
-        # Attempts carry exit codes and errors: as the job's other details, its owner's and the instance owner's.
-        raise JobError("permission", f"job {record.id} belongs to another user")
+    record = _readable(broker, peer, _field(req, "job", int))
     index = _field(req, "index", int, None)
     start = _field(req, "from", int, 0)
     limit = min(_field(req, "limit", int, 10_000), 100_000)

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from broker.access import check_readable, listed
 from broker.clientapi import Peer
 from broker.job import State
 from broker.jobmanager import JobError, unpack
@@ -130,7 +131,7 @@ def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         selected = [manager.get(i) for i in ids]
     else:
         selected = [j for j in reversed(manager.jobs.values()) if show_all or j.state != State.INACTIVE]
-    summaries = [manager.summary(j, alloc) for j in selected[:limit]]
+    summaries = [listed(broker, peer, manager.summary(j, alloc)) for j in selected[:limit]]
     if with_priority:
         now = manager.clock()
         for summary, record in zip(summaries, selected[:limit], strict=True):
@@ -138,9 +139,16 @@ def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     return {"jobs": summaries}
 
 
+def _readable(broker: Any, peer: Peer, job_id: Any) -> Any:
+    """The job's record, if `peer` may read its details (broker/access.py)."""
+    record = broker.manager.get(job_id)
+    check_readable(broker, peer, record.id, record.uid)
+    return record
+
+
 @op("job")
 def job(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
-    record = broker.manager.get(_field(req, "job", int))
+    record = _readable(broker, peer, _field(req, "job", int))
     summary = broker.manager.summary(record)
 
     async def with_failed() -> dict[str, Any]:
@@ -160,7 +168,7 @@ def cancel(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 @op("eventlog")
 def eventlog(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    record = broker.manager.get(_field(req, "job", int))
+    record = _readable(broker, peer, _field(req, "job", int))
     start = _field(req, "from", int, 0)
     follow = _field(req, "follow", bool, False)
 
@@ -175,7 +183,7 @@ def eventlog(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict
 
 @op("output")
 def output(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    record = broker.manager.get(_field(req, "job", int))
+    record = _readable(broker, peer, _field(req, "job", int))
     follow = _field(req, "follow", bool, False)
     index = _field(req, "index", int, None)
     attempt = _field(req, "attempt", int, None)
@@ -327,7 +335,7 @@ async def _follow(broker: Any, record: Any, follow: bool, history: Callable[[Any
 
 @op("wait")
 def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    records = [broker.manager.get(i) for i in _field(req, "jobs", list)]
+    records = [_readable(broker, peer, i) for i in _field(req, "jobs", list)]
 
     async def results() -> AsyncIterator[dict[str, Any]]:
         followers = {r.id: broker.watchers.follow_inactive(r.id) for r in records if not r.closed}
@@ -346,7 +354,7 @@ def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str
 
 @op("task-results")
 def task_results(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
-    record = broker.manager.get(_field(req, "job", int))
+    record = _readable(broker, peer, _field(req, "job", int))
     start = _field(req, "from", int, 0)
     limit = _field(req, "limit", int, 10_000)
     errors_only = " AND error IS NOT NULL" if _field(req, "errors", bool, False) else ""
