@@ -28,6 +28,7 @@ from broker.recovery import Reattach, load
 from broker.share import accounting, preemption
 from broker.share import ops as sharing_ops  # noqa: F401  (registers the sharing operations)
 from broker.share.service import Sharing
+from broker.statelock import StateLock
 from broker.status_http import StatusServer
 from broker.watchers import Watchers
 from minicluster import config as config_mod
@@ -43,8 +44,10 @@ log = logging.getLogger(__name__)
 
 class Broker:
     def __init__(self, config: InstanceConfig, cert: Certificate, config_path: str | None = None,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, state_lock: StateLock | None = None) -> None:
         self.config = config
+        # First of all: a second instance on this state dir is refused before it touches anything.
+        self.state_lock = state_lock or StateLock(config.state_dir)
         self.config_path = config_path
         self.command = command
         self.owner_uid = os.getuid()
