@@ -300,7 +300,9 @@ class Execution:
         statements, published = [], []
         for job_id, task, stream, data in chunks:
             job = self.manager.jobs.get(job_id)
-            if job is None or not isinstance(data, bytes):
+            # An inactive job's output has ended (its followers have gone), and a restart restores the
+            # output sequence of active jobs only.
+            if job is None or job.state == State.INACTIVE or not isinstance(data, bytes):
                 continue
             room = self.config.output_cap - job.output_bytes
             if room <= 0:

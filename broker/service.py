@@ -28,6 +28,7 @@ from broker.recovery import Reattach, load
 from broker.share import accounting, preemption
 from broker.share import ops as sharing_ops  # noqa: F401  (registers the sharing operations)
 from broker.share.service import Sharing
+from broker.statelock import StateLock
 from broker.status_http import StatusServer
 from broker.watchers import Watchers
 from minicluster import config as config_mod
@@ -43,8 +44,10 @@ log = logging.getLogger(__name__)
 
 class Broker:
     def __init__(self, config: InstanceConfig, cert: Certificate, config_path: str | None = None,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, state_lock: StateLock | None = None) -> None:
         self.config = config
+        # First of all: a second instance on this state dir is refused before it touches anything.
+        self.state_lock = state_lock or StateLock(config.state_dir)
         self.config_path = config_path
         self.command = command
         self.owner_uid = os.getuid()
@@ -213,7 +216,8 @@ class Broker:
         if not 0 <= msg.src < self.config.tree_size:
             return
         self.ranks.seen(msg.src, time.time())
-        if msg.kind not in ("join", "hb") and not self.ranks.is_member(msg.src):
+        # Output a worker queued while rank 0 was down arrives before its join: kept (protocol.md §2.6).
+        if msg.kind not in ("join", "hb", "out") and not self.ranks.is_member(msg.src):
             self.overlay.send("rejoin", msg.src, {"epoch": self.epoch})
             return
         handler(self, msg.src, msg.body)
@@ -227,6 +231,9 @@ class Broker:
         except (KeyError, TypeError, ValueError) as exc:
             self.overlay.send("error", rank, {"code": "bad-request", "message": f"bad resources: {exc}", "ref": "join"})
             return
+        # A repeat sent before the worker read our welcome (protocol.md §2.6): it cannot list the runs sent since.
+        repeat = (self.ranks.is_member(rank) and self.ranks.ranks[rank].pid == body.get("pid")
+                  and body.get("epoch") != self.epoch)
         self.ranks.joined(rank, now, body.get("pid"), str(body.get("hostname", "")))
         results = body.get("results") or []
         if results:
@@ -234,7 +241,7 @@ class Broker:
         running = body.get("running") or []
         if self.reattach is not None:
             self.reattach.report(rank, running)
-        else:
+        elif not repeat:
             self.execution.reconcile(rank, running)
         self.overlay.send("welcome", rank, {"epoch": self.epoch, "size": self.config.size})
         if self.ranks.all_up() and not self.manager.all_ranks_seen:
