@@ -72,6 +72,7 @@ class WorkerAgent:
         self._done: list[list[Any]] = []
         self._flush_scheduled = False
         self._hb_seq = 0
+        self._stopping: asyncio.Task[None] | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -260,7 +261,14 @@ class WorkerAgent:
         # Shutdown travels down the tree: a rank passes it on before it stops routing for its subtree.
         for child in topology.children(self.rank, self.config.fanout, self.config.tree_size):
             self.send("shutdown", child, {})
-        asyncio.get_running_loop().create_task(self.shutdown())
+        self._stopping = asyncio.get_running_loop().create_task(self.shutdown())
+        self._stopping.add_done_callback(self._shutdown_ended)
+
+    def _shutdown_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            # Never hang half-stopped: say why, and let the rank end all the same.
+            log.critical("rank %d: shutdown failed", self.rank, exc_info=task.exception())
+            self.stopped.set()
 
     def _on_error(self, body: dict[str, Any]) -> None:
         log.warning("rank 0 refused a %s message: %s", body.get("ref"), body.get("message"))
