@@ -17,6 +17,7 @@ from typing import Any
 from minicluster.config import InstanceConfig
 from minicluster.proto import topology
 from minicluster.proto.envelope import Message
+from worker.containment import contain
 from worker.executor import STATUS_CANNOT_RUN, TaskExecutor, TaskResult, TaskSpec, TestExecutor
 from worker.lines import LineBuffers
 from worker.memlimit import MemoryLimits, TaskMemoryGroup
@@ -42,10 +43,14 @@ class WorkerAgent:
         self.send = send
         self.resources = resources
         self.uri = uri
-        pidfile = None if config.test_exec else os.path.join(config.state_dir, f"tasks-rank{rank}.pids")
-        executor_class = TestExecutor if config.test_exec else TaskExecutor
+        pidfile = os.path.join(config.state_dir, f"tasks-rank{rank}.pids")
         self.lines = LineBuffers(self._on_output)
-        self.executor = executor_class(self.lines.feed, self._on_exit, pidfile=pidfile)
+        # A new executor first kills what this rank's previous run left behind (its pidfile, its cgroup tree).
+        if config.test_exec:
+            self.executor: TaskExecutor | TestExecutor = TestExecutor(self.lines.feed, self._on_exit)
+        else:
+            self.executor = TaskExecutor(self.lines.feed, self._on_exit, pidfile=pidfile,
+                                         containment=contain(config.state_dir, rank))
         self.pmi = PMIJobs(rank, send)
         self.stdin = StdinPipes()
         # --mem is a limit where this worker may make memory cgroups, else a scheduling hint.

@@ -83,10 +83,9 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        from worker.executor import TaskExecutor
+        from worker.containment import kill_instance_leftovers
 
-        for pidfile in self.state_dir.glob("tasks-rank*.pids"):
-            TaskExecutor.kill_orphans(str(pidfile))
+        kill_instance_leftovers(str(self.state_dir), range(self.config.tree_size))
 
     def __enter__(self) -> LocalCluster:
         try:
