@@ -37,12 +37,16 @@ ABORT_SETTLE = 0.25
 class RunningTask(NamedTuple):
     rank: int
     element: int
-    started: float
+    started: float  # wall clock, for results and users
+    timed_from: float  # monotonic: the time limit counts from here, whatever the wall clock does
 
 
 class Execution:
-    def __init__(self, config: InstanceConfig, manager: JobManager, send: Send, uri: str) -> None:
+    def __init__(self, config: InstanceConfig, manager: JobManager, send: Send, uri: str,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        # The clock time limits count on (a test passes a fake one).
+        self.monotonic = monotonic
         self.manager = manager
         self.send = send
         self.uri = uri
@@ -87,14 +91,14 @@ class Execution:
 
     def _track(self, job: Job, task: int, rank: int, element: int, now: float) -> None:
         key = (job.id, task)
-        self.tasks[key] = RunningTask(rank, element, now)
+        running = self.tasks[key] = RunningTask(rank, element, now, self.monotonic())
         self.by_rank[rank].add(key)
         self.by_job[job.id].add(key)
         job.running += 1
         self.tasks_started += 1
         job.ranks.add(rank)
         assert job.spec is not None
-        heapq.heappush(self._deadlines, (now + self.manager.time_limit(job.spec), job.id, task))
+        heapq.heappush(self._deadlines, (running.timed_from + self.manager.time_limit(job.spec), job.id, task))
 
     def adopt(self, job: Job, task: int, element: int, rank: int, allocation: sched.Allocation | None,
               now: float) -> None:
@@ -373,6 +377,7 @@ class Execution:
             self.on_done(rank, results, ack=False)
 
     def check_deadlines(self, now: float) -> None:
+        """End the tasks whose time limit passed; `now` is monotonic time (time.monotonic())."""
         if len(self._deadlines) > 2 * len(self.tasks) + 1024:
             # Entries of tasks that already ended are dropped lazily; rebuild so the heap stays O(running).
             live = [entry for entry in self._deadlines if (entry[1], entry[2]) in self.tasks]
@@ -384,7 +389,7 @@ class Execution:
             running = self.tasks.get((job_id, task))
             if job is None or running is None or job.spec is None:
                 continue
-            if running.started + self.manager.time_limit(job.spec) > now:
+            if running.timed_from + self.manager.time_limit(job.spec) > now:
                 continue  # the limit was raised since (`update`); a later entry stands for it
             if job.is_array:
                 log.info("job %d task %d reached its time limit", job_id, task)
@@ -398,7 +403,7 @@ class Execution:
         assert job.spec is not None
         limit = self.manager.time_limit(job.spec)
         for key in self.by_job.get(job.id, ()):
-            heapq.heappush(self._deadlines, (self.tasks[key].started + limit, job.id, key[1]))
+            heapq.heappush(self._deadlines, (self.tasks[key].timed_from + limit, job.id, key[1]))
 
     # --- ranks ---------------------------------------------------------------------------------------------
 

@@ -180,10 +180,9 @@ def _stop_all(pids: dict[int, int], state_dir: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             _wait(pid, None)
-    from worker.executor import TaskExecutor
+    from worker.containment import kill_instance_leftovers
 
-    for pidfile in state_dir.glob("tasks-rank*.pids"):
-        TaskExecutor.kill_orphans(str(pidfile))
+    kill_instance_leftovers(str(state_dir), range(max(pids, default=0) + 1))  # rank 0 included
 
 
 def main(argv: list[str]) -> int:

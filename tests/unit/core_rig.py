@@ -82,7 +82,7 @@ class Core:
         self.manager = JobManager(self.config, self.journal, self.scheduler, self.watchers, os.getuid(), next_id=1,
                                   clock=self.clock)
         self.sender = RecordingSender(rank=0)
-        self.execution = Execution(self.config, self.manager, self.sender.send, URI)
+        self.execution = Execution(self.config, self.manager, self.sender.send, URI, monotonic=self.clock)
         # Set in a restarted core until `settle` closes the window.
         self.reattach: Reattach | None = None
         self.workflows: flowrecovery.Recovered | None = None
