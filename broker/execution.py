@@ -19,6 +19,7 @@ from broker import sched
 from broker.abortcause import AbortSettlement
 from broker.job import Job, State
 from broker.jobmanager import JobManager, request_of
+from broker.journal import Statement, when_durable
 from broker.share import accounting
 from broker.stdin import StdinRelay
 from minicluster.config import InstanceConfig
@@ -200,10 +201,10 @@ class Execution:
 
     def on_done(self, rank: int, results: list[list[Any]], ack: bool = True) -> None:
         touched: dict[int, Job] = {}
-        statements = []
+        statements: list[Statement] = []
         keys = []
         released: list[tuple[int, int]] = []
-        usage_rows = []  # after the task rows, so each kind still goes through one executemany
+        usage_rows: list[Statement] = []  # after the task rows, so each kind still goes through one executemany
         now = self.manager.clock()
         attempts = self.manager.workflow.attempts
         for result in results:
@@ -261,7 +262,7 @@ class Execution:
         attempts.commit()
         fut = self.manager.journal.write(statements + usage_rows)
         if ack and keys:
-            fut.add_done_callback(lambda f: f.exception() or self.send("done-ack", rank, {"keys": keys}))
+            when_durable(fut, lambda: self.send("done-ack", rank, {"keys": keys}))
         for job in touched.values():
             self._after_results(job, now)
 
@@ -301,7 +302,8 @@ class Execution:
         return running
 
     def on_output(self, chunks: list[list[Any]]) -> None:
-        statements, published = [], []
+        statements: list[Statement] = []
+        published: list[tuple[int, list[Any]]] = []
         for job_id, task, stream, data in chunks:
             job = self.manager.jobs.get(job_id)
             # An inactive job's output has ended (its followers have gone), and a restart restores the
@@ -334,7 +336,11 @@ class Execution:
         if statements:
             fut = self.manager.journal.write(statements)
             watchers = self.manager.watchers
-            fut.add_done_callback(lambda f: f.exception() or [watchers.output(j, c) for j, c in published])
+
+            def publish() -> None:
+                for job_id, chunk in published:
+                    watchers.output(job_id, chunk)
+            when_durable(fut, publish)
 
     # --- ending tasks --------------------------------------------------------------------------------------
 
@@ -396,7 +402,8 @@ class Execution:
                 self._signal([(job_id, task)], signal.SIGTERM)
             else:
                 assert job.spec is not None
-                self.manager.raise_exception(job, "timeout", f"time limit of {self.manager.time_limit(job.spec):g}s reached")
+                limit = self.manager.time_limit(job.spec)
+                self.manager.raise_exception(job, "timeout", f"time limit of {limit:g}s reached")
 
     def retime(self, job: Job) -> None:
         """The job's time limit changed: its running tasks get deadlines from their start and the new limit."""

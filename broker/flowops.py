@@ -46,8 +46,9 @@ def release(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 def requeue(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     requeued, errors, waiters = _each(broker, peer, req,
                                       lambda job: broker.manager.workflow.requeue(job, peer.uid))
-    done = asyncio.gather(*waiters) if waiters else asyncio.sleep(0)
-    return _then(asyncio.ensure_future(done), {"requeued": requeued, "errors": errors})
+    # gather() of nothing is a future already done: the reply goes out at once.
+    done: asyncio.Future[Any] = asyncio.gather(*waiters)
+    return _then(done, {"requeued": requeued, "errors": errors})
 
 
 @op("update")

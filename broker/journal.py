@@ -158,16 +158,15 @@ class Journal:
         conn = _connect(self.path)
         running = True
         while running:
-            batch = [self._writes.get()]
+            taken = [self._writes.get()]
             # Group commit: take everything that queued up while the last transaction was syncing.
-            while len(batch) < 4096:
+            while len(taken) < 4096:
                 try:
-                    batch.append(self._writes.get_nowait())
+                    taken.append(self._writes.get_nowait())
                 except queue.Empty:
                     break
-            if None in batch:
-                running = False
-                batch = [item for item in batch if item is not None]
+            batch = [item for item in taken if item is not None]
+            running = len(batch) == len(taken)  # None asks the writer to stop
             if batch:
                 self._commit(conn, batch)
         conn.close()
@@ -183,7 +182,7 @@ class Journal:
         self.commits += 1
         self.statements += len(statements)
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(_resolve, [waiter for _, waiter in batch if waiter is not None], error)
+        self._loop.call_soon_threadsafe(_resolve, [waiter for _, waiter in batch], error)
 
 
 def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> None:
@@ -196,6 +195,14 @@ def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> N
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def when_durable(fut: asyncio.Future[None], then: Callable[[], object]) -> None:
+    """Run `then` once the commit behind `fut` succeeded; after a failed one nothing is shown or sent."""
+    def done(f: asyncio.Future[None]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            then()
+    fut.add_done_callback(done)
 
 
 def _resolve(waiters: list[Waiter], error: BaseException | None) -> None:

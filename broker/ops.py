@@ -51,7 +51,7 @@ def _field(req: dict[str, Any], name: str, kind: type | tuple[type, ...], defaul
             raise JobError("bad-request", f"missing field {name!r}")
         return default
     value = req[name]
-    if isinstance(value, bool) and kind is int or not isinstance(value, kind):
+    if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
         raise JobError("bad-request", f"field {name!r} has the wrong type")
     if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
         raise JobError("bad-request", f"field {name!r} is out of range (a signed 64-bit integer)")
@@ -355,7 +355,7 @@ def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str
             for r in records:
                 if r.id not in followers:
                     yield {"job": r.id, "status": r.status, "state": r.state.value, "exception": r.exception}
-            for job_id, follower in followers.items():
+            for follower in followers.values():
                 yield await follower.queue.get()
         finally:
             for job_id, follower in followers.items():

@@ -41,8 +41,8 @@ def load(journal: Journal, manager: JobManager) -> Recovered:
     journal.execute_now([("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (epoch,))])
     max_id = journal.query("SELECT COALESCE(MAX(id), 0) FROM jobs")[0][0]
     out = Recovered(next_id=max(int(meta.get("next_id", 1)), max_id + 1), epoch=epoch)
-    rows = journal.query("SELECT id, uid, gid, state, spec, t_submit, t_run, t_inactive, status, exception, seq, counts "
-                         "FROM jobs ORDER BY id")
+    rows = journal.query("SELECT id, uid, gid, state, spec, t_submit, t_run, t_inactive, status, exception, seq, "
+                         "counts FROM jobs ORDER BY id")
     for row in rows:
         job = _restore(row)
         manager.jobs[job.id] = job
@@ -234,5 +234,6 @@ class Reattach:
             return
         for rank, task, _, _ in entries:
             execution.send("kill", rank, {"keys": [[job.id, task]], "signal": 9, "grace": 0.0})
-        self.manager.raise_exception(job, "broker-restart",
-                                     f"{len(entries)} of {job.tasks_left} unfinished tasks were reclaimed after a restart")
+        self.manager.raise_exception(
+            job, "broker-restart",
+            f"{len(entries)} of {job.tasks_left} unfinished tasks were reclaimed after a restart")

@@ -109,7 +109,7 @@ class WorkerAgent:
             try:
                 wait = self.config.heartbeat_interval if self.welcomed.is_set() else 0.2
                 await asyncio.wait_for(self.stopped.wait(), wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def join(self) -> None:
@@ -134,7 +134,8 @@ class WorkerAgent:
     def handle(self, msg: Message) -> None:
         handler = _HANDLERS.get(msg.kind)
         if handler is None:
-            self.send("error", msg.src, {"code": "unknown-kind", "message": f"unknown kind {msg.kind!r}", "ref": msg.kind})
+            self.send("error", msg.src,
+                      {"code": "unknown-kind", "message": f"unknown kind {msg.kind!r}", "ref": msg.kind})
             return
         handler(self, msg.body)
 

@@ -25,7 +25,7 @@ import signal as _signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.text import cut
@@ -475,7 +475,8 @@ def _result(task: _Task) -> TaskResult:
 
 def _exited(key: TaskKey, pid: int, code: int | None, sig: int | None,
             started: float, ended: float) -> TaskResult:
-    status = 128 + sig if sig is not None else code
+    # Exactly one of code and sig is given (os.WIFSIGNALED decides which).
+    status = 128 + sig if sig is not None else code if code is not None else 0
     return TaskResult(key, status, code, sig, None, pid, started, ended)
 
 
