@@ -102,3 +102,17 @@ def test_a_fifo_named_as_the_program_of_an_mpi_auto_job_does_not_stall_the_broke
         assert answer is not None, "no answer in 30 s: the broker's loop is stuck"
         assert answer[1]["status"] == 126  # execve refuses what is not a regular file
         assert wait_for(c, c.submit(job(["true"])))["status"] == 0
+
+
+async def test_a_relative_output_path_is_relative_to_the_tasks_cwd(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    config = from_mapping({"state_dir": str(tmp_path / "state"), "resources": "cores=2"})
+    sender = RecordingSender(rank=1)
+    agent = WorkerAgent(config, 1, sender.send, resources("cores=2"), "unix:///nonexistent")
+    agent.handle(Message("run", 0, 1, {"jobs": {3: info(["echo", "here"], cwd=str(tmp_path), output="out-{id}.txt")},
+                                       "tasks": [[3, 0, 0, [0], []]]}))
+    try:
+        assert (await results_of(sender, 1))[3][2] == 0
+    finally:
+        await agent.shutdown()
+    assert (tmp_path / "out-3.txt").read_text() == "here\n"
