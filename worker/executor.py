@@ -226,7 +226,7 @@ class TaskExecutor(_Executor):
 
     def _spawn(self, spec: TaskSpec) -> tuple[int, int, dict[int, str]]:
         path = _resolve(spec)
-        if spec.cwd is not None and not os.path.isdir(spec.cwd):
+        if spec.cwd is not None and not _is_dir(spec.cwd, spec.user):
             raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(spec.cwd)}: no such directory")
         bad = sorted(set(spec.cores) - self._allowed_cores)
         if bad:
@@ -407,6 +407,15 @@ def _resolve(spec: TaskSpec) -> str:
                 return os.path.abspath(c)
             raise _SpawnError(STATUS_CANNOT_RUN, f"{cut(name)}: permission denied")
     raise _SpawnError(STATUS_NOT_FOUND, f"{cut(name)}: command not found")
+
+
+def _is_dir(path: str, user: tuple[int, int] | None) -> bool:
+    """Whether `path` is a directory, as `user` sees it: a guest learns nothing of what it may not look into."""
+    try:
+        with acting_as_user(user):
+            return os.path.isdir(path)
+    except OSError as e:
+        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(path)}: {e}") from None
 
 
 def _chdir(cwd: str, user: tuple[int, int] | None) -> None:
