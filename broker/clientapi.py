@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import struct
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,15 @@ log = logging.getLogger(__name__)
 
 _PEERCRED = struct.Struct("3i")
 
+# What one client can make the broker hold is bounded (protocol.md §3.1): bytes read ahead of the request being
+# parsed; frame bodies being received, all connections together, and how long one may take; requests awaiting
+# their final response per connection; and how much of its input an error message quotes.
+READ_AHEAD = 64 * 1024
+FRAME_BUDGET = 4 * frames.MAX_FRAME
+BODY_TIMEOUT = 30.0
+MAX_OPEN_REQUESTS = 256
+MAX_ERROR_MESSAGE = 1000
+
 
 @dataclass(frozen=True)
 class Peer:
@@ -33,11 +43,57 @@ class Peer:
     closers: dict[Any, Callable[[], None]] = field(default_factory=dict, compare=False)
 
 
+class ByteBudget:
+    """Bytes shared by every connection: a taker waits, first come first served, until its share fits."""
+
+    def __init__(self, total: int) -> None:
+        self.free = total
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    async def take(self, n: int) -> None:
+        if not self._waiting and n <= self.free:
+            self.free -= n
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((n, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.give(n)  # granted, but its taker is gone
+            granted.cancel()
+            raise
+
+    def give(self, n: int) -> None:
+        self.free += n
+        while self._waiting and (self._waiting[0][1].done() or self._waiting[0][0] <= self.free):
+            wanted, granted = self._waiting.popleft()
+            if not granted.done():
+                self.free -= wanted
+                granted.set_result(None)
+
+
 class Connection:
     def __init__(self, writer: asyncio.StreamWriter, peer: Peer) -> None:
         self.writer = writer
         self.peer = peer
         self.streams: dict[int, asyncio.Task[None]] = {}
+        # Ids of requests whose final response is still to come; reading pauses while there are too many.
+        self.open: set[int] = set()
+        self.room = asyncio.Event()
+        self.room.set()
+        # Streams take turns to write, each once the client has read what went before.
+        self.turn = asyncio.Lock()
+
+    def opened(self, req_id: int) -> None:
+        self.open.add(req_id)
+        if len(self.open) >= MAX_OPEN_REQUESTS:
+            self.room.clear()
+
+    def answered(self, req_id: int) -> None:
+        self.open.discard(req_id)
+        if len(self.open) < MAX_OPEN_REQUESTS:
+            self.room.set()
 
     def respond(self, req_id: Any, body: dict[str, Any], more: bool = False) -> None:
         if self.writer.is_closing():
@@ -51,6 +107,8 @@ class Connection:
             self.fail(req_id, "bad-request", f"response too large: {exc}")
 
     def fail(self, req_id: Any, code: str, message: str) -> None:
+        if len(message) > MAX_ERROR_MESSAGE:
+            message = message[:MAX_ERROR_MESSAGE - 1] + "…"
         if not self.writer.is_closing():
             self.writer.write(frames.pack({"v": frames.VERSION, "id": req_id, "ok": False,
                                            "error": {"code": code, "message": message}}))
@@ -63,6 +121,7 @@ class ClientServer:
         self.access_group = access_group
         self._server: asyncio.base_events.Server | None = None
         self.connections: set[Connection] = set()
+        self.frame_budget = ByteBudget(FRAME_BUDGET)
 
     async def start(self) -> None:
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
@@ -71,7 +130,7 @@ class ClientServer:
         # Create the socket with no access at all, then open it up: no window where others may connect.
         old = os.umask(0o177 if not self.access_group else 0o117)
         try:
-            self._server = await asyncio.start_unix_server(self._serve, self.path, limit=frames.MAX_FRAME + 4)
+            self._server = await asyncio.start_unix_server(self._serve, self.path, limit=READ_AHEAD)
         finally:
             os.umask(old)
         if self.access_group:
@@ -106,8 +165,9 @@ class ClientServer:
 
     async def _read_requests(self, reader: asyncio.StreamReader, conn: Connection) -> None:
         while True:
+            await conn.room.wait()
             try:
-                message = await read_frame(reader)
+                message = await read_frame(reader, self.frame_budget)
             except frames.FrameError as exc:
                 conn.fail(0, "bad-frame", str(exc))
                 await conn.writer.drain()
@@ -124,6 +184,9 @@ class ClientServer:
             return
         if message.get("v") != frames.VERSION:
             conn.fail(req_id, "version", f"protocol version {message.get('v')!r}, the broker speaks {frames.VERSION}")
+            return
+        if req_id in conn.open:
+            conn.fail(req_id, "bad-request", f"request id {req_id} is in use by a request still open")
             return
         op = message.get("op")
         handler = self.ops.handler(op)
@@ -142,13 +205,15 @@ class ClientServer:
         if isinstance(result, dict):
             conn.respond(req_id, result)
         elif isinstance(result, asyncio.Future):
+            conn.opened(req_id)
             result.add_done_callback(lambda f: _answer_future(conn, req_id, f))
         else:
+            conn.opened(req_id)
             conn.streams[req_id] = asyncio.get_running_loop().create_task(_stream(conn, req_id, result))
 
 
-async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
-    """The next message, or None at a clean end of stream."""
+async def read_frame(reader: asyncio.StreamReader, budget: ByteBudget) -> dict[str, Any] | None:
+    """The next message, or None at a clean end of stream; its body is read within `budget`."""
     try:
         header = await reader.readexactly(frames.HEADER.size)
     except asyncio.IncompleteReadError as exc:
@@ -159,13 +224,22 @@ async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
     if length > frames.MAX_FRAME:
         raise frames.FrameError(f"frame of {length} bytes exceeds {frames.MAX_FRAME}")
     try:
-        body = await reader.readexactly(length)
+        if length <= READ_AHEAD:  # no more than the read-ahead each connection has anyway
+            return frames.unpack_body(await reader.readexactly(length))
+        await budget.take(length)
+        try:
+            body = await asyncio.wait_for(reader.readexactly(length), BODY_TIMEOUT)
+        finally:
+            budget.give(length)
     except asyncio.IncompleteReadError:
         raise frames.FrameError("connection closed inside a frame") from None
+    except TimeoutError:
+        raise frames.FrameError(f"a frame's body did not arrive within {BODY_TIMEOUT:g} s") from None
     return frames.unpack_body(body)
 
 
 def _answer_future(conn: Connection, req_id: int, fut: asyncio.Future[dict[str, Any]]) -> None:
+    conn.answered(req_id)
     exc = fut.exception()
     if exc is None:
         conn.respond(req_id, fut.result())
@@ -178,12 +252,17 @@ def _answer_future(conn: Connection, req_id: int, fut: asyncio.Future[dict[str, 
 async def _stream(conn: Connection, req_id: int, responses: AsyncIterator[dict[str, Any]]) -> None:
     try:
         async for body in responses:
-            conn.respond(req_id, body, more=True)
-            await conn.writer.drain()
+            async with conn.turn:
+                await conn.writer.drain()
+                conn.respond(req_id, body, more=True)
         conn.respond(req_id, {})
     except JobError as exc:
         conn.fail(req_id, exc.code, str(exc))
     except (ConnectionError, asyncio.CancelledError):
         pass
+    except Exception as exc:  # a stream must end with a response, whatever went wrong
+        log.exception("stream %d failed", req_id)
+        conn.fail(req_id, "internal", f"failed: {exc}")
     finally:
         conn.streams.pop(req_id, None)
+        conn.answered(req_id)

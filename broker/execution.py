@@ -37,12 +37,16 @@ ABORT_SETTLE = 0.25
 class RunningTask(NamedTuple):
     rank: int
     element: int
-    started: float
+    started: float  # wall clock, for results and users
+    timed_from: float  # monotonic: the time limit counts from here, whatever the wall clock does
 
 
 class Execution:
-    def __init__(self, config: InstanceConfig, manager: JobManager, send: Send, uri: str) -> None:
+    def __init__(self, config: InstanceConfig, manager: JobManager, send: Send, uri: str,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        # The clock time limits count on (a test passes a fake one).
+        self.monotonic = monotonic
         self.manager = manager
         self.send = send
         self.uri = uri
@@ -87,14 +91,14 @@ class Execution:
 
     def _track(self, job: Job, task: int, rank: int, element: int, now: float) -> None:
         key = (job.id, task)
-        self.tasks[key] = RunningTask(rank, element, now)
+        running = self.tasks[key] = RunningTask(rank, element, now, self.monotonic())
         self.by_rank[rank].add(key)
         self.by_job[job.id].add(key)
         job.running += 1
         self.tasks_started += 1
         job.ranks.add(rank)
         assert job.spec is not None
-        heapq.heappush(self._deadlines, (now + self.manager.time_limit(job.spec), job.id, task))
+        heapq.heappush(self._deadlines, (running.timed_from + self.manager.time_limit(job.spec), job.id, task))
 
     def adopt(self, job: Job, task: int, element: int, rank: int, allocation: sched.Allocation | None,
               now: float) -> None:
@@ -276,8 +280,10 @@ class Execution:
                 usage_rows.append(used)
 
     def _after_results(self, job: Job, now: float) -> None:
-        if not job.is_array and job.running == 0 and job.state == State.RUN:
-            self.manager.scheduler.release(job.id, 0, now)
+        scheduler = self.manager.scheduler
+        # In the reattach window results may end a job whose allocation is not adopted yet: nothing to release.
+        if not job.is_array and job.running == 0 and job.state == State.RUN and scheduler.holds(job.id, 0):
+            scheduler.release(job.id, 0, now)
         if job.flow is not None:
             self.manager.workflow.attempts.after_results(job)
         self._abort_gang(job)
@@ -298,7 +304,9 @@ class Execution:
         statements, published = [], []
         for job_id, task, stream, data in chunks:
             job = self.manager.jobs.get(job_id)
-            if job is None or not isinstance(data, bytes):
+            # An inactive job's output has ended (its followers have gone), and a restart restores the
+            # output sequence of active jobs only.
+            if job is None or job.state == State.INACTIVE or not isinstance(data, bytes):
                 continue
             room = self.config.output_cap - job.output_bytes
             if room <= 0:
@@ -369,6 +377,7 @@ class Execution:
             self.on_done(rank, results, ack=False)
 
     def check_deadlines(self, now: float) -> None:
+        """End the tasks whose time limit passed; `now` is monotonic time (time.monotonic())."""
         if len(self._deadlines) > 2 * len(self.tasks) + 1024:
             # Entries of tasks that already ended are dropped lazily; rebuild so the heap stays O(running).
             live = [entry for entry in self._deadlines if (entry[1], entry[2]) in self.tasks]
@@ -380,7 +389,7 @@ class Execution:
             running = self.tasks.get((job_id, task))
             if job is None or running is None or job.spec is None:
                 continue
-            if running.started + self.manager.time_limit(job.spec) > now:
+            if running.timed_from + self.manager.time_limit(job.spec) > now:
                 continue  # the limit was raised since (`update`); a later entry stands for it
             if job.is_array:
                 log.info("job %d task %d reached its time limit", job_id, task)
@@ -394,7 +403,7 @@ class Execution:
         assert job.spec is not None
         limit = self.manager.time_limit(job.spec)
         for key in self.by_job.get(job.id, ()):
-            heapq.heappush(self._deadlines, (self.tasks[key].started + limit, job.id, key[1]))
+            heapq.heappush(self._deadlines, (self.tasks[key].timed_from + limit, job.id, key[1]))
 
     # --- ranks ---------------------------------------------------------------------------------------------
 

@@ -303,7 +303,7 @@ class JobManager:
                 continue
             if uid not in (job.uid, self.owner_uid):
                 errors[str(job_id)] = f"permission denied: job {job_id} belongs to uid {job.uid}"
-            elif job.state == State.INACTIVE or job.ending:
+            elif job.state in (State.CLEANUP, State.INACTIVE) or job.ending:
                 errors[str(job_id)] = f"job {job_id} has already ended"
             else:
                 self.raise_exception(job, "cancel", f"cancelled by uid {uid}")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, Union
 
 from broker.share.schema import SCHEMA as SHARING_SCHEMA
+from broker.statelock import lock_file
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,9 @@ class Journal:
     def __init__(self, state_dir: str) -> None:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         self.path = os.path.join(state_dir, "journal.sqlite")
+        # Held until close(): one writer per journal (broker/statelock.py). sqlite's own locks are fcntl
+        # locks, which a flock does not touch.
+        self._lock_fd: int | None = lock_file(self.path, f"journal {self.path}")
         setup = _connect(self.path)
         # The journal holds every job's environment and output: owner only (WAL and SHM files inherit it).
         os.chmod(self.path, 0o600)
@@ -143,6 +147,9 @@ class Journal:
             self._writes.put(None)
             await asyncio.get_running_loop().run_in_executor(None, self._writer.join)
         self._reader.shutdown(wait=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _open_reader(self) -> None:
         self._reader_local.conn = _connect(self.path)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from broker.access import check_readable, listed
-from broker.clientapi import Peer
+from broker.clientapi import MAX_ERROR_MESSAGE, Peer
 from broker.job import State
 from broker.jobmanager import JobError, unpack
 from minicluster.model import jobspec as jobspec_model
@@ -53,6 +53,8 @@ def _field(req: dict[str, Any], name: str, kind: type | tuple[type, ...], defaul
     value = req[name]
     if isinstance(value, bool) and kind is int or not isinstance(value, kind):
         raise JobError("bad-request", f"field {name!r} has the wrong type")
+    if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
+        raise JobError("bad-request", f"field {name!r} is out of range (a signed 64-bit integer)")
     return value
 
 
@@ -87,23 +89,33 @@ def submit(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[
     return _then(durable, {"job": job_id})
 
 
+# Specs a `submit-many` handles per loop iteration: a large batch must not stall every other client meanwhile.
+SUBMIT_SLICE = 256
+
+
 @op("submit-many")
 def submit_many(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _refuse_when_stopping(broker)
-    answers: list[Any] = []
-    last: asyncio.Future[None] | None = None
-    for raw in _field(req, "jobspecs", list):
-        try:
-            job_id, last = broker.manager.submit(peer.uid, peer.gid, _spec(raw))
-            answers.append(job_id)
-        except JobError as exc:
-            answers.append({"code": exc.code, "message": str(exc)})
-    # Journal writes commit in order, so the last submission being durable covers all of them.
-    if last is None:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        last = done
-    return _then(last, {"jobs": answers})
+    specs = _field(req, "jobspecs", list)
+
+    async def in_slices() -> dict[str, Any]:
+        answers: list[Any] = []
+        last: asyncio.Future[None] | None = None
+        for start in range(0, len(specs), SUBMIT_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            for raw in specs[start:start + SUBMIT_SLICE]:
+                try:
+                    job_id, last = broker.manager.submit(peer.uid, peer.gid, _spec(raw))
+                    answers.append(job_id)
+                except JobError as exc:
+                    answers.append({"code": exc.code, "message": str(exc)[:MAX_ERROR_MESSAGE]})
+        # Journal writes commit in order, so the last submission being durable covers all of them.
+        if last is not None:
+            await last
+        return {"jobs": answers}
+
+    return asyncio.ensure_future(in_slices())
 
 
 def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:

@@ -1,7 +1,13 @@
-"""Rank liveness at rank 0 (protocol.md §2.6): joined / up / unresponsive / lost, from heartbeats. No I/O."""
+"""Rank liveness at rank 0 (protocol.md §2.6): joined / up / unresponsive / lost, from heartbeats. No I/O.
+
+Every `now` is monotonic time (time.monotonic()): silence is an interval, and a wall clock that jumps (NTP, an
+administrator) must neither lose every rank nor keep a dead one.  Only `since`, which users see, is wall time.
+"""
 from __future__ import annotations
 
 import enum
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +26,15 @@ class RankInfo:
     pid: int | None = None
     hostname: str = ""
     endpoint: str = ""
-    last_seen: float = 0.0
-    since: float = 0.0
+    last_seen: float = 0.0  # monotonic
+    since: float = 0.0  # wall clock: when it entered its state
 
 
 class RankTable:
     def __init__(self, size: int, tree_size: int, endpoint_of: Any, unresponsive_after: float,
-                 lost_after: float) -> None:
+                 lost_after: float, wall: Callable[[], float] = time.time) -> None:
         self.size = size
+        self.wall = wall
         self.unresponsive_after = unresponsive_after
         self.lost_after = lost_after
         self.ranks = {r: RankInfo(r, endpoint=endpoint_of(r)) for r in range(tree_size)}
@@ -39,7 +46,7 @@ class RankTable:
         info = self.ranks[rank]
         info.state = RankState.UP
         info.pid, info.hostname = pid, hostname
-        info.last_seen = info.since = now
+        info.last_seen, info.since = now, self.wall()
 
     def heartbeat(self, rank: int, now: float) -> bool:
         """Record a heartbeat; False when the rank has not joined (it must be told to rejoin)."""
@@ -48,7 +55,7 @@ class RankTable:
             return False
         info.last_seen = now
         if info.state == RankState.UNRESPONSIVE:
-            info.state, info.since = RankState.UP, now
+            info.state, info.since = RankState.UP, self.wall()
         return True
 
     def seen(self, rank: int, now: float) -> None:
@@ -74,10 +81,10 @@ class RankTable:
                 continue
             silent = now - info.last_seen
             if silent >= self.lost_after:
-                info.state, info.since = RankState.LOST, now
+                info.state, info.since = RankState.LOST, self.wall()
                 lost.append(info.rank)
             elif silent >= self.unresponsive_after and info.state == RankState.UP:
-                info.state, info.since = RankState.UNRESPONSIVE, now
+                info.state, info.since = RankState.UNRESPONSIVE, self.wall()
         return lost
 
     def is_member(self, rank: int) -> bool:

@@ -28,7 +28,9 @@ from broker.recovery import Reattach, load
 from broker.share import accounting, preemption
 from broker.share import ops as sharing_ops  # noqa: F401  (registers the sharing operations)
 from broker.share.service import Sharing
+from broker.statelock import StateLock
 from broker.status_http import StatusServer
+from broker.supervise import Supervisor
 from broker.watchers import Watchers
 from minicluster import config as config_mod
 from minicluster import exitcodes
@@ -43,8 +45,10 @@ log = logging.getLogger(__name__)
 
 class Broker:
     def __init__(self, config: InstanceConfig, cert: Certificate, config_path: str | None = None,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, state_lock: StateLock | None = None) -> None:
         self.config = config
+        # First of all: a second instance on this state dir is refused before it touches anything.
+        self.state_lock = state_lock or StateLock(config.state_dir)
         self.config_path = config_path
         self.command = command
         self.owner_uid = os.getuid()
@@ -60,6 +64,8 @@ class Broker:
         self.manager = JobManager(config, self.journal, self.scheduler, self.watchers, self.owner_uid, next_id=1)
         self.sharing = Sharing(config, self.journal, self.scheduler)
         self.manager.sharing = self.sharing
+        self.supervisor = Supervisor(self._crashed)
+        self.manager.workflow.background = self.supervisor
         recovered = load(self.journal, self.manager)
         accounting.restore(self.journal, recovered.active)
         accounting.load_records(self.journal, self.manager.jobs)
@@ -93,14 +99,16 @@ class Broker:
         await self.client_server.start()
         if self.status_server is not None:
             await self.status_server.start()
-        loops = [self._sweep_loop(), self._deadline_loop(), self._purge_loop(), self._reload_loop(),
-                 self._sharing_loop(), self.agent.run()]
-        tasks = [asyncio.ensure_future(c) for c in loops]
+        loops = {"the liveness sweep": self._sweep_loop(), "the time-limit loop": self._deadline_loop(),
+                 "the purge loop": self._purge_loop(), "the config reload loop": self._reload_loop(),
+                 "the fair-share loop": self._sharing_loop(), "rank 0's agent": self.agent.run()}
+        for name, coro in loops.items():
+            self.supervisor.spawn(coro, name)
         if not self.reattach.needed:
             self.reattach = None  # type: ignore[assignment]
             settle_workflows(self.manager.workflow, self.workflows)
         else:
-            tasks.append(asyncio.ensure_future(self._close_reattach_window()))
+            self.supervisor.spawn(self._close_reattach_window(), "the reattach window")
         log.info("broker up: epoch %d, %s", self.epoch, self.uri)
         status = exitcodes.SUCCESS
         if self.command:
@@ -110,9 +118,9 @@ class Broker:
             self.request_stop()
         await self._stop.wait()
         if self.disrupted is not None:
-            await self._leave(tasks)
+            await self._leave()
             return self.disrupted
-        await self._shutdown(tasks)
+        await self._shutdown()
         return status
 
     def request_stop(self) -> None:
@@ -127,29 +135,35 @@ class Broker:
         that replaces this one, which resumes from the journal (architecture.md#restart)."""
         if self.disrupted is None:
             log.warning("stopped by signal %d: leaving without ending the MiniCluster", signum)
-            self.disrupted = exitcodes.stopped_by(signum)
+        self._leave_with(exitcodes.stopped_by(signum))
+
+    def _crashed(self, what: str, exc: BaseException) -> None:
+        """A supervised task failed (broker/supervise.py logged it): leave as a crash, to be restarted."""
+        self._leave_with(exitcodes.CRASHED)
+
+    def _leave_with(self, status: int) -> None:
+        if self.disrupted is None:
+            self.disrupted = status
         self.stopping = True
         self._stop.set()
 
-    async def _shutdown(self, tasks: list[asyncio.Future[Any]]) -> None:
+    async def _shutdown(self) -> None:
         for job in list(self.manager.jobs.values()):
             if job.running:
                 self.manager.raise_exception(job, "shutdown", "the MiniCluster shut down")
         # Rank 0's own agent passes `shutdown` on to rank 0's children, and they to theirs.
         self.agent.handle(Message("shutdown", 0, 0, {}))
         await self.agent.stopped.wait()
-        await self._close(tasks)
+        await self._close()
 
-    async def _leave(self, tasks: list[asyncio.Future[Any]]) -> None:
+    async def _leave(self) -> None:
         # Rank 0's own tasks die with its pod: end them with their grace, and record how they ended.
         await self.agent.shutdown()
-        await self._close(tasks)
+        await self._close()
 
-    async def _close(self, tasks: list[asyncio.Future[Any]]) -> None:
+    async def _close(self) -> None:
         await asyncio.sleep(0.1)  # let the last results and kills go out
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.supervisor.cancel_all()
         try:
             await self.journal.write(self.sharing.save_usage(time.time()))
         except Exception as exc:  # a full disk must not stop the shutdown; the last periodic save stands
@@ -212,20 +226,25 @@ class Broker:
             return
         if not 0 <= msg.src < self.config.tree_size:
             return
-        self.ranks.seen(msg.src, time.time())
-        if msg.kind not in ("join", "hb") and not self.ranks.is_member(msg.src):
+        self.ranks.seen(msg.src, time.monotonic())
+        # Output a worker queued while rank 0 was down arrives before its join: kept (protocol.md §2.6).
+        if msg.kind not in ("join", "hb", "out") and not self.ranks.is_member(msg.src):
             self.overlay.send("rejoin", msg.src, {"epoch": self.epoch})
             return
         handler(self, msg.src, msg.body)
 
     def _on_join(self, rank: int, body: dict[str, Any]) -> None:
         resources = body.get("resources") or {}
-        now = time.time()
+        now = time.monotonic()
         try:
-            self._add_resources(rank, resources)
+            if rank != 0 or self.config.broker_runs_tasks:
+                self._add_resources(rank, resources)
         except (KeyError, TypeError, ValueError) as exc:
             self.overlay.send("error", rank, {"code": "bad-request", "message": f"bad resources: {exc}", "ref": "join"})
             return
+        # A repeat sent before the worker read our welcome (protocol.md §2.6): it cannot list the runs sent since.
+        repeat = (self.ranks.is_member(rank) and self.ranks.ranks[rank].pid == body.get("pid")
+                  and body.get("epoch") != self.epoch)
         self.ranks.joined(rank, now, body.get("pid"), str(body.get("hostname", "")))
         results = body.get("results") or []
         if results:
@@ -233,7 +252,7 @@ class Broker:
         running = body.get("running") or []
         if self.reattach is not None:
             self.reattach.report(rank, running)
-        else:
+        elif not repeat:
             self.execution.reconcile(rank, running)
         self.overlay.send("welcome", rank, {"epoch": self.epoch, "size": self.config.size})
         if self.ranks.all_up() and not self.manager.all_ranks_seen:
@@ -255,7 +274,7 @@ class Broker:
             self.graph.drain(rank, mismatch)
 
     def _on_hb(self, rank: int, body: dict[str, Any]) -> None:
-        if not self.ranks.heartbeat(rank, time.time()):
+        if not self.ranks.heartbeat(rank, time.monotonic()):
             self.overlay.send("rejoin", rank, {"epoch": self.epoch})
 
     def _on_done(self, rank: int, body: dict[str, Any]) -> None:
@@ -298,8 +317,8 @@ class Broker:
             preemption.carry_out(self.manager, self.execution, self.sharing, preemptions)
 
     async def _close_reattach_window(self) -> None:
-        deadline = time.time() + self.config.reattach_timeout
-        while time.time() < deadline and not self.ranks.all_up():
+        deadline = time.monotonic() + self.config.reattach_timeout
+        while time.monotonic() < deadline and not self.ranks.all_up():
             await asyncio.sleep(0.05)
         # Give joined workers a moment to re-send results they held while rank 0 was away.
         await asyncio.sleep(min(0.5, self.config.heartbeat_interval))
@@ -311,10 +330,10 @@ class Broker:
 
     async def _sweep_loop(self) -> None:
         period = self.config.heartbeat_interval / 2
-        last = time.time()
+        last = time.monotonic()
         while True:
             await asyncio.sleep(period)
-            now = time.time()
+            now = time.monotonic()
             stalled = max(0.0, now - last - 2 * period)
             last = now
             for rank in self.ranks.sweep(now, stalled):
@@ -325,23 +344,23 @@ class Broker:
     async def _deadline_loop(self) -> None:
         while True:
             await asyncio.sleep(0.1)
-            self.execution.check_deadlines(time.time())
+            self.execution.check_deadlines(time.monotonic())
 
     async def _sharing_loop(self) -> None:
         """Every `fairshare_interval`: fair-share factors, and the usage that changed saved to the journal (a
         kill -9 loses at most that much); every `interval`: every pending job's priority again (age)."""
         weights = self.sharing.weights
-        last_full = time.time()
-        self.sharing.refresh(last_full)
+        last_full = time.monotonic()
+        self.sharing.refresh(time.time())
         while True:
             await asyncio.sleep(weights.fairshare_interval)
-            now = time.time()
+            now = time.time()  # usage and decay are stamped with wall time (they are stored)
             self.sharing.refresh(now)
             saved = self.sharing.save_usage(now)
             if saved:
                 self.journal.write(saved)
-            if now - last_full >= weights.interval:
-                last_full = now
+            if time.monotonic() - last_full >= weights.interval:
+                last_full = time.monotonic()
                 self.sharing.reprioritize(now)
             self._wake_scheduler()
 

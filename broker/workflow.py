@@ -23,6 +23,7 @@ from broker.depgraph import BEGIN, SINGLETON, DepGraph, DependencyError, TargetS
 from broker.flowstate import Corr, Flow
 from broker.job import Job, State
 from broker.retry import IGNORE, SUCCESS, Policy
+from broker.supervise import Supervisor
 from minicluster.model import jobspec as jobspec_model
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec
@@ -58,6 +59,8 @@ class Workflow:
         self.recovering = False
         # Indexes of aftercorr dependants that can never run, per job, noted in one event per batch.
         self._never: dict[int, list[int]] = {}
+        # Where background work runs, supervised (set by the broker: broker/supervise.py).
+        self.background: Supervisor | None = None
 
     # --- submission ----------------------------------------------------------------------------------------
 
@@ -194,7 +197,8 @@ class Workflow:
         if target.state != State.INACTIVE and target.tasks_left == target.total_tasks:
             return
         job.flow.corr.loading = True
-        asyncio.ensure_future(self._load_corr(job, target.id))
+        assert self.background is not None, "the broker sets Workflow.background"
+        self.background.spawn(self._load_corr(job, target.id), f"loading job {target.id}'s results for job {job.id}")
 
     async def _load_corr(self, job: Job, target_id: int) -> None:
         # Everything the broker counted before now is committed once this empty write is.

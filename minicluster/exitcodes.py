@@ -5,7 +5,8 @@ Kubernetes' podFailurePolicy acts on these codes, so they are part of the operat
   * 1..127 — the program reported a failure a restart would not fix: the batch command's own status, or a
     rank that cannot start (bad config, unreadable key).  The Job fails at once;
   * 128 + n — stopped by signal n.  SIGTERM (143) is how pods are stopped (deletion, eviction, a node drain):
-    a disruption, never a success.  The Job recreates the pod and the rank rejoins.
+    a disruption, never a success.  The Job recreates the pod and the rank rejoins.  A broker whose own
+    background loop failed leaves as a crash would, 134 (SIGABRT), to be restarted the same way.
 """
 from __future__ import annotations
 
@@ -21,3 +22,7 @@ def stopped_by(signum: int) -> int:
 
 
 DISRUPTED = stopped_by(signal.SIGTERM)
+
+
+CRASHED = stopped_by(signal.SIGABRT)
+"""The broker's status when one of its supervised loops failed (broker/supervise.py): restart it."""

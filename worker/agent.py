@@ -20,6 +20,7 @@ from minicluster.model import outputpath
 from minicluster.model.text import cut
 from minicluster.proto import topology
 from minicluster.proto.envelope import Message
+from worker.containment import contain
 from worker.executor import STATUS_CANNOT_RUN, STATUS_NOT_FOUND, TaskExecutor, TaskResult, TaskSpec, TestExecutor
 from worker.lines import LineBuffers
 from worker.memlimit import MemoryLimits, TaskMemoryGroup
@@ -55,10 +56,14 @@ class WorkerAgent:
         self.send = send
         self.resources = resources
         self.uri = uri
-        pidfile = None if config.test_exec else os.path.join(config.state_dir, f"tasks-rank{rank}.pids")
-        executor_class = TestExecutor if config.test_exec else TaskExecutor
+        pidfile = os.path.join(config.state_dir, f"tasks-rank{rank}.pids")
         self.lines = LineBuffers(self._on_output)
-        self.executor = executor_class(self.lines.feed, self._on_exit, pidfile=pidfile)
+        # A new executor first kills what this rank's previous run left behind (its pidfile, its cgroup tree).
+        if config.test_exec:
+            self.executor: TaskExecutor | TestExecutor = TestExecutor(self.lines.feed, self._on_exit)
+        else:
+            self.executor = TaskExecutor(self.lines.feed, self._on_exit, pidfile=pidfile,
+                                         containment=contain(config.state_dir, rank))
         self.pmi = PMIJobs(rank, send)
         self.stdin = StdinPipes()
         # --mem is a limit where this worker may make memory cgroups, else a scheduling hint.
@@ -88,6 +93,7 @@ class WorkerAgent:
         self._done: list[list[Any]] = []
         self._flush_scheduled = False
         self._hb_seq = 0
+        self._stopping: asyncio.Task[None] | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -302,7 +308,14 @@ class WorkerAgent:
         # Shutdown travels down the tree: a rank passes it on before it stops routing for its subtree.
         for child in topology.children(self.rank, self.config.fanout, self.config.tree_size):
             self.send("shutdown", child, {})
-        asyncio.get_running_loop().create_task(self.shutdown())
+        self._stopping = asyncio.get_running_loop().create_task(self.shutdown())
+        self._stopping.add_done_callback(self._shutdown_ended)
+
+    def _shutdown_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            # Never hang half-stopped: say why, and let the rank end all the same.
+            log.critical("rank %d: shutdown failed", self.rank, exc_info=task.exception())
+            self.stopped.set()
 
     def _on_error(self, body: dict[str, Any]) -> None:
         log.warning("rank 0 refused a %s message: %s", body.get("ref"), body.get("message"))

@@ -30,6 +30,7 @@ from typing import Callable
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.text import cut
 from worker.asuser import acting_as_user
+from worker.containment import CgroupTasks, Subreaper, kill_orphans, starttime
 from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup
 
@@ -149,10 +150,17 @@ class _Executor:
 
 
 class TaskExecutor(_Executor):
-    def __init__(self, on_output: OnOutput, on_exit: OnExit, pidfile: str | None = None) -> None:
+    def __init__(self, on_output: OnOutput, on_exit: OnExit, pidfile: str | None = None,
+                 containment: CgroupTasks | Subreaper | None = None) -> None:
         super().__init__(on_exit)
         self._on_output = on_output
+        if pidfile and os.path.exists(pidfile):
+            # What this rank's previous run left (a kill -9 of its worker, or of the broker for rank 0).
+            killed = kill_orphans(pidfile)
+            if killed:
+                log.warning("killed %d task(s) left behind by this rank's previous run", killed)
         self._pidfile = pidfile
+        self._contained = containment
         self._pidfile_fd: int | None = None
         self._pidfile_lines = 0
         self._allowed_cores = frozenset(os.sched_getaffinity(0))
@@ -167,7 +175,7 @@ class TaskExecutor(_Executor):
             self._fail_soon(loop, spec.key, e.status, str(e), started)
             return None
         task = _Task(spec.key, pid, pidfd, pipes, started,
-                     _starttime(pid) if self._pidfile else None)
+                     starttime(pid) if self._pidfile else None)
         task.spawner_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self._tasks[spec.key] = task
         loop.add_reader(pidfd, self._on_pidfd, task)
@@ -179,48 +187,32 @@ class TaskExecutor(_Executor):
     def signal(self, key: TaskKey, sig: int) -> None:
         task = self._tasks.get(key)
         if task is not None:
-            _killpg(task.pid, sig)
+            self._signal_all(task, sig)
+
+    def _signal_all(self, task: _Task, sig: int) -> None:
+        """The task's process group, and in a cgroup tree also what left that group."""
+        _killpg(task.pid, sig)
+        if isinstance(self._contained, CgroupTasks):
+            self._contained.signal(task.key, sig)
 
     def terminate(self, key: TaskKey, grace: float) -> None:
         task = self._tasks.get(key)
         if task is None:
             return
         if grace <= 0:
-            _killpg(task.pid, _signal.SIGKILL)
+            self._signal_all(task, _signal.SIGKILL)
             return
-        _killpg(task.pid, _signal.SIGTERM)
-        _killpg(task.pid, _signal.SIGCONT)  # a stopped task could not act on SIGTERM
+        self._signal_all(task, _signal.SIGTERM)
+        self._signal_all(task, _signal.SIGCONT)  # a stopped task could not act on SIGTERM
         if task.kill_timer is None:
             task.kill_timer = asyncio.get_running_loop().call_later(
-                grace, _killpg, task.pid, _signal.SIGKILL)
+                grace, self._signal_all, task, _signal.SIGKILL)
 
     async def shutdown(self, grace: float) -> None:
         await super().shutdown(grace)
         self._write_pidfile()
-
-    @staticmethod
-    def kill_orphans(pidfile: str) -> int:
-        """SIGKILL the groups of tasks a crashed worker left behind; returns how many.
-
-        A group is only killed if its leader still has the recorded start
-        time, so a recycled pid is left alone.
-        """
-        try:
-            with open(pidfile) as f:
-                lines = f.read().splitlines()
-        except FileNotFoundError:
-            return 0
-        killed = 0
-        for line in lines:
-            try:
-                pid, pgid, starttime = (int(x) for x in line.split())
-            except ValueError:
-                log.warning("%s: ignoring malformed line %r", pidfile, line)
-                continue
-            if _starttime(pid) == starttime and _killpg(pgid, _signal.SIGKILL):
-                killed += 1
-        os.unlink(pidfile)
-        return killed
+        if isinstance(self._contained, CgroupTasks):
+            self._contained.close()
 
     # -- spawning ---------------------------------------------------------
 
@@ -274,7 +266,9 @@ class TaskExecutor(_Executor):
                 self._make_cwd_private()
                 saved_cwd = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
                 _chdir(spec.cwd, spec.user)
-            with spec.memory_group.spawning() if spec.memory_group else contextlib.nullcontext():
+            with spec.memory_group.spawning() if spec.memory_group else contextlib.nullcontext(), \
+                    self._contained.spawning(spec.key) if isinstance(self._contained, CgroupTasks) \
+                    else contextlib.nullcontext():
                 return os.posix_spawn(path, list(spec.argv), env, file_actions=actions,
                                       setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
         except OSError as e:
@@ -354,16 +348,26 @@ class TaskExecutor(_Executor):
         # Leftover group members would otherwise outlive the task unaccounted.
         _killpg(task.pid, _signal.SIGKILL)
         del self._tasks[task.key]
+        if isinstance(self._contained, CgroupTasks):
+            self._contained.kill(task.key)
+        elif self._contained is not None:
+            self._sweep_orphans()
         if self._pidfile_lines > 2 * len(self._tasks) + 256:
             self._write_pidfile()
         self._report(_result(task))
 
     # -- orphan bookkeeping -------------------------------------------------
 
+    def _sweep_orphans(self) -> None:
+        assert isinstance(self._contained, Subreaper)
+        # A killed orphan's own children are orphaned in turn: sweep again until nothing is left to kill.
+        if self._contained.sweep(set(self._tasks), {t.pid for t in self._tasks.values()}):
+            asyncio.get_running_loop().call_later(0.05, self._sweep_orphans)
+
     def _record_pid(self, task: _Task) -> None:
         """Append the new task to the pidfile: one write(2) per spawn.
 
-        Ended tasks stay listed until the next compaction; that is harmless because kill_orphans only kills
+        Ended tasks stay listed until the next compaction; that is harmless because containment.kill_orphans only kills
         a pid whose start time still matches.
         """
         if not self._pidfile:
@@ -485,21 +489,6 @@ def _killpg(pgid: int, sig: int) -> bool:
         return True
     except ProcessLookupError:
         return False
-
-
-def _starttime(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat: start time in clock ticks since boot."""
-    try:
-        # os.open/os.read, not open(): this runs once per spawn and the buffered file object costs more.
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            stat = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-    except OSError:
-        return None
-    # comm (field 2) may contain spaces and parentheses; fields resume after the last ')'.
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
 
 
 # -- mock execution ----------------------------------------------------------

@@ -37,7 +37,7 @@ class TaskMemoryGroup:
         """Hold the calling thread in this group while a child is spawned from it."""
         tid = str(threading.get_native_id())
         try:
-            _write(self.path / "tasks", tid)
+            write_control(self.path / "tasks", tid)
         except OSError as exc:
             # Reported as a task that could not start (126), so not as ENOENT (127, command not found).
             code = errno.EIO if exc.errno == errno.ENOENT else exc.errno
@@ -45,7 +45,7 @@ class TaskMemoryGroup:
         try:
             yield
         finally:
-            _write(self.parent / "tasks", tid)
+            write_control(self.parent / "tasks", tid)
 
     def oom_killed(self) -> bool:
         try:
@@ -94,9 +94,9 @@ class MemoryLimits:
         path = self.parent / f"{self._prefix}{job}-{task}"
         path.mkdir(exist_ok=True)
         limit = str(limit_mb << 20)
-        _write(path / "memory.limit_in_bytes", limit)
+        write_control(path / "memory.limit_in_bytes", limit)
         with contextlib.suppress(FileNotFoundError):  # no swap accounting on this kernel
-            _write(path / "memory.memsw.limit_in_bytes", limit)
+            write_control(path / "memory.memsw.limit_in_bytes", limit)
         return TaskMemoryGroup(path, self.parent, limit_mb)
 
     def sweep(self) -> None:
@@ -121,7 +121,8 @@ def _own_v1_group(root: Path) -> Path | None:
     return None
 
 
-def _write(path: Path, value: str) -> None:
+def write_control(path: Path, value: str) -> None:
+    """One write(2) to a cgroup control file (its value must arrive whole)."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, value.encode())

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 
 from minicluster import exitcodes
@@ -12,7 +11,6 @@ from minicluster.overlay.curve import Certificate
 from minicluster.overlay.transport import Overlay
 from minicluster.proto.envelope import Message
 from worker.agent import WorkerAgent
-from worker.executor import TaskExecutor
 from worker.resources import discover
 
 log = logging.getLogger(__name__)
@@ -21,11 +19,6 @@ log = logging.getLogger(__name__)
 async def run_worker(config: InstanceConfig, rank: int, cert: Certificate) -> int:
     if rank == 0:
         raise ValueError("rank 0 is the broker; start it with `mc broker`")
-    pidfile = os.path.join(config.state_dir, f"tasks-rank{rank}.pids")
-    if not config.test_exec and os.path.exists(pidfile):
-        killed = TaskExecutor.kill_orphans(pidfile)
-        if killed:
-            log.warning("killed %d task(s) left behind by this rank's previous run", killed)
     resources = discover(config.resources, config.node_properties)
     agent: WorkerAgent | None = None
 

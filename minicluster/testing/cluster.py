@@ -40,13 +40,15 @@ class LocalCluster:
 
     # --- processes -----------------------------------------------------------------------------------------
 
-    def start_rank(self, rank: int, config_path: str | None = None,
-                   env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start_rank(self, rank: int, config_path: str | None = None, env: dict[str, str] | None = None,
+                   stderr: Any = None) -> subprocess.Popen[bytes]:
+        """Start one rank's process; `env` adds to this process's environment, `stderr` as for Popen."""
         role = "broker" if rank == 0 else "worker"
         argv = [sys.executable, "-m", "minicluster", role, "--config", config_path or self.config_path]
         if rank:
             argv += ["--rank", str(rank)]
-        proc = subprocess.Popen(argv, env={**os.environ, "MC_URI": self.uri, **(env or {})}, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, env={**os.environ, "MC_URI": self.uri, **(env or {})}, stdin=subprocess.DEVNULL,
+                                stderr=stderr)
         self.procs[rank] = proc
         return proc
 
@@ -81,10 +83,9 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        from worker.executor import TaskExecutor
+        from worker.containment import kill_instance_leftovers
 
-        for pidfile in self.state_dir.glob("tasks-rank*.pids"):
-            TaskExecutor.kill_orphans(str(pidfile))
+        kill_instance_leftovers(str(self.state_dir), range(self.config.tree_size))
 
     def __enter__(self) -> LocalCluster:
         try:

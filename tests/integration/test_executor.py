@@ -11,6 +11,7 @@ from collections import defaultdict
 
 import pytest
 
+from worker.containment import kill_orphans
 from worker.executor import TaskExecutor, TaskResult, TaskSpec, TestExecutor
 
 ENV = {"PATH": os.environ.get("PATH", os.defpath)}
@@ -297,9 +298,9 @@ async def test_kill_orphans_kills_recorded_groups_and_skips_reused_pids(tmp_path
         with open(pidfile, "a") as f:
             f.write(f"{stranger.pid} {stranger.pid} 1\n")
             f.write(f"{(1 << 22) + 7} {(1 << 22) + 7} 12345\n")  # long gone
-        assert TaskExecutor.kill_orphans(str(pidfile)) == 2
+        assert kill_orphans(str(pidfile)) == 2
         assert not pidfile.exists()
-        assert TaskExecutor.kill_orphans(str(pidfile)) == 0
+        assert kill_orphans(str(pidfile)) == 0
         assert stranger.poll() is None
         for k in keys:
             assert (await h.wait(k)).status == 137

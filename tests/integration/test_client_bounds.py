@@ -1,0 +1,119 @@
+"""What a client can make the broker do (issue 10 item 7): every request gets its final response (an event log
+read from beyond the 64-bit range included), an error never echoes unbounded input, a request id still in use is
+refused, and clients parked inside huge frames do not stop the others. The memory each abuse costs the broker is
+measured by benchmarks/abuse.py."""
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minicluster.client import Client, ClientError
+from minicluster.proto import frames
+from minicluster.testing import LocalCluster
+from tests.integration.conftest import job, started, wait_for
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("bounds"), size=1) as c:
+        yield c
+
+
+def connect(cluster: LocalCluster) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(20)
+    sock.connect(cluster.config.socket_path)
+    return sock
+
+
+def send(sock: socket.socket, req_id: int, op: str, **fields: Any) -> None:
+    sock.sendall(frames.pack({"v": frames.VERSION, "id": req_id, "op": op, **fields}))
+
+
+def receive(sock: socket.socket) -> dict[str, Any]:
+    message = frames.read_blocking(sock)
+    assert message is not None, "the broker closed the connection"
+    return message
+
+
+def test_an_eventlog_from_beyond_64_bits_is_answered(client: Client) -> None:
+    job_id = client.submit(job(["true"]))
+    wait_for(client, job_id)
+    rid = client.request("eventlog", job=job_id, **{"from": 1 << 63})
+    with pytest.raises(ClientError) as refused:
+        assert client.next_response([rid], timeout=20) is not None, "no answer: the stream never ended"
+    assert refused.value.code == "bad-request" and "out of range" in str(refused.value)
+    assert [e[2] for e in client.eventlog(job_id, from_=(1 << 63) - 1)] == []
+
+
+def test_an_error_never_echoes_a_huge_request(cluster: LocalCluster) -> None:
+    with connect(cluster) as sock:
+        send(sock, 1, "\0" * (5 << 20))  # its repr is four times as long: 20 MiB, over the frame limit
+        error = receive(sock)
+        assert error["id"] == 1 and error["error"]["code"] == "unknown-op"
+        assert len(error["error"]["message"]) <= 1000 and error["error"]["message"].endswith("…")
+        send(sock, 2, "hello")
+        assert receive(sock)["ok"] is True, "the connection is still usable"
+
+
+def test_a_request_id_still_open_is_refused(cluster: LocalCluster, client: Client) -> None:
+    running = client.submit(job(["sleep", "60"]))
+    started(client, running)
+    with connect(cluster) as sock:
+        send(sock, 7, "wait", jobs=[running])
+        send(sock, 7, "wait", jobs=[running])
+        refused = receive(sock)
+        assert refused["id"] == 7 and refused["error"]["code"] == "bad-request"
+        assert "in use" in refused["error"]["message"]
+        client.cancel([running])
+        assert receive(sock)["job"] == running  # the first wait is answered once
+        assert receive(sock) == {"v": 1, "id": 7, "ok": True}
+        send(sock, 7, "hello")  # and its id is free again
+        assert receive(sock)["ok"] is True
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def push_all(socks: list[socket.socket], data: bytes) -> None:
+    """Send `data` on every socket until all of it went or the broker has stopped taking any for a second."""
+    left = {sock: memoryview(data) for sock in socks}
+    for sock in socks:
+        sock.setblocking(False)
+    while left:
+        _, writable, _ = select.select([], list(left), [], 1.0)
+        if not writable:
+            return
+        for sock in writable:
+            with contextlib.suppress(BlockingIOError):
+                sent = sock.send(left[sock][:1 << 20])
+                left[sock] = left[sock][sent:]
+                if not left[sock]:
+                    del left[sock]
+
+
+def test_clients_parked_inside_huge_frames_do_not_grow_the_broker(cluster: LocalCluster) -> None:
+    broker = cluster.procs[0].pid
+    before = rss_mb(broker)
+    parked = [connect(cluster) for _ in range(24)]
+    try:
+        partial = frames.HEADER.pack(frames.MAX_FRAME) + b"\0" * (12 << 20)
+        push_all(parked, partial)  # 16 MiB frames announced, 12 MiB of each sent: 288 MiB if all were read
+        with connect(cluster) as sock:
+            send(sock, 1, "hello")  # and the others are still served
+            assert receive(sock)["ok"] is True
+        grown = rss_mb(broker) - before
+        assert grown < 120, f"the broker grew {grown:.0f} MiB holding parked frames"
+    finally:
+        for sock in parked:
+            sock.close()

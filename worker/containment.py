@@ -1,0 +1,291 @@
+"""Keeping a task's processes contained, so none outlives its task (issue 10 item 6).
+
+A task leads its own process group, but a child that calls setsid() or setpgid() leaves that group and a
+killpg() misses it. Two ways to find such children:
+
+* `CgroupTasks`, where this process may write a cgroup v2 tree (pods; hosts with a writable unified
+  hierarchy): one group per task, <our cgroup>/mc-<instance>-rank<R>/<job>/<task>. The task is spawned from
+  inside its group, so it and everything it forks is there from its first instruction; `cgroup.kill` ends them
+  all, and a new process of the same rank kills whatever a crashed one left in the tree. No controller is
+  needed, only cgroup.procs and cgroup.kill (Linux 5.14).
+* `Subreaper` elsewhere: the worker is a child subreaper (PR_SET_CHILD_SUBREAPER), so an orphaned descendant
+  of a task becomes the worker's child. It still carries the task's MC_JOB_ID and MC_TASK_RANK, which tell
+  whose it is; orphans of tasks that ended are killed and reaped.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import hashlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from worker.memlimit import write_control
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, int]
+CGROUP_FS = Path("/sys/fs/cgroup")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class CgroupTasks:
+    """One cgroup v2 group per task under this rank's own subtree."""
+
+    def __init__(self, own: Path, base: Path) -> None:
+        self.own = own
+        self.base = base
+
+    @classmethod
+    def detect(cls, instance: str, rank: int, fs: Path = CGROUP_FS) -> CgroupTasks | None:
+        """The tree for this rank of `instance` (its state dir), where writable; it starts
+        empty: what a previous run of this rank left there is killed first."""
+        root = fs if (fs / "cgroup.controllers").exists() else fs / "unified"
+        own = _own_v2_group(root)
+        if own is None or not os.access(own, os.W_OK) or not os.access(own / "cgroup.procs", os.W_OK):
+            return None
+        digest = hashlib.sha256(os.path.realpath(instance).encode()).hexdigest()[:12]
+        tree = cls(own, own / f"mc-{digest}-rank{rank}")
+        try:
+            killed = tree.kill_leftovers()
+            tree.base.mkdir()
+        except OSError as exc:
+            log.warning("cannot keep tasks in cgroup %s (%s): using a subreaper", tree.base, exc)
+            return None
+        try:
+            if not (tree.base / "cgroup.kill").exists():  # before Linux 5.14
+                raise OSError(errno.ENOTSUP, "no cgroup.kill")
+            with tree.spawning((0, 0)):  # spawning moves this process in and out: try it once now
+                pass
+        except OSError as exc:
+            log.warning("cannot keep tasks in cgroup %s (%s): using a subreaper", tree.base, exc)
+            with contextlib.suppress(OSError):
+                write_control(own / "cgroup.procs", str(os.getpid()))
+                tree.base.rmdir()
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                tree.group((0, 0)).rmdir()
+                tree.group((0, 0)).parent.rmdir()
+        if killed:
+            log.warning("killed %d process(es) left behind by this rank's previous run", killed)
+        return tree
+
+    def kill_leftovers(self) -> int:
+        """Kill every process a previous run of this rank left in its tree and remove it; returns how many."""
+        if not self.base.is_dir():
+            return 0
+        left = len(self._pids(self.base))
+        write_control(self.base / "cgroup.kill", "1")
+        for group in sorted((p for p in self.base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            _rmdir_when_empty(group)
+        _rmdir_when_empty(self.base)
+        return left
+
+    def close(self) -> None:
+        """Remove the tree once its tasks ended (the rank stops)."""
+        with contextlib.suppress(OSError):
+            self.base.rmdir()
+
+    def group(self, key: Key) -> Path:
+        return self.base / str(key[0]) / str(key[1])
+
+    @contextlib.contextmanager
+    def spawning(self, key: Key) -> Iterator[None]:
+        """Create the task's group and hold this process in it while the task is spawned."""
+        group = self.group(key)
+        group.mkdir(parents=True, exist_ok=True)
+        write_control(group / "cgroup.procs", str(os.getpid()))
+        try:
+            yield
+        finally:
+            write_control(self.own / "cgroup.procs", str(os.getpid()))
+
+    def signal(self, key: Key, sig: int) -> None:
+        for pid in self._pids(self.group(key)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def kill(self, key: Key) -> None:
+        """SIGKILL everything left in the task's group and remove it (and its job's, once empty)."""
+        group = self.group(key)
+        if not group.is_dir():
+            return
+        if os.getpid() in self._pids(group):
+            log.error("not killing cgroup %s: this process is in it", group)
+            return
+        write_control(group / "cgroup.kill", "1")
+        self._remove(group, tries=40)
+
+    def _remove(self, group: Path, tries: int) -> None:
+        # cgroup.kill returns before the processes are gone; the group can be removed once they are.
+        try:
+            for path in sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                path.rmdir()
+            group.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            if tries:
+                asyncio.get_running_loop().call_later(0.05, self._remove, group, tries - 1)
+            else:
+                log.warning("cgroup %s is still busy; left behind", group)
+            return
+        with contextlib.suppress(OSError):
+            group.parent.rmdir()  # the job's: fails while other tasks of the job have groups here
+
+    @staticmethod
+    def _pids(group: Path) -> set[int]:
+        """The processes in `group` and the groups below it (a task may make its own)."""
+        groups = [group, *(p for p in group.rglob("*") if p.is_dir())]
+        pids: set[int] = set()
+        for g in groups:
+            with contextlib.suppress(OSError):
+                pids.update(int(line) for line in (g / "cgroup.procs").read_text().split())
+        return pids
+
+
+class Subreaper:
+    """Adopts the orphans of tasks (setsid/setpgid escapes) and kills those of tasks that ended."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+        self._adopted: set[int] = set()
+
+    def sweep(self, running: set[Key], tracked: set[int]) -> int:
+        """Kill adopted descendants of tasks not in `running`, reap those that died; returns how many it killed.
+
+        `tracked`: the pids this process waits for itself (its tasks), left alone. Only processes that carry a
+        task's variables are touched: other children (a batch command) are someone else's to reap.
+        """
+        killed = 0
+        for pid in _children(os.getpid()) - tracked:
+            key = _task_of(pid)
+            if key is None:
+                continue
+            self._adopted.add(pid)
+            if key not in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+        for pid in list(self._adopted):
+            try:
+                reaped = os.waitpid(pid, os.WNOHANG)[0] != 0
+            except ChildProcessError:
+                reaped = True
+            if reaped:
+                self._adopted.discard(pid)
+        return killed
+
+
+def kill_orphans(pidfile: str) -> int:
+    """SIGKILL the groups of the tasks a pidfile lists (a crashed rank's); returns how many.
+
+    A group is only killed if its leader still has the recorded start time, so a recycled pid is left alone.
+    """
+    try:
+        with open(pidfile) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return 0
+    killed = 0
+    for line in lines:
+        try:
+            pid, pgid, started = (int(x) for x in line.split())
+        except ValueError:
+            log.warning("%s: ignoring malformed line %r", pidfile, line)
+            continue
+        if starttime(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+                killed += 1
+    os.unlink(pidfile)
+    return killed
+
+
+def kill_instance_leftovers(state_dir: str, ranks: Iterable[int]) -> None:
+    """What the ranks of the instance at `state_dir` left running on this host (its launcher, after they exit)."""
+    for rank in ranks:
+        kill_orphans(os.path.join(state_dir, f"tasks-rank{rank}.pids"))
+        tree = CgroupTasks.detect(state_dir, rank)
+        if tree is not None:
+            tree.base.rmdir()
+
+
+def starttime(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: start time in clock ticks since boot."""
+    try:
+        # os.open/os.read, not open(): this runs once per spawn and the buffered file object costs more.
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces and parentheses; fields resume after the last ')'.
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
+def _own_v2_group(root: Path) -> Path | None:
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            group = root / line[3:].strip().lstrip("/")
+            return group if (group / "cgroup.procs").exists() else None
+    return None
+
+
+def _children(pid: int) -> set[int]:
+    children: set[int] = set()
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+                children.update(int(c) for c in f.read().split())
+    return children
+
+
+def _task_of(pid: int) -> Key | None:
+    """(MC_JOB_ID, MC_TASK_RANK) from a process's environment, if it has both."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.partition(b"=")[::2] for item in f.read().split(b"\0") if item)
+        return int(env[b"MC_JOB_ID"]), int(env[b"MC_TASK_RANK"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _rmdir_when_empty(group: Path, seconds: float = 2.0) -> None:
+    """rmdir a group whose processes were just killed, waiting for them to go (start-up only: this blocks)."""
+    for _ in range(int(seconds / 0.01)):
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+    group.rmdir()  # raises: the caller says why the tree cannot be used
+
+
+def contain(instance: str, rank: int) -> CgroupTasks | Subreaper | None:
+    """How this rank keeps its tasks' processes contained: a cgroup tree where writable, else a subreaper."""
+    tree = CgroupTasks.detect(instance, rank)
+    if tree is not None:
+        return tree
+    try:
+        return Subreaper()
+    except OSError as exc:
+        log.warning("tasks' children that leave their process group may outlive them: %s", exc)
+        return None
