@@ -223,6 +223,8 @@ class WorkerAgent:
             path = outputpath.expand(info["output"], job, task, index) if info.get("output") else None
         except outputpath.TemplateError as exc:
             raise _CannotStart(STATUS_CANNOT_RUN, f"output: {exc}") from None
+        if path is not None and info.get("cwd"):
+            path = os.path.join(info["cwd"], path)  # a relative path is the task's, as its cwd is; not the worker's
         self.running[key] = (cores, gpus)
         bind = tuple(cores) if self.resources.pinned else ()
         if self._real_cores is not None:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.text import cut
-from worker.asuser import acting_as
+from worker.asuser import acting_as_user
 from worker.containment import CgroupTasks, Subreaper, kill_orphans, starttime
 from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup
@@ -218,7 +218,7 @@ class TaskExecutor(_Executor):
 
     def _spawn(self, spec: TaskSpec) -> tuple[int, int, dict[int, str]]:
         path = _resolve(spec)
-        if spec.cwd is not None and not os.path.isdir(spec.cwd):
+        if spec.cwd is not None and not _is_dir(spec.cwd, spec.user):
             raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(spec.cwd)}: no such directory")
         bad = sorted(set(spec.cores) - self._allowed_cores)
         if bad:
@@ -413,14 +413,18 @@ def _resolve(spec: TaskSpec) -> str:
     raise _SpawnError(STATUS_NOT_FOUND, f"{cut(name)}: command not found")
 
 
-def _as(user: tuple[int, int] | None) -> contextlib.AbstractContextManager[None]:
-    """The file-system ids to open and enter things with: the task's user's, or the worker's own."""
-    return acting_as(*user) if user is not None else contextlib.nullcontext()
+def _is_dir(path: str, user: tuple[int, int] | None) -> bool:
+    """Whether `path` is a directory, as `user` sees it: a guest learns nothing of what it may not look into."""
+    try:
+        with acting_as_user(user):
+            return os.path.isdir(path)
+    except OSError as e:
+        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(path)}: {e}") from None
 
 
 def _chdir(cwd: str, user: tuple[int, int] | None) -> None:
     try:
-        with _as(user):
+        with acting_as_user(user):
             os.chdir(cwd)
     except OSError as e:
         raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(cwd)}: {e.strerror}") from None
@@ -430,7 +434,7 @@ def _open_output(name: str, path: str | None, pipes: dict[int, str], user: tuple
     """The fd the child gets as stdout/stderr, a file opened as `user`; pipe read ends are added to `pipes`."""
     if path is not None:
         try:
-            with _as(user):
+            with acting_as_user(user):
                 return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
         except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
             raise _SpawnError(STATUS_CANNOT_RUN, f"{name} {cut(path)}: {getattr(e, 'strerror', None) or e}") from None
