@@ -44,6 +44,7 @@ def guest_submit(uri: str, spec: dict) -> int:
     return answer["ok"]
 
 
+@pytest.mark.smoke
 def test_a_setpriv_planted_on_the_guests_path_is_not_run(shared, guestdir: Path) -> None:  # noqa: F811
     planted = guestdir / "setpriv"
     marker = guestdir / "ran-as"
