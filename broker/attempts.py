@@ -13,13 +13,13 @@ import functools
 import heapq
 import logging
 import signal
-from array import array
 from collections.abc import Callable
 from typing import Any
 
 from broker import retry
 from broker.flowstate import Flow
 from broker.job import Job, State
+from broker.taskmap import TaskMap
 from minicluster.model.idset import IdSet
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,7 @@ class Attempts:
         if not tasks or job.ending or job.state == State.INACTIVE or job.id in self.recovering_ids:
             return
         if job.pending_map is None:
-            job.pending_map = array("I", range(job.total_tasks))
+            job.pending_map = TaskMap([range(job.total_tasks)])
         first = len(job.pending_map)
         job.pending_map.extend(tasks)
         if self.queue_blocked(job):

@@ -9,7 +9,6 @@ still waiting out their delay) and posts the events.
 from __future__ import annotations
 
 import logging
-from array import array
 from collections import defaultdict
 from typing import Any
 
@@ -20,6 +19,7 @@ from broker.flowstate import Corr, Flow
 from broker.job import Job, State
 from broker.journal import Journal
 from broker.workflow import Workflow, index_outcomes, target_state
+from broker.taskmap import TaskMap
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +239,8 @@ def settled(workflow: Workflow, out: Recovered) -> None:
         if not (flow.held or delayed or flow.corr is not None):
             continue
         remaining = manager.scheduler.cancel(job.id)
-        tasks = list(job.pending_map[len(job.pending_map) - remaining:]) if remaining and job.pending_map else []
-        job.pending_map = job.pending_map[:len(job.pending_map) - remaining] if job.pending_map else None
+        tasks = job.pending_map.tail(len(job.pending_map) - remaining) if remaining and job.pending_map else []
+        job.pending_map = job.pending_map.head(len(job.pending_map) - remaining) if job.pending_map else None
         if flow.corr is not None:
             tasks = [t for t in tasks if t in flow.corr.released]
         now_tasks = [t for t in tasks if t not in delayed]
@@ -249,7 +249,7 @@ def settled(workflow: Workflow, out: Recovered) -> None:
                 attempts.delay_retry(job, task, flow.attempts.get(task, 0), delayed[task] - manager.clock())
         if flow.held:
             if job.pending_map is None:
-                job.pending_map = array("I")
+                job.pending_map = TaskMap()
             flow.held_from = len(job.pending_map)
         attempts.queue_tasks(job, now_tasks)
     workflow.feed(out.verdicts)

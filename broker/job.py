@@ -6,9 +6,9 @@ Records are slotted objects with counters, not dicts: an inactive job drops its 
 from __future__ import annotations
 
 import enum
-from array import array
 from typing import Any
 
+from broker.taskmap import TaskMap
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec
 
@@ -72,7 +72,7 @@ class Job:
         self.spec: Jobspec | None = spec
         self.array: IdSet | None = spec.array_ids
         # Element ordinals still to run, when not simply next_element.. (after a restart some already ran).
-        self.pending_map: array[int] | None = None
+        self.pending_map: TaskMap | None = None
         self.next_element = 0
         self.running = 0
         self.succeeded = 0

@@ -202,10 +202,10 @@ def output(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[s
     task = None
     if index is not None:
         task = _task_of_index(record, index)
-    return _output(broker, record, follow, task, attempt)
+    return _output(broker, peer, record, follow, task, attempt)
 
 
-async def _output(broker: Any, record: Any, follow: bool, task: int | None,
+async def _output(broker: Any, peer: Peer, record: Any, follow: bool, task: int | None,
                   attempt: int | None) -> AsyncIterator[dict[str, Any]]:
     """History read in pages, then live chunks; responses of at most OUTPUT_RESPONSE_BYTES (protocol.md §3.3)."""
     follower = broker.watchers.follow_output(record.id) if follow and not record.closed else None
@@ -216,10 +216,12 @@ async def _output(broker: Any, record: Any, follow: bool, task: int | None,
             batch.extra["files"] = files
         next_seq = 0
         while True:
-            page = await broker.journal.read(lambda c, start=next_seq: _output_page(c, record.id, start, attempt))
-            for item in page:
-                if batch.add(item):
-                    yield batch.take()
+            # A client that sends many `output` requests and reads none holds two pages, not one per request.
+            async with peer.bulk_reads:
+                page = await broker.journal.read(lambda c, start=next_seq: _output_page(c, record.id, start, attempt))
+                for item in page:
+                    if batch.add(item):
+                        yield batch.take()
             if not page:
                 break
             next_seq = page[-1][0] + 1

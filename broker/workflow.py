@@ -12,7 +12,6 @@ import asyncio
 import datetime
 import logging
 import signal
-from array import array
 from collections import deque
 from typing import Any
 
@@ -24,6 +23,7 @@ from broker.flowstate import Corr, Flow
 from broker.job import Job, State
 from broker.retry import IGNORE, SUCCESS, Policy
 from broker.supervise import Supervisor
+from broker.taskmap import TaskMap
 from minicluster.model import jobspec as jobspec_model
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec
@@ -181,7 +181,7 @@ class Workflow:
         if corr is None:
             self.manager.enqueue(job, self.manager.request(job))
             return
-        job.pending_map = array("I")
+        job.pending_map = TaskMap()
         ready, corr.ready = corr.ready, []
         self.attempts.queue_tasks(job, ready)
         self.manager.maybe_finish(job)
