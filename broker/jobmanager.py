@@ -138,6 +138,10 @@ class JobManager:
 
     def submit(self, uid: int, gid: int, spec: Jobspec) -> tuple[int, asyncio.Future[None]]:
         """Create the job and queue it; returns its id and a future that resolves once it is durable."""
+        if self.journal.stalled is not None:
+            # Nothing is acknowledged before it is durable, and nothing could be made durable now.
+            raise JobError("unavailable", f"the journal cannot be written ({self.journal.stalled}); nothing was "
+                                          "submitted: try again once the broker's disk has space")
         if uid != self.owner_uid and self.owner_uid != 0:
             # Tasks of other users can only run under their own uid, which needs a root instance.
             raise JobError("permission", f"this instance runs tasks as uid {self.owner_uid} only; "
@@ -168,8 +172,18 @@ class JobManager:
         self.post(job, "depend")
         fut = self.post(job, "priority", {"priority": job.urgency}, durable=True)
         assert fut is not None
-        self.enqueue(job, request)
+        # Queued once durable: nothing runs that a crash or a failed commit could make never submitted.
+        fut.add_done_callback(lambda f: self._admitted(job, request, f))
         return job.id, fut
+
+    def _admitted(self, job: Job, request: sched.Request, durable: asyncio.Future[None]) -> None:
+        if durable.exception() is not None:
+            # Refused (its submitter hears why): forget it; its id is not handed out again.
+            if self.jobs.get(job.id) is job:
+                del self.jobs[job.id]
+            return
+        if job.state == State.SCHED and not job.ending:  # not cancelled meanwhile
+            self.enqueue(job, request)
 
     def enqueue(self, job: Job, request: sched.Request, count: int | None = None, first: int = 0) -> None:
         count = count if count is not None else job.total_tasks if job.is_array else 1

@@ -417,7 +417,8 @@ def status(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     execution = broker.execution
     return {"name": cfg.name, "size": cfg.size, "fanout": cfg.fanout, "epoch": broker.epoch,
             "ranks": broker.ranks.rows(), "queue": broker.manager.queue_counts(),
-            "tasks": {"started": execution.tasks_started, "ended": execution.tasks_ended}}
+            "tasks": {"started": execution.tasks_started, "ended": execution.tasks_ended},
+            "journal": {"stalled": broker.journal.stalled}}
 
 
 @op("drain")

@@ -372,10 +372,15 @@ class TaskExecutor(_Executor):
         """
         if not self._pidfile:
             return
-        if self._pidfile_fd is None:
-            self._write_pidfile()  # lists every running task, this one included
+        try:
+            if self._pidfile_fd is None:
+                self._write_pidfile()  # lists every running task, this one included
+                return
+            os.write(self._pidfile_fd, f"{task.pid} {task.pid} {task.starttime}\n".encode())
+        except OSError as exc:
+            # A full disk: the task runs all the same; only a restart of this worker would miss it.
+            log.warning("could not record task pid %d in %s: %s", task.pid, self._pidfile, exc)
             return
-        os.write(self._pidfile_fd, f"{task.pid} {task.pid} {task.starttime}\n".encode())
         self._pidfile_lines += 1
 
     def _write_pidfile(self) -> None:
