@@ -23,6 +23,7 @@ async def core(tmp_path):
 
 async def test_run_goes_out_only_once_the_alloc_is_durable_one_to_each_rank(core: Core) -> None:
     record = core.submit(("hostname", "-s"), ntasks=2)
+    await core.durable()
     core.schedule()
     assert record.state is State.RUN and core.runs() == [], "no run before the alloc is durable"
     await core.durable()
