@@ -6,9 +6,11 @@ manager, the rank table, the resource graph and the journal's reader.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from broker.brokerview import BrokerView
 from broker.access import check_readable, listed
 from broker.clientapi import MAX_ERROR_MESSAGE, Peer
 from broker.job import State
@@ -35,7 +37,7 @@ def op(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 class Operations:
     """Binds the registered operations to one broker."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: BrokerView) -> None:
         self.broker = broker
 
     def handler(self, name: Any) -> Callable[[Peer, dict[str, Any]], Any] | None:
@@ -58,18 +60,18 @@ def _field(req: dict[str, Any], name: str, kind: type | tuple[type, ...], defaul
     return value
 
 
-def _owner_only(broker: Any, peer: Peer, what: str) -> None:
+def _owner_only(broker: BrokerView, peer: Peer, what: str) -> None:
     if peer.uid != broker.owner_uid:
         raise JobError("permission", f"only the instance owner (uid {broker.owner_uid}) may {what}")
 
 
-def _refuse_when_stopping(broker: Any) -> None:
+def _refuse_when_stopping(broker: BrokerView) -> None:
     if broker.stopping:
         raise JobError("shutting-down", "the MiniCluster is shutting down")
 
 
 @op("hello")
-def hello(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def hello(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     cfg = broker.config
     return {"version": 1, "name": cfg.name, "size": cfg.size, "uid": peer.uid, "owner_uid": broker.owner_uid}
 
@@ -82,7 +84,7 @@ def _spec(req_spec: Any) -> jobspec_model.Jobspec:
 
 
 @op("submit")
-def submit(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+def submit(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _refuse_when_stopping(broker)
     spec = _spec(_field(req, "jobspec", dict))
     job_id, durable = broker.manager.submit(peer.uid, peer.gid, spec)
@@ -94,7 +96,7 @@ SUBMIT_SLICE = 256
 
 
 @op("submit-many")
-def submit_many(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+def submit_many(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _refuse_when_stopping(broker)
     specs = _field(req, "jobspecs", list)
 
@@ -132,7 +134,7 @@ def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dic
 
 
 @op("jobs")
-def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def jobs(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     show_all = _field(req, "all", bool, False)
     ids = _field(req, "ids", list, None)
     limit = _field(req, "limit", int, 1000)
@@ -151,7 +153,7 @@ def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     return {"jobs": summaries}
 
 
-def _readable(broker: Any, peer: Peer, job_id: Any) -> Any:
+def _readable(broker: BrokerView, peer: Peer, job_id: Any) -> Any:
     """The job's record, if `peer` may read its details (broker/access.py)."""
     record = broker.manager.get(job_id)
     check_readable(broker, peer, record.id, record.uid)
@@ -159,7 +161,7 @@ def _readable(broker: Any, peer: Peer, job_id: Any) -> Any:
 
 
 @op("job")
-def job(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+def job(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     record = _readable(broker, peer, _field(req, "job", int))
     summary = broker.manager.summary(record)
 
@@ -173,13 +175,13 @@ def job(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
 
 
 @op("cancel")
-def cancel(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def cancel(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     cancelled, errors = broker.manager.cancel(peer.uid, _field(req, "jobs", list))
     return {"cancelled": cancelled, "errors": errors}
 
 
 @op("eventlog")
-def eventlog(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+def eventlog(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     record = _readable(broker, peer, _field(req, "job", int))
     start = _field(req, "from", int, 0)
     follow = _field(req, "follow", bool, False)
@@ -194,7 +196,7 @@ def eventlog(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict
 
 
 @op("output")
-def output(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+def output(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     record = _readable(broker, peer, _field(req, "job", int))
     follow = _field(req, "follow", bool, False)
     index = _field(req, "index", int, None)
@@ -205,7 +207,7 @@ def output(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[s
     return _output(broker, peer, record, follow, task, attempt)
 
 
-async def _output(broker: Any, peer: Peer, record: Any, follow: bool, task: int | None,
+async def _output(broker: BrokerView, peer: Peer, record: Any, follow: bool, task: int | None,
                   attempt: int | None) -> AsyncIterator[dict[str, Any]]:
     """History read in pages, then live chunks; responses of at most OUTPUT_RESPONSE_BYTES (protocol.md §3.3)."""
     follower = broker.watchers.follow_output(record.id) if follow and not record.closed else None
@@ -218,7 +220,8 @@ async def _output(broker: Any, peer: Peer, record: Any, follow: bool, task: int 
         while True:
             # A client that sends many `output` requests and reads none holds two pages, not one per request.
             async with peer.bulk_reads:
-                page = await broker.journal.read(lambda c, start=next_seq: _output_page(c, record.id, start, attempt))
+                page = await broker.journal.read(functools.partial(_output_page, job_id=record.id, start=next_seq,
+                                                                   attempt=attempt))
                 for item in page:
                     if batch.add(item):
                         yield batch.take()
@@ -296,7 +299,7 @@ def _output_page(c: Any, job_id: int, start: int, attempt: int | None = None) ->
     return rows
 
 
-async def _output_files(broker: Any, record: Any) -> str | None:
+async def _output_files(broker: BrokerView, record: Any) -> str | None:
     """The output template of a job whose output went to files on the nodes."""
     if record.spec is not None:
         return record.spec.output
@@ -304,7 +307,7 @@ async def _output_files(broker: Any, record: Any) -> str | None:
     return unpack(rows[0][0]).get("output") if rows else None
 
 
-async def _truncated(broker: Any, record: Any) -> int | None:
+async def _truncated(broker: BrokerView, record: Any) -> int | None:
     """The cap, if the job's output reached it (after a restart, its `output-truncated` event says so)."""
     if record.truncated:
         return broker.config.output_cap
@@ -324,7 +327,7 @@ def _task_of_index(record: Any, index: int) -> int:
         raise JobError("not-found", f"job {record.id} has no array index {index}") from None
 
 
-async def _follow(broker: Any, record: Any, follow: bool, history: Callable[[Any], list[list[Any]]],
+async def _follow(broker: BrokerView, record: Any, follow: bool, history: Callable[[Any], list[list[Any]]],
                   subscribe: Callable[[int], Any], key: str, seq_of: Callable[[list[Any]], int],
                   start: int) -> AsyncIterator[dict[str, Any]]:
     """History from sqlite, then live items, skipping sequence numbers already sent (no gaps, no repeats)."""
@@ -348,7 +351,7 @@ async def _follow(broker: Any, record: Any, follow: bool, history: Callable[[Any
 
 
 @op("wait")
-def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+def wait(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     records = [_readable(broker, peer, i) for i in _field(req, "jobs", list)]
 
     async def results() -> AsyncIterator[dict[str, Any]]:
@@ -367,7 +370,7 @@ def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str
 
 
 @op("task-results")
-def task_results(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+def task_results(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     record = _readable(broker, peer, _field(req, "job", int))
     start = _field(req, "from", int, 0)
     limit = _field(req, "limit", int, 10_000)
@@ -385,7 +388,7 @@ async def _wrap(awaitable: Any, key: str) -> dict[str, Any]:
 
 
 @op("stdin")
-def stdin(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+def stdin(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     record = broker.manager.get(_field(req, "job", int))
     data = _field(req, "data", bytes, b"")
     eof = _field(req, "eof", bool, False)
@@ -404,7 +407,7 @@ def stdin(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
 
 
 @op("resources")
-def resources(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def resources(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"ranks": broker.graph.summary()}
     if _field(req, "tree", bool, False):
         out["tree"] = broker.graph.tree()
@@ -412,7 +415,7 @@ def resources(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 
 @op("status")
-def status(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def status(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     cfg = broker.config
     execution = broker.execution
     return {"name": cfg.name, "size": cfg.size, "fanout": cfg.fanout, "epoch": broker.epoch,
@@ -422,7 +425,7 @@ def status(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 
 @op("drain")
-def drain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def drain(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     _owner_only(broker, peer, "drain ranks")
     ranks = _ranks(broker, _field(req, "ranks", list))
     reason = _field(req, "reason", str, "")
@@ -434,7 +437,7 @@ def drain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 
 @op("undrain")
-def undrain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def undrain(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     _owner_only(broker, peer, "undrain ranks")
     ranks = _ranks(broker, _field(req, "ranks", list))
     for r in ranks:
@@ -444,7 +447,7 @@ def undrain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     return {"undrained": ranks}
 
 
-def _ranks(broker: Any, ranks: list[Any]) -> list[int]:
+def _ranks(broker: BrokerView, ranks: list[Any]) -> list[int]:
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, int) or r not in broker.graph.nodes:
             raise JobError("not-found", f"rank {r!r} is not part of the MiniCluster's resources")
@@ -452,7 +455,7 @@ def _ranks(broker: Any, ranks: list[Any]) -> list[int]:
 
 
 @op("shutdown")
-def shutdown(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def shutdown(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     _owner_only(broker, peer, "shut the MiniCluster down")
     asyncio.get_running_loop().call_later(0.05, broker.request_stop)
     return {}
