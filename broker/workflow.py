@@ -58,6 +58,8 @@ class Workflow:
         self.recovering = False
         # Indexes of aftercorr dependants that can never run, per job, noted in one event per batch.
         self._never: dict[int, list[int]] = {}
+        # Jobs whose submission is not durable yet: nothing releases them to the queue before it is.
+        self.admitting: set[int] = set()
 
     # --- submission ----------------------------------------------------------------------------------------
 
@@ -99,6 +101,7 @@ class Workflow:
             self.graph.track(job.id, key)
             return False
         job.flow = flow = Flow(spec)
+        self.admitting.add(job.id)
         deps = [(dep.type, t) for dep in spec.dependencies for t in dep.jobs]
         singleton = any(dep.type == SINGLETON for dep in spec.dependencies)
         added, decided = self.graph.add(job.id, deps, self.lookup, key=key, singleton=singleton,
@@ -167,7 +170,8 @@ class Workflow:
     def try_release(self, job: Job) -> None:
         """DEPEND -> queued, once nothing blocks the job and no hold is in place."""
         flow = job.flow
-        if job.state != State.DEPEND or job.ending or flow.held or self.graph.blocked(job.id):
+        if (job.state != State.DEPEND or job.ending or flow.held or self.graph.blocked(job.id)
+                or job.id in self.admitting):
             return
         self.manager.post(job, "depend")
         self.manager.post(job, "priority", {"priority": job.urgency})
