@@ -276,8 +276,11 @@ class Execution:
                 usage_rows.append(used)
 
     def _after_results(self, job: Job, now: float) -> None:
-        if not job.is_array and job.running == 0 and job.state == State.RUN:
-            self.manager.scheduler.release(job.id, 0, now)
+        scheduler = self.manager.scheduler
+        # Results a rejoining worker carries after a restart may come before the job is reattached (and holds
+        # anything): then there is nothing to release.
+        if not job.is_array and job.running == 0 and job.state == State.RUN and scheduler.graph.holds((job.id, 0)):
+            scheduler.release(job.id, 0, now)
         if job.flow is not None:
             self.manager.workflow.attempts.after_results(job)
         self._abort_gang(job)
