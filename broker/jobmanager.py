@@ -166,9 +166,11 @@ class JobManager:
         ]
         self.post(job, "submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array}, statements)
         if self.workflow.admit(job):
-            # Dependencies, a hold or a policy: the workflow queues it when it may run. Journal writes commit
-            # in order, so this empty write is durable once all of the job's events are.
-            return job.id, self.journal.write([])
+            # Dependencies, a hold or a policy: the workflow queues it when it may run, once durable. Journal
+            # writes commit in order, so this empty write is durable once all of the job's events are.
+            admitted = self.journal.write([])
+            admitted.add_done_callback(lambda f: self._admitted(job, None, f))
+            return job.id, admitted
         self.post(job, "depend")
         fut = self.post(job, "priority", {"priority": job.urgency}, durable=True)
         assert fut is not None
@@ -176,13 +178,17 @@ class JobManager:
         fut.add_done_callback(lambda f: self._admitted(job, request, f))
         return job.id, fut
 
-    def _admitted(self, job: Job, request: sched.Request, durable: asyncio.Future[None]) -> None:
+    def _admitted(self, job: Job, request: sched.Request | None, durable: asyncio.Future[None]) -> None:
+        """The submission is durable (queue the job; a workflow job: as the workflow decides), or refused."""
+        self.workflow.admitting.discard(job.id)
         if durable.exception() is not None:
-            # Refused (its submitter hears why): forget it; its id is not handed out again.
+            # Its submitter hears why: forget it; its id is not handed out again.
             if self.jobs.get(job.id) is job:
                 del self.jobs[job.id]
             return
-        if job.state == State.SCHED and not job.ending:  # not cancelled meanwhile
+        if request is None:
+            self.workflow.try_release(job)
+        elif job.state == State.SCHED and not job.ending:  # not cancelled meanwhile
             self.enqueue(job, request)
 
     def enqueue(self, job: Job, request: sched.Request, count: int | None = None, first: int = 0) -> None:

@@ -61,6 +61,8 @@ class Workflow:
         self._never: dict[int, list[int]] = {}
         # Where background work runs, supervised (set by the broker: broker/supervise.py).
         self.background: Supervisor | None = None
+        # Jobs whose submission is not durable yet: nothing releases them to the queue before it is.
+        self.admitting: set[int] = set()
 
     # --- submission ----------------------------------------------------------------------------------------
 
@@ -102,6 +104,7 @@ class Workflow:
             self.graph.track(job.id, key)
             return False
         job.flow = flow = Flow(spec)
+        self.admitting.add(job.id)
         deps = [(dep.type, t) for dep in spec.dependencies for t in dep.jobs]
         singleton = any(dep.type == SINGLETON for dep in spec.dependencies)
         added, decided = self.graph.add(job.id, deps, self.lookup, key=key, singleton=singleton,
@@ -170,7 +173,8 @@ class Workflow:
     def try_release(self, job: Job) -> None:
         """DEPEND -> queued, once nothing blocks the job and no hold is in place."""
         flow = job.flow
-        if job.state != State.DEPEND or job.ending or flow.held or self.graph.blocked(job.id):
+        if (job.state != State.DEPEND or job.ending or flow.held or self.graph.blocked(job.id)
+                or job.id in self.admitting):
             return
         self.manager.post(job, "depend")
         self.manager.post(job, "priority", {"priority": job.urgency})
