@@ -8,8 +8,9 @@ control   test executor (tasks end instantly), 4 ranks of 64 cores: one 100k-tas
           20k individual jobs (pipelined submit-many), submit -> all complete.  Besides the
           wall-clock rate, the broker's CPU time per task (utime+stime from /proc/PID/stat),
           which does not depend much on the load of this shared machine.
-spawn     `/bin/true` tasks, 8 in flight, three systems interleaved run by run: a MiniCluster
-          array on 2 ranks of 4 cores (real executor), a bare `os.posix_spawn` loop that keeps 8
+spawn     `/bin/true` tasks, 8 in flight, four spawners interleaved run by run: a MiniCluster
+          array on 2 ranks of 4 cores (real executor), the same with broker_runs_tasks = false
+          (a third rank, rank 0, runs no task), a bare `os.posix_spawn` loop that keeps 8
           children alive (the machine's limit), and HyperQueue 0.27 (one worker of 8 CPUs, its
           server and worker run inside this process).  Ratios are taken run by run.
 memory    broker VmRSS with 1,000,000 queued array tasks (every rank drained first), and RSS
@@ -205,9 +206,12 @@ def control_plane(sizes: Sizes, runs: int) -> dict[str, Any]:
 
 # --- real processes --------------------------------------------------------------------------------------
 
-def spawn_minicluster(n: int) -> float:
-    """Tasks/s of an n-task /bin/true array on 2 ranks x IN_FLIGHT/2 cores (real executor)."""
-    with local_cluster(2, resources=f"cores={IN_FLIGHT // 2}") as cluster, cluster.client() as client:
+def spawn_minicluster(n: int, broker_runs_tasks: bool = True) -> float:
+    """Tasks/s of an n-task /bin/true array on 2 task-running ranks x IN_FLIGHT/2 cores (real executor); without
+    broker_runs_tasks rank 0 is a third rank that runs none."""
+    size = 2 if broker_runs_tasks else 3
+    with (local_cluster(size, resources=f"cores={IN_FLIGHT // 2}", broker_runs_tasks=broker_runs_tasks) as cluster,
+          cluster.client() as client):
         run_all(client, [client.submit(spec(["/bin/true"], array="1-50"))])  # warm-up
         start = time.perf_counter()
         run_all(client, [client.submit(spec(["/bin/true"], array=f"1-{n}"))])
@@ -260,6 +264,7 @@ def spawn_hyperqueue(n: int) -> float:
 
 SPAWNERS: dict[str, Callable[[int], float]] = {
     "minicluster": spawn_minicluster, "raw_posix_spawn": spawn_raw, "hyperqueue": spawn_hyperqueue,
+    "minicluster_broker_free": lambda n: spawn_minicluster(n, broker_runs_tasks=False),
 }
 
 
@@ -268,17 +273,19 @@ def real_processes(sizes: Sizes, runs: int) -> dict[str, Any]:
     names = list(SPAWNERS)
     rates: dict[str, list[float]] = {name: [] for name in names}
     for i in range(runs):
-        for name in names[i % 3:] + names[:i % 3]:
+        for name in names[i % len(names):] + names[:i % len(names)]:
             rates[name].append(SPAWNERS[name](sizes.spawn_tasks))
             progress(f"spawn run {i + 1}/{runs}: {name} {rates[name][-1]:,.0f} tasks/s")
     mc = rates["minicluster"]
     vs_raw = [m / r for m, r in zip(mc, rates["raw_posix_spawn"], strict=True)]
     vs_hq = [m / h for m, h in zip(mc, rates["hyperqueue"], strict=True)]
+    free_vs_raw = [m / r for m, r in zip(rates["minicluster_broker_free"], rates["raw_posix_spawn"], strict=True)]
     return {
         "tasks": sizes.spawn_tasks, "in_flight": IN_FLIGHT,
         "tasks_per_s": {name: {"runs": r, "median": statistics.median(r)} for name, r in rates.items()},
         "spawn_vs_raw": {"runs": vs_raw, "median": statistics.median(vs_raw)},
         "spawn_vs_hyperqueue": {"runs": vs_hq, "median": statistics.median(vs_hq)},
+        "broker_free_spawn_vs_raw": {"runs": free_vs_raw, "median": statistics.median(free_vs_raw)},
     }
 
 
@@ -374,6 +381,7 @@ def print_table(results: dict[str, Any]) -> None:
     rows += [
         ("  minicluster / raw (run by run)", f"{s['spawn_vs_raw']['median']:.2f}"),
         ("  minicluster / hyperqueue (run by run)", f"{s['spawn_vs_hyperqueue']['median']:.2f}"),
+        ("  minicluster, broker runs no tasks / raw", f"{s['broker_free_spawn_vs_raw']['median']:.2f}"),
         (f"broker RSS, {mem['queued']['tasks']:,} queued tasks", f"{mem['queued']['rss_mb']:.0f} MB "
                                                                  f"(empty {mem['queued']['rss_before_mb']:.0f} MB)"),
         (f"broker RSS per retained job ({mem['retained']['jobs']:,})",

@@ -19,6 +19,7 @@ from broker import sched
 from broker.abortcause import AbortSettlement
 from broker.job import Job, State
 from broker.jobmanager import JobManager, request_of
+from broker.journal import Statement, when_durable
 from broker.share import accounting
 from broker.stdin import StdinRelay
 from minicluster.config import InstanceConfig
@@ -42,8 +43,11 @@ class RunningTask(NamedTuple):
 
 
 class Execution:
-    def __init__(self, config: InstanceConfig, manager: JobManager, send: Send, uri: str) -> None:
+    def __init__(self, config: InstanceConfig, manager: JobManager, send: Send, uri: str,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        # The clock time limits count on (a test passes a fake one).
+        self.monotonic = monotonic
         self.manager = manager
         self.send = send
         self.uri = uri
@@ -88,7 +92,7 @@ class Execution:
 
     def _track(self, job: Job, task: int, rank: int, element: int, now: float) -> None:
         key = (job.id, task)
-        running = self.tasks[key] = RunningTask(rank, element, now, time.monotonic())
+        running = self.tasks[key] = RunningTask(rank, element, now, self.monotonic())
         self.by_rank[rank].add(key)
         self.by_job[job.id].add(key)
         job.running += 1
@@ -197,10 +201,10 @@ class Execution:
 
     def on_done(self, rank: int, results: list[list[Any]], ack: bool = True) -> None:
         touched: dict[int, Job] = {}
-        statements = []
+        statements: list[Statement] = []
         keys = []
         released: list[tuple[int, int]] = []
-        usage_rows = []  # after the task rows, so each kind still goes through one executemany
+        usage_rows: list[Statement] = []  # after the task rows, so each kind still goes through one executemany
         now = self.manager.clock()
         attempts = self.manager.workflow.attempts
         for result in results:
@@ -258,7 +262,7 @@ class Execution:
         attempts.commit()
         fut = self.manager.journal.write(statements + usage_rows)
         if ack and keys:
-            fut.add_done_callback(lambda f: f.exception() or self.send("done-ack", rank, {"keys": keys}))
+            when_durable(fut, lambda: self.send("done-ack", rank, {"keys": keys}))
         for job in touched.values():
             self._after_results(job, now)
 
@@ -277,8 +281,10 @@ class Execution:
                 usage_rows.append(used)
 
     def _after_results(self, job: Job, now: float) -> None:
-        if not job.is_array and job.running == 0 and job.state == State.RUN:
-            self.manager.scheduler.release(job.id, 0, now)
+        scheduler = self.manager.scheduler
+        # In the reattach window results may end a job whose allocation is not adopted yet: nothing to release.
+        if not job.is_array and job.running == 0 and job.state == State.RUN and scheduler.holds(job.id, 0):
+            scheduler.release(job.id, 0, now)
         if job.flow is not None:
             self.manager.workflow.attempts.after_results(job)
         self._abort_gang(job)
@@ -296,10 +302,13 @@ class Execution:
         return running
 
     def on_output(self, chunks: list[list[Any]]) -> None:
-        statements, published = [], []
+        statements: list[Statement] = []
+        published: list[tuple[int, list[Any]]] = []
         for job_id, task, stream, data in chunks:
             job = self.manager.jobs.get(job_id)
-            if job is None or not isinstance(data, bytes):
+            # An inactive job's output has ended (its followers have gone), and a restart restores the
+            # output sequence of active jobs only.
+            if job is None or job.state == State.INACTIVE or not isinstance(data, bytes):
                 continue
             room = self.config.output_cap - job.output_bytes
             if room <= 0:
@@ -327,7 +336,11 @@ class Execution:
         if statements:
             fut = self.manager.journal.write(statements)
             watchers = self.manager.watchers
-            fut.add_done_callback(lambda f: f.exception() or [watchers.output(j, c) for j, c in published])
+
+            def publish() -> None:
+                for job_id, chunk in published:
+                    watchers.output(job_id, chunk)
+            when_durable(fut, publish)
 
     # --- ending tasks --------------------------------------------------------------------------------------
 
@@ -389,7 +402,8 @@ class Execution:
                 self._signal([(job_id, task)], signal.SIGTERM)
             else:
                 assert job.spec is not None
-                self.manager.raise_exception(job, "timeout", f"time limit of {self.manager.time_limit(job.spec):g}s reached")
+                limit = self.manager.time_limit(job.spec)
+                self.manager.raise_exception(job, "timeout", f"time limit of {limit:g}s reached")
 
     def retime(self, job: Job) -> None:
         """The job's time limit changed: its running tasks get deadlines from their start and the new limit."""

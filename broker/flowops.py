@@ -8,7 +8,7 @@ from typing import Any
 from broker.clientapi import Peer
 from broker.job import Job
 from broker.jobmanager import JobError
-from broker.ops import _field, _task_of_index, _then, op
+from broker.ops import _field, _readable, _task_of_index, _then, op
 from broker.workflow import WorkflowRefusal
 
 ATTEMPT_COLUMNS = "task, idx, attempt, rank, status, exit_code, signal, error, started, ended, outcome"
@@ -46,8 +46,9 @@ def release(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 def requeue(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     requeued, errors, waiters = _each(broker, peer, req,
                                       lambda job: broker.manager.workflow.requeue(job, peer.uid))
-    done = asyncio.gather(*waiters) if waiters else asyncio.sleep(0)
-    return _then(asyncio.ensure_future(done), {"requeued": requeued, "errors": errors})
+    # gather() of nothing is a future already done: the reply goes out at once.
+    done: asyncio.Future[Any] = asyncio.gather(*waiters)
+    return _then(done, {"requeued": requeued, "errors": errors})
 
 
 @op("update")
@@ -63,10 +64,7 @@ def update(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 @op("attempts")
 def attempts(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
-    record = broker.manager.get(_field(req, "job", int))
-    if peer.uid not in (record.uid, broker.owner_uid):
-        # Attempts carry exit codes and errors: as the job's other details, its owner's and the instance owner's.
-        raise JobError("permission", f"job {record.id} belongs to another user")
+    record = _readable(broker, peer, _field(req, "job", int))
     index = _field(req, "index", int, None)
     start = _field(req, "from", int, 0)
     limit = min(_field(req, "limit", int, 10_000), 100_000)

@@ -132,13 +132,13 @@ def _restore_counts(job: Job, seen: dict[str, Any], rows: list[tuple[Any, ...]],
         if last is not None and last[3] and last[3] > now and job.state == State.SCHED:
             out.delayed.setdefault(job.id, []).append((-1, last[3]))
         return
-    for task, attempt, outcome, not_before in rows:
+    for task, attempt, outcome, _ in rows:
         flow.attempts[task] = max(flow.attempts.get(task, 0), attempt + 1)
         if outcome == "retry":
             flow.retried[task] = flow.retried.get(task, 0) + 1
             job.retries += 1
     latest = {task: (attempt, nb) for task, attempt, _, nb in rows}
-    for task, (attempt, not_before) in latest.items():
+    for task, (_, not_before) in latest.items():
         if not_before and not_before > now and not job.is_done(task):
             out.delayed.setdefault(job.id, []).append((task, not_before))
 
@@ -164,6 +164,7 @@ def _restore_results(journal: Journal, jobs: list[Job]) -> None:
         statuses[job_id] = max(statuses.get(job_id, 0), counted)
         if not job.is_array:
             flow.actions.append(action)
+            assert job.spec is not None, "a recovered plain job with results is active"
             if task == job.spec.success_task:
                 flow.decider = (action, status)
                 flow.cut = True

@@ -195,7 +195,8 @@ class Job:
             "id": self.id, "name": self.name, "uid": self.uid, "state": self.state.value,
             "urgency": self.urgency, "t_submit": self.t_submit, "t_run": self.t_run,
             "t_inactive": self.t_inactive, "ntasks": self.total_tasks, "nnodes": self.nnodes,
-            "ranks": self.ranks_text or str(IdSet.from_ints(self.ranks)), "status": self.status, "exception": self.exception,
+            "ranks": self.ranks_text or str(IdSet.from_ints(self.ranks)), "status": self.status,
+            "exception": self.exception,
             "array": str(self.array) if self.array is not None else None, "reason": self.reason,
             "counts": {
                 "pending": self.pending(), "running": self.running, "succeeded": self.succeeded,

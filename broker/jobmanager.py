@@ -18,7 +18,7 @@ import msgpack
 
 from broker import sched
 from broker.job import Job, State
-from broker.journal import Journal, Statement
+from broker.journal import Journal, Statement, when_durable
 from broker.watchers import Watchers
 from broker.workflow import Workflow, WorkflowRefusal
 from minicluster.config import InstanceConfig
@@ -216,7 +216,7 @@ class JobManager:
             self.journal.append(statements, lambda: self.watchers.event(job_id, event))
         else:
             fut = self.journal.write(statements)
-            fut.add_done_callback(lambda f: f.exception() or self.watchers.event(job_id, event))
+            when_durable(fut, lambda: self.watchers.event(job_id, event))
         if name in _OBSERVED:
             self.workflow.observe(job, name)
         return fut
@@ -251,7 +251,8 @@ class JobManager:
     def finish(self, job: Job) -> None:
         if job.ending:
             # An exception ended the job: its status is the cause's, not that of the tasks it killed.
-            job.status = job.cause_status if job.cause_status is not None else EXCEPTION_STATUS.get(job.exception or "", 1)
+            cause = job.cause_status
+            job.status = cause if cause is not None else EXCEPTION_STATUS.get(job.exception or "", 1)
         elif job.status is None:
             job.status = 0
         if job.ending:
@@ -275,7 +276,7 @@ class JobManager:
         assert fut is not None
         job.retire()
         result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
-        fut.add_done_callback(lambda f: f.exception() or self._closed(job, result))
+        when_durable(fut, lambda: self._closed(job, result))
         self.wake_scheduler()
 
     def _closed(self, job: Job, result: dict[str, Any]) -> None:
@@ -303,7 +304,7 @@ class JobManager:
                 continue
             if uid not in (job.uid, self.owner_uid):
                 errors[str(job_id)] = f"permission denied: job {job_id} belongs to uid {job.uid}"
-            elif job.state == State.INACTIVE or job.ending:
+            elif job.state in (State.CLEANUP, State.INACTIVE) or job.ending:
                 errors[str(job_id)] = f"job {job_id} has already ended"
             else:
                 self.raise_exception(job, "cancel", f"cancelled by uid {uid}")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, Union
 
 from broker.share.schema import SCHEMA as SHARING_SCHEMA
+from broker.statelock import lock_file
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,9 @@ class Journal:
     def __init__(self, state_dir: str) -> None:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         self.path = os.path.join(state_dir, "journal.sqlite")
+        # Held until close(): one writer per journal (broker/statelock.py). sqlite's own locks are fcntl
+        # locks, which a flock does not touch.
+        self._lock_fd: int | None = lock_file(self.path, f"journal {self.path}")
         setup = _connect(self.path)
         # The journal holds every job's environment and output: owner only (WAL and SHM files inherit it).
         os.chmod(self.path, 0o600)
@@ -143,6 +147,9 @@ class Journal:
             self._writes.put(None)
             await asyncio.get_running_loop().run_in_executor(None, self._writer.join)
         self._reader.shutdown(wait=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _open_reader(self) -> None:
         self._reader_local.conn = _connect(self.path)
@@ -151,16 +158,15 @@ class Journal:
         conn = _connect(self.path)
         running = True
         while running:
-            batch = [self._writes.get()]
+            taken = [self._writes.get()]
             # Group commit: take everything that queued up while the last transaction was syncing.
-            while len(batch) < 4096:
+            while len(taken) < 4096:
                 try:
-                    batch.append(self._writes.get_nowait())
+                    taken.append(self._writes.get_nowait())
                 except queue.Empty:
                     break
-            if None in batch:
-                running = False
-                batch = [item for item in batch if item is not None]
+            batch = [item for item in taken if item is not None]
+            running = len(batch) == len(taken)  # None asks the writer to stop
             if batch:
                 self._commit(conn, batch)
         conn.close()
@@ -176,7 +182,7 @@ class Journal:
         self.commits += 1
         self.statements += len(statements)
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(_resolve, [waiter for _, waiter in batch if waiter is not None], error)
+        self._loop.call_soon_threadsafe(_resolve, [waiter for _, waiter in batch], error)
 
 
 def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> None:
@@ -189,6 +195,14 @@ def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> N
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def when_durable(fut: asyncio.Future[None], then: Callable[[], object]) -> None:
+    """Run `then` once the commit behind `fut` succeeded; after a failed one nothing is shown or sent."""
+    def done(f: asyncio.Future[None]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            then()
+    fut.add_done_callback(done)
 
 
 def _resolve(waiters: list[Waiter], error: BaseException | None) -> None:

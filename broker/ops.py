@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from broker.access import check_readable, listed
 from broker.clientapi import MAX_ERROR_MESSAGE, Peer
 from broker.job import State
 from broker.jobmanager import JobError, unpack
@@ -50,7 +51,7 @@ def _field(req: dict[str, Any], name: str, kind: type | tuple[type, ...], defaul
             raise JobError("bad-request", f"missing field {name!r}")
         return default
     value = req[name]
-    if isinstance(value, bool) and kind is int or not isinstance(value, kind):
+    if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
         raise JobError("bad-request", f"field {name!r} has the wrong type")
     if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
         raise JobError("bad-request", f"field {name!r} is out of range (a signed 64-bit integer)")
@@ -142,7 +143,7 @@ def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         selected = [manager.get(i) for i in ids]
     else:
         selected = [j for j in reversed(manager.jobs.values()) if show_all or j.state != State.INACTIVE]
-    summaries = [manager.summary(j, alloc) for j in selected[:limit]]
+    summaries = [listed(broker, peer, manager.summary(j, alloc)) for j in selected[:limit]]
     if with_priority:
         now = manager.clock()
         for summary, record in zip(summaries, selected[:limit], strict=True):
@@ -150,9 +151,16 @@ def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     return {"jobs": summaries}
 
 
+def _readable(broker: Any, peer: Peer, job_id: Any) -> Any:
+    """The job's record, if `peer` may read its details (broker/access.py)."""
+    record = broker.manager.get(job_id)
+    check_readable(broker, peer, record.id, record.uid)
+    return record
+
+
 @op("job")
 def job(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
-    record = broker.manager.get(_field(req, "job", int))
+    record = _readable(broker, peer, _field(req, "job", int))
     summary = broker.manager.summary(record)
 
     async def with_failed() -> dict[str, Any]:
@@ -172,7 +180,7 @@ def cancel(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 @op("eventlog")
 def eventlog(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    record = broker.manager.get(_field(req, "job", int))
+    record = _readable(broker, peer, _field(req, "job", int))
     start = _field(req, "from", int, 0)
     follow = _field(req, "follow", bool, False)
 
@@ -187,7 +195,7 @@ def eventlog(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict
 
 @op("output")
 def output(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    record = broker.manager.get(_field(req, "job", int))
+    record = _readable(broker, peer, _field(req, "job", int))
     follow = _field(req, "follow", bool, False)
     index = _field(req, "index", int, None)
     attempt = _field(req, "attempt", int, None)
@@ -341,7 +349,7 @@ async def _follow(broker: Any, record: Any, follow: bool, history: Callable[[Any
 
 @op("wait")
 def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    records = [broker.manager.get(i) for i in _field(req, "jobs", list)]
+    records = [_readable(broker, peer, i) for i in _field(req, "jobs", list)]
 
     async def results() -> AsyncIterator[dict[str, Any]]:
         followers = {r.id: broker.watchers.follow_inactive(r.id) for r in records if not r.closed}
@@ -349,7 +357,7 @@ def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str
             for r in records:
                 if r.id not in followers:
                     yield {"job": r.id, "status": r.status, "state": r.state.value, "exception": r.exception}
-            for job_id, follower in followers.items():
+            for follower in followers.values():
                 yield await follower.queue.get()
         finally:
             for job_id, follower in followers.items():
@@ -360,7 +368,7 @@ def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str
 
 @op("task-results")
 def task_results(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
-    record = broker.manager.get(_field(req, "job", int))
+    record = _readable(broker, peer, _field(req, "job", int))
     start = _field(req, "from", int, 0)
     limit = _field(req, "limit", int, 10_000)
     errors_only = " AND error IS NOT NULL" if _field(req, "errors", bool, False) else ""

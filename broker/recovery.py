@@ -42,8 +42,8 @@ def load(journal: Journal, manager: JobManager) -> Recovered:
     journal.execute_now([("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (epoch,))])
     max_id = journal.query("SELECT COALESCE(MAX(id), 0) FROM jobs")[0][0]
     out = Recovered(next_id=max(int(meta.get("next_id", 1)), max_id + 1), epoch=epoch)
-    rows = journal.query("SELECT id, uid, gid, state, spec, t_submit, t_run, t_inactive, status, exception, seq, counts "
-                         "FROM jobs ORDER BY id")
+    rows = journal.query("SELECT id, uid, gid, state, spec, t_submit, t_run, t_inactive, status, exception, seq, "
+                         "counts FROM jobs ORDER BY id")
     for row in rows:
         job = _restore(row)
         manager.jobs[job.id] = job
@@ -51,8 +51,10 @@ def load(journal: Journal, manager: JobManager) -> Recovered:
             out.active.append(job)
     inactive = sorted((j for j in manager.jobs.values() if j.closed), key=lambda j: j.t_inactive or 0.0)
     manager.inactive_order.extend(j.id for j in inactive)
-    _replay_events(journal, {j.id: j for j in out.active})
-    _restore_results(journal, {j.id: j for j in out.active})
+    by_id = {j.id: j for j in out.active}
+    _replay_events(journal, by_id)
+    _restore_results(journal, by_id)
+    _restore_output(journal, by_id, manager.config.output_cap)
     return out
 
 
@@ -72,7 +74,8 @@ def _restore(row: tuple[Any, ...]) -> Job:
 
 
 def _replay_events(journal: Journal, active: dict[int, Job]) -> None:
-    """An active job's state and next sequence number come from its event log, not its row."""
+    """An active job's state, next sequence number and the counters its events carry come from its event log,
+    not its row."""
     if not active:
         return
     marks = ",".join("?" * len(active))
@@ -92,19 +95,49 @@ def _replay_events(journal: Journal, active: dict[int, Job]) -> None:
             job.cause_status = ctx.get("status")
             job.reason = ctx.get("note") or job.reason
             job.ending = True
+        elif name == "output-truncated":
+            job.truncated = True
+        elif name == "finish":
+            # A job caught in CLEANUP: its counts include the tasks its ending exception cancelled.
+            _restore_finish(job, unpack(context))
+
+
+def _restore_finish(job: Job, ctx: dict[str, Any]) -> None:
+    counts = ctx.get("counts") or {}
+    job.status = ctx.get("status", job.status)
+    job.restore_counts([counts.get("succeeded", 0), counts.get("failed", 0), counts.get("cancelled", 0)])
+    job.tasks_left = 0
 
 
 def _restore_results(journal: Journal, active: dict[int, Job]) -> None:
     if not active:
         return
     marks = ",".join("?" * len(active))
-    rows = journal.query(f"SELECT job, task, rank, status, error FROM tasks WHERE job IN ({marks})", list(active))
+    rows = journal.query(f"SELECT job, task, rank, status, error FROM tasks WHERE job IN ({marks}) "
+                         "ORDER BY job, ended", list(active))
     for job_id, task, rank, status, error in rows:
         job = active[job_id]
+        if job.state in (State.RUN, State.CLEANUP):
+            job.ranks.add(rank)  # where it ran, for `mc jobs`: those of its tasks that still run add theirs
+        if job.state == State.CLEANUP:
+            continue  # counted by its `finish` event
         if job.mark_done(task):
             job.record_result(status, was_running=False)
             if error and job.reason is None:
                 job.reason = job.failure_note(task, rank, status, error)
+
+
+def _restore_output(journal: Journal, active: dict[int, Job], cap: int) -> None:
+    """Output goes on from the next sequence number and counts against the cap what was already kept."""
+    if not active:
+        return
+    marks = ",".join("?" * len(active))
+    rows = journal.query(f"SELECT job, MAX(oseq), SUM(LENGTH(data)) FROM output WHERE job IN ({marks}) "
+                         "GROUP BY job", list(active))
+    for job_id, last, kept in rows:
+        job = active[job_id]
+        job.oseq = last + 1
+        job.output_bytes = cap if job.truncated else kept
 
 
 class Reattach:
@@ -201,8 +234,9 @@ class Reattach:
             return
         for rank, task, _, _ in entries:
             execution.send("kill", rank, {"keys": [[job.id, task]], "signal": 9, "grace": 0.0})
-        self.manager.raise_exception(job, "broker-restart",
-                                     f"{len(entries)} of {job.tasks_left} unfinished tasks were reclaimed after a restart")
+        self.manager.raise_exception(
+            job, "broker-restart",
+            f"{len(entries)} of {job.tasks_left} unfinished tasks were reclaimed after a restart")
 
 
 def _still_to_run(job: Job, busy: set[int]) -> TaskMap:

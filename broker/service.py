@@ -6,6 +6,7 @@ It also hosts rank 0's own WorkerAgent, so the broker's node runs tasks like any
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import gc
 import logging
@@ -28,6 +29,7 @@ from broker.recovery import Reattach, load
 from broker.share import accounting, preemption
 from broker.share import ops as sharing_ops  # noqa: F401  (registers the sharing operations)
 from broker.share.service import Sharing
+from broker.statelock import StateLock
 from broker.status_http import StatusServer
 from broker.supervise import Supervisor
 from broker.watchers import Watchers
@@ -44,14 +46,18 @@ log = logging.getLogger(__name__)
 
 class Broker:
     def __init__(self, config: InstanceConfig, cert: Certificate, config_path: str | None = None,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, state_lock: StateLock | None = None) -> None:
         self.config = config
+        # First of all: a second instance on this state dir is refused before it touches anything.
+        self.state_lock = state_lock or StateLock(config.state_dir)
         self.config_path = config_path
         self.command = command
         self.owner_uid = os.getuid()
         self.stopping = False
         self.disrupted: int | None = None
         self._stop = asyncio.Event()
+        # Set once every rank has joined (again, after a restart): batch mode and the reattach window wait on it.
+        self._all_up = asyncio.Event()
         self.uri = f"unix://{config.socket_path}"
         self.journal = Journal(config.state_dir)
         # Ranks a resource graph file describes (their description comes from it, not from their join).
@@ -68,7 +74,7 @@ class Broker:
         accounting.load_records(self.journal, self.manager.jobs)
         self.epoch = recovered.epoch
         self.manager.next_id = recovered.next_id
-        self.reattach = Reattach(self.manager, recovered.active)
+        self.reattach: Reattach | None = Reattach(self.manager, recovered.active)
         self.workflows = recover_workflows(self.manager.workflow, self.journal, recovered.active)
         # Drains outlive restarts: applied as each rank's resources are added.
         self.drains = dict(self.journal.query("SELECT rank, reason FROM drains"))
@@ -101,8 +107,8 @@ class Broker:
                  "the fair-share loop": self._sharing_loop(), "rank 0's agent": self.agent.run()}
         for name, coro in loops.items():
             self.supervisor.spawn(coro, name)
-        if not self.reattach.needed:
-            self.reattach = None  # type: ignore[assignment]
+        if self.reattach is None or not self.reattach.needed:
+            self.reattach = None
             settle_workflows(self.manager.workflow, self.workflows)
         else:
             self.supervisor.spawn(self._close_reattach_window(), "the reattach window")
@@ -176,8 +182,11 @@ class Broker:
 
         A stop request (SIGTERM, `mc shutdown`) ends the command too: SIGTERM, then SIGKILL after kill_grace.
         """
-        while not self.ranks.all_up() and not self._stop.is_set():
-            await asyncio.sleep(0.02)
+        joined = asyncio.ensure_future(self._all_up.wait())
+        stop_asked = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait((joined, stop_asked), return_when=asyncio.FIRST_COMPLETED)
+        joined.cancel()
+        stop_asked.cancel()
         if self._stop.is_set():
             return 128 + signal.SIGTERM
         env = dict(os.environ, MC_URI=self.uri)
@@ -200,7 +209,7 @@ class Broker:
             _signal_command(proc.pid, own_group, signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(exited), self.config.kill_grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 _signal_command(proc.pid, own_group, signal.SIGKILL)
         code = await exited
         if own_group:
@@ -224,7 +233,8 @@ class Broker:
         if not 0 <= msg.src < self.config.tree_size:
             return
         self.ranks.seen(msg.src, time.monotonic())
-        if msg.kind not in ("join", "hb") and not self.ranks.is_member(msg.src):
+        # Output a worker queued while rank 0 was down arrives before its join: kept (protocol.md §2.6).
+        if msg.kind not in ("join", "hb", "out") and not self.ranks.is_member(msg.src):
             self.overlay.send("rejoin", msg.src, {"epoch": self.epoch})
             return
         handler(self, msg.src, msg.body)
@@ -233,10 +243,14 @@ class Broker:
         resources = body.get("resources") or {}
         now = time.monotonic()
         try:
-            self._add_resources(rank, resources)
+            if rank != 0 or self.config.broker_runs_tasks:
+                self._add_resources(rank, resources)
         except (KeyError, TypeError, ValueError) as exc:
             self.overlay.send("error", rank, {"code": "bad-request", "message": f"bad resources: {exc}", "ref": "join"})
             return
+        # A repeat sent before the worker read our welcome (protocol.md §2.6): it cannot list the runs sent since.
+        repeat = (self.ranks.is_member(rank) and self.ranks.ranks[rank].pid == body.get("pid")
+                  and body.get("epoch") != self.epoch)
         self.ranks.joined(rank, now, body.get("pid"), str(body.get("hostname", "")))
         results = body.get("results") or []
         if results:
@@ -244,9 +258,11 @@ class Broker:
         running = body.get("running") or []
         if self.reattach is not None:
             self.reattach.report(rank, running)
-        else:
+        elif not repeat:
             self.execution.reconcile(rank, running)
         self.overlay.send("welcome", rank, {"epoch": self.epoch, "size": self.config.size})
+        if self.ranks.all_up():
+            self._all_up.set()
         if self.ranks.all_up() and not self.manager.all_ranks_seen:
             self.manager.all_ranks_seen = True
             # The resource graph and the job table are long-lived: keep the collector from rescanning them.
@@ -309,12 +325,12 @@ class Broker:
             preemption.carry_out(self.manager, self.execution, self.sharing, preemptions)
 
     async def _close_reattach_window(self) -> None:
-        deadline = time.monotonic() + self.config.reattach_timeout
-        while time.monotonic() < deadline and not self.ranks.all_up():
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_up.wait(), self.config.reattach_timeout)
         # Give joined workers a moment to re-send results they held while rank 0 was away.
         await asyncio.sleep(min(0.5, self.config.heartbeat_interval))
         reattach, self.reattach = self.reattach, None
+        assert reattach is not None, "the window is opened only with a Reattach"
         reattach.settle(self.execution, time.time())
         settle_workflows(self.manager.workflow, self.workflows)
         self.manager.all_ranks_seen = self.ranks.all_up()
@@ -402,7 +418,7 @@ class Broker:
                 jobs["failed" if job.status else "finished"] += 1
             else:
                 jobs["running" if job.state in (State.RUN, State.CLEANUP) else "queued"] += 1
-        started = datetime.datetime.fromtimestamp(self._started, datetime.timezone.utc)
+        started = datetime.datetime.fromtimestamp(self._started, datetime.UTC)
         return {"name": self.config.name, "size": self.config.size, "max_size": self.config.tree_size,
                 # A new `started` with an epoch that did not grow means a new, empty journal (state lost).
                 "epoch": self.epoch, "started": started.isoformat(timespec="milliseconds"),

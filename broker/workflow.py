@@ -346,10 +346,10 @@ class Workflow:
         queued = job.state in PENDING_STATES or (job.is_array and job.pending() > 0)
         if "urgency" in changes and not queued:
             raise WorkflowRefusal("bad-state", f"job {job.id} is running: urgency orders only work not yet started")
-        if "time_limit" in changes and job.running and uid != self.manager.owner_uid:
-            if self.manager.time_limit(new) > self.manager.time_limit(spec):
-                raise WorkflowRefusal("permission", f"only the instance owner may raise the time limit of running "
-                                                    f"job {job.id}")
+        if ("time_limit" in changes and job.running and uid != self.manager.owner_uid
+                and self.manager.time_limit(new) > self.manager.time_limit(spec)):
+            raise WorkflowRefusal("permission", f"only the instance owner may raise the time limit of running "
+                                                f"job {job.id}")
         job.spec = new
         job.urgency = new.urgency
         job.name = new.name

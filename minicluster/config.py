@@ -63,6 +63,8 @@ class InstanceConfig:
     # The PMI a job of several tasks gets when it does not say (--mpi): "pmi1", "pmix" or "auto".
     mpi_default: str = "pmi1"
     test_exec: bool = False
+    # Whether rank 0 offers its node to jobs (Flux's default) or keeps it for the broker alone.
+    broker_runs_tasks: bool = True
     # Properties and resource override for workers, "k=v,k2" / "cores=64,gpus=4".
     properties: str = ""
     resources: str = ""
@@ -90,6 +92,8 @@ class InstanceConfig:
             raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.mpi_default not in ("pmi1", "pmix", "auto"):
             raise ConfigError(f"mpi_default must be pmi1, pmix or auto, got {self.mpi_default!r}")
+        if not self.broker_runs_tasks and self.tree_size == 1:
+            raise ConfigError("broker_runs_tasks = false leaves no rank to run tasks: size (or max_size) must be >= 2")
         if not self.endpoint.startswith(("tcp://", "ipc://")):
             raise ConfigError(f"endpoint must be tcp:// or ipc://, got {self.endpoint!r}")
         try:

@@ -9,16 +9,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
 from minicluster.config import InstanceConfig
+from minicluster.model import outputpath
+from minicluster.model.text import cut
 from minicluster.proto import topology
 from minicluster.proto.envelope import Message
 from worker.containment import contain
-from worker.executor import STATUS_CANNOT_RUN, TaskExecutor, TaskResult, TaskSpec, TestExecutor
+from worker.executor import STATUS_CANNOT_RUN, STATUS_NOT_FOUND, TaskExecutor, TaskResult, TaskSpec, TestExecutor
 from worker.lines import LineBuffers
 from worker.memlimit import MemoryLimits, TaskMemoryGroup
 from worker.pmi_jobs import PMIJobs
@@ -32,8 +35,18 @@ Send = Callable[[str, int, dict[str, Any]], None]
 STREAMS = {"stdout": 1, "stderr": 2}
 # Output is flushed at this size even within one loop iteration, to keep messages moderate.
 OUTPUT_FLUSH_BYTES = 256 * 1024
+# Where helpers the worker runs with its own privileges are looked up: never the job's PATH.
+TRUSTED_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # Unacknowledged results carried by a `join`; any beyond follow in `done` messages.
 JOIN_RESULTS = 10_000
+
+
+class _CannotStart(Exception):
+    """The task ends unstarted with `status` (126 or 127) and this message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class WorkerAgent:
@@ -60,6 +73,9 @@ class WorkerAgent:
         # logical core i is bound to real core i mod n, so oversubscription still binds somewhere valid.
         self._real_cores = sorted(os.sched_getaffinity(0)) if config.resources else None
         self._uid = os.getuid()
+        self._setpriv = shutil.which("setpriv", path=TRUSTED_PATH)
+        if self._uid == 0 and self._setpriv is None:
+            log.warning("setpriv (util-linux) is not in %s: tasks of other users will fail", TRUSTED_PATH)
         self.jobs: dict[int, dict[str, Any]] = {}
         self.running: dict[Key, tuple[list[int], list[int]]] = {}
         # Attempt numbers (protocol.md §2.9) of running tasks past their first attempt, and runs of a newer
@@ -93,7 +109,7 @@ class WorkerAgent:
             try:
                 wait = self.config.heartbeat_interval if self.welcomed.is_set() else 0.2
                 await asyncio.wait_for(self.stopped.wait(), wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def join(self) -> None:
@@ -118,7 +134,8 @@ class WorkerAgent:
     def handle(self, msg: Message) -> None:
         handler = _HANDLERS.get(msg.kind)
         if handler is None:
-            self.send("error", msg.src, {"code": "unknown-kind", "message": f"unknown kind {msg.kind!r}", "ref": msg.kind})
+            self.send("error", msg.src,
+                      {"code": "unknown-kind", "message": f"unknown kind {msg.kind!r}", "ref": msg.kind})
             return
         handler(self, msg.body)
 
@@ -156,7 +173,13 @@ class WorkerAgent:
                 self._fail_unstarted(job_id, [e[1] for e in fresh], f"cannot serve PMI: {exc}")
                 continue
             for job, task, index, cores, gpus, *attempt in fresh:
-                self._start(job, task, index, cores, gpus, info, pmi_env, attempt[0] if attempt else 0)
+                try:
+                    self._start(job, task, index, cores, gpus, info, pmi_env, attempt[0] if attempt else 0)
+                except _CannotStart as exc:
+                    self._fail_unstarted(job, [task], str(exc), exc.status)
+                except Exception as exc:  # one task that cannot start must not take the rest of the batch along
+                    log.exception("job %d task %d cannot start", job, task)
+                    self._fail_unstarted(job, [task], f"cannot start: {cut(str(exc))}")
             if pmi_env is not None:
                 self.pmi.spawned(job_id)
 
@@ -195,13 +218,13 @@ class WorkerAgent:
         if pmi_env is not None:
             extra, fds = pmi_env[task]
             env.update(extra)
-        argv = tuple(a.replace("{cc}", str(index)) for a in info["argv"])
-        uid = info.get("uid", self._uid)
-        if uid != self._uid:
-            # A root worker runs a guest's tasks under the guest's own ids (setpriv from util-linux).
-            argv = ("setpriv", f"--reuid={uid}", f"--regid={info.get('gid', uid)}", "--clear-groups", "--", *argv)
-        out = info.get("output")
-        path = out.format(id=job, task=task, index=index) if out else None
+        argv, user = self._command(info, index)
+        try:
+            path = outputpath.expand(info["output"], job, task, index) if info.get("output") else None
+        except outputpath.TemplateError as exc:
+            raise _CannotStart(STATUS_CANNOT_RUN, f"output: {exc}") from None
+        if path is not None and info.get("cwd"):
+            path = os.path.join(info["cwd"], path)  # a relative path is the task's, as its cwd is; not the worker's
         self.running[key] = (cores, gpus)
         bind = tuple(cores) if self.resources.pinned else ()
         if self._real_cores is not None:
@@ -211,10 +234,27 @@ class WorkerAgent:
         try:
             self.executor.start(TaskSpec(key=key, argv=argv, env=env, cwd=info.get("cwd"), cores=bind,
                                          gpus=tuple(gpus), stdout_path=path, stderr_path=path, pass_fds=fds,
-                                         stdin_fd=stdin_fd, memory_group=self._memory_group(key, info)))
+                                         stdin_fd=stdin_fd, memory_group=self._memory_group(key, info),
+                                         user=user))
         finally:
             if stdin_fd is not None:
                 os.close(stdin_fd)
+
+    def _command(self, info: dict[str, Any], index: int) -> tuple[tuple[str, ...], tuple[int, int] | None]:
+        """The task's argv, and the (uid, gid) it runs as when that is not this worker's own.
+
+        A root worker runs a guest's tasks under the guest's ids with setpriv (util-linux), found at start-up
+        on TRUSTED_PATH, never on the job's PATH; the executor opens the task's files as the guest too.
+        """
+        argv = tuple(a.replace("{cc}", str(index)) for a in info["argv"])
+        uid = info.get("uid", self._uid)
+        if uid == self._uid:
+            return argv, None
+        gid = info.get("gid", uid)
+        if self._setpriv is None:
+            raise _CannotStart(STATUS_NOT_FOUND, f"cannot run tasks of uid {uid}: setpriv (util-linux) is not in "
+                               f"{TRUSTED_PATH}")
+        return (self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv), (uid, gid)
 
     def _memory_group(self, key: Key, info: dict[str, Any]) -> TaskMemoryGroup | None:
         limit = int(info.get("mem_per_task") or 0)
@@ -228,10 +268,13 @@ class WorkerAgent:
         self.memory_groups[key] = group
         return group
 
-    def _fail_unstarted(self, job: int, tasks: list[int], error: str) -> None:
+    def _fail_unstarted(self, job: int, tasks: list[int], error: str, status: int = STATUS_CANNOT_RUN) -> None:
+        """End tasks that could not start with status 126 and the reason, on the next loop iteration (after
+        the rest of their `run` message was started)."""
         now = time.time()
+        loop = asyncio.get_running_loop()
         for task in tasks:
-            self._on_exit(TaskResult((job, task), STATUS_CANNOT_RUN, None, None, error, None, now, now))
+            loop.call_soon(self._on_exit, TaskResult((job, task), status, None, None, error, None, now, now))
 
     def _on_kill(self, body: dict[str, Any]) -> None:
         sig = int(body.get("signal", signal.SIGTERM))
@@ -313,11 +356,10 @@ class WorkerAgent:
             if left:
                 self.job_running[key[0]] = left
             else:
-                # The job's last task here ended: drop its info (every `run` carries it) and PMI server.
                 del self.job_running[key[0]]
-                self.jobs.pop(key[0], None)
-                self.output_sent.pop(key[0], None)
-                self.pmi.finished(key[0])
+                self._forget_job(key[0])
+        elif key[0] not in self.job_running:
+            self._forget_job(key[0])  # none of its tasks here could start
         row: list[Any] = [key[0], key[1], result.status, result.exit_code, result.signal, error,
                result.started, result.ended, *self._attempt_list(key)]
         self.attempts.pop(key, None)
@@ -333,6 +375,12 @@ class WorkerAgent:
         if waiting is not None:
             entry, info = waiting
             self._on_run({"jobs": {key[0]: info}, "tasks": [entry]})
+
+    def _forget_job(self, job: int) -> None:
+        """The job's last task here ended: drop its info (every `run` carries it) and PMI server."""
+        self.jobs.pop(job, None)
+        self.output_sent.pop(job, None)
+        self.pmi.finished(job)
 
     def _remove_group(self, group: TaskMemoryGroup, tries: int = 20) -> None:
         # The task's leftover processes were just SIGKILLed; the group empties once they are gone.

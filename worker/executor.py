@@ -25,9 +25,11 @@ import signal as _signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from minicluster.model.idset import IdSet, IdSetError
+from minicluster.model.text import cut
+from worker.asuser import acting_as_user
 from worker.containment import CgroupTasks, Subreaper, kill_orphans, starttime
 from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup
@@ -61,6 +63,8 @@ class TaskSpec:
     stdin_fd: int | None = None
     # The memory cgroup to spawn the task in (worker/memlimit.py), if `--mem` is enforced here.
     memory_group: TaskMemoryGroup | None = None
+    # (uid, gid) to open the output files and enter cwd as, when the task runs as another user than the worker.
+    user: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,8 +218,8 @@ class TaskExecutor(_Executor):
 
     def _spawn(self, spec: TaskSpec) -> tuple[int, int, dict[int, str]]:
         path = _resolve(spec)
-        if spec.cwd is not None and not os.path.isdir(spec.cwd):
-            raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {spec.cwd}: no such directory")
+        if spec.cwd is not None and not _is_dir(spec.cwd, spec.user):
+            raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(spec.cwd)}: no such directory")
         bad = sorted(set(spec.cores) - self._allowed_cores)
         if bad:
             raise _SpawnError(STATUS_CANNOT_RUN, f"cores {bad} are not in this worker's"
@@ -227,7 +231,7 @@ class TaskExecutor(_Executor):
         child_fds: list[int] = []
         try:
             for name, out_path in (("stdout", spec.stdout_path), ("stderr", spec.stderr_path)):
-                child_fds.append(_open_output(name, out_path, pipes))
+                child_fds.append(_open_output(name, out_path, pipes, spec.user))
             stdin = ((os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0) if spec.stdin_fd is None
                      else (os.POSIX_SPAWN_DUP2, spec.stdin_fd, 0))
             actions = [stdin,
@@ -261,7 +265,7 @@ class TaskExecutor(_Executor):
             if spec.cwd is not None:
                 self._make_cwd_private()
                 saved_cwd = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
-                _chdir(spec.cwd)
+                _chdir(spec.cwd, spec.user)
             with spec.memory_group.spawning() if spec.memory_group else contextlib.nullcontext(), \
                     self._contained.spawning(spec.key) if isinstance(self._contained, CgroupTasks) \
                     else contextlib.nullcontext():
@@ -269,7 +273,9 @@ class TaskExecutor(_Executor):
                                       setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
         except OSError as e:
             status = STATUS_NOT_FOUND if e.errno == errno.ENOENT else STATUS_CANNOT_RUN
-            raise _SpawnError(status, f"{spec.argv[0]}: {e.strerror}") from None
+            raise _SpawnError(status, f"{cut(spec.argv[0])}: {e.strerror}") from None
+        except ValueError as e:  # a NUL byte in argv or env, or '=' in an env name: nothing execve could carry
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{cut(spec.argv[0])}: {e}") from None
         finally:
             if saved_cwd is not None:
                 os.fchdir(saved_cwd)
@@ -403,24 +409,35 @@ def _resolve(spec: TaskSpec) -> str:
         if os.path.isfile(c):
             if os.access(c, os.X_OK):
                 return os.path.abspath(c)
-            raise _SpawnError(STATUS_CANNOT_RUN, f"{name}: permission denied")
-    raise _SpawnError(STATUS_NOT_FOUND, f"{name}: command not found")
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{cut(name)}: permission denied")
+    raise _SpawnError(STATUS_NOT_FOUND, f"{cut(name)}: command not found")
 
 
-def _chdir(cwd: str) -> None:
+def _is_dir(path: str, user: tuple[int, int] | None) -> bool:
+    """Whether `path` is a directory, as `user` sees it: a guest learns nothing of what it may not look into."""
     try:
-        os.chdir(cwd)
+        with acting_as_user(user):
+            return os.path.isdir(path)
     except OSError as e:
-        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cwd}: {e.strerror}") from None
+        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(path)}: {e}") from None
 
 
-def _open_output(name: str, path: str | None, pipes: dict[int, str]) -> int:
-    """The fd the child gets as stdout/stderr; pipe read ends are added to `pipes`."""
+def _chdir(cwd: str, user: tuple[int, int] | None) -> None:
+    try:
+        with acting_as_user(user):
+            os.chdir(cwd)
+    except OSError as e:
+        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(cwd)}: {e.strerror}") from None
+
+
+def _open_output(name: str, path: str | None, pipes: dict[int, str], user: tuple[int, int] | None) -> int:
+    """The fd the child gets as stdout/stderr, a file opened as `user`; pipe read ends are added to `pipes`."""
     if path is not None:
         try:
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
-        except OSError as e:
-            raise _SpawnError(STATUS_CANNOT_RUN, f"{name} {path}: {e.strerror}") from None
+            with acting_as_user(user):
+                return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+        except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{name} {cut(path)}: {getattr(e, 'strerror', None) or e}") from None
     try:
         r, w = os.pipe2(os.O_CLOEXEC)
     except OSError as e:  # EMFILE: the worker is out of fds, not the user's fault
@@ -462,7 +479,8 @@ def _result(task: _Task) -> TaskResult:
 
 def _exited(key: TaskKey, pid: int, code: int | None, sig: int | None,
             started: float, ended: float) -> TaskResult:
-    status = 128 + sig if sig is not None else code
+    # Exactly one of code and sig is given (os.WIFSIGNALED decides which).
+    status = 128 + sig if sig is not None else code if code is not None else 0
     return TaskResult(key, status, code, sig, None, pid, started, ended)
 
 

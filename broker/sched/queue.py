@@ -316,6 +316,10 @@ class Scheduler:
         res = self._reservation
         return res if res is not None and res.job_id == job_id else None
 
+    def holds(self, job_id: int, element: int) -> bool:
+        """Whether the element's resources are allocated; a restarted rank 0 adopts them only when settling."""
+        return (job_id, element) in self._running
+
     def release(self, job_id: int, element: int, now: float) -> None:
         """The element's resources are free again (ended, failed or cancelled)."""
         key = (job_id, element)

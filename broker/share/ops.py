@@ -5,6 +5,7 @@ import asyncio
 import time
 from typing import Any
 
+from broker.access import check_readable
 from broker.clientapi import Peer
 from broker.jobmanager import JobError
 from broker.ops import _field, _owner_only, _then, op
@@ -102,6 +103,8 @@ async def _wrap(rows: Any) -> dict[str, Any]:
 def job_usage(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
     job_id = _field(req, "job", int)
     record = broker.manager.jobs.get(job_id)
+    if record is not None:
+        check_readable(broker, peer, job_id, record.uid)
     if record is not None and not record.closed:  # closed: its clean event, and so its usage row, is durable
         raise JobError("bad-request", f"job {job_id} has not ended yet: its usage is known once it has")
 
@@ -111,6 +114,7 @@ def job_usage(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
         if row is None:
             raise JobError("not-found", f"job {job_id} has no usage record (it does not exist, or was purged; "
                                         "mc usage still counts it)")
+        check_readable(broker, peer, job_id, row["uid"])
         return {"usage": row}
 
     return asyncio.ensure_future(from_journal())

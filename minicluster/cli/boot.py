@@ -10,11 +10,14 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minicluster import config as config_mod
 from minicluster.cli import init
 from minicluster.overlay import curve
+
+if TYPE_CHECKING:
+    from broker.statelock import StateLock
 
 
 def setup_logging(rank: int) -> None:
@@ -49,7 +52,8 @@ def _command(args: argparse.Namespace) -> list[str] | None:
     return command or None
 
 
-def run_broker(config_path: str, command: list[str] | None) -> int:
+def run_broker(config_path: str, command: list[str] | None, state_lock: StateLock | None = None) -> int:
+    """`state_lock`: the state dir's lock, when `mc start` took it before forking this broker."""
     from broker.service import Broker, install_signal_handlers
 
     config = config_mod.load(config_path)
@@ -57,7 +61,7 @@ def run_broker(config_path: str, command: list[str] | None) -> int:
     cert = curve.load(config.curve_cert)
 
     async def main() -> int:
-        broker = Broker(config, cert, config_path=config_path, command=command)
+        broker = Broker(config, cert, config_path=config_path, command=command, state_lock=state_lock)
         install_signal_handlers(broker)
         return await broker.run()
 

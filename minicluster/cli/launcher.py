@@ -20,6 +20,7 @@ import time
 import tomllib
 from pathlib import Path
 
+from broker.statelock import StateLock
 from minicluster import config as config_mod
 from minicluster import exitcodes
 from minicluster.cli.common import Parser, UsageError
@@ -130,7 +131,7 @@ def build_config(args: argparse.Namespace, state_dir: Path) -> config_mod.Instan
     return config_mod.from_mapping(values, source="--set")
 
 
-def _fork_rank(config_path: str, rank: int, command: list[str] | None) -> int:
+def _fork_rank(config_path: str, rank: int, command: list[str] | None, lock: StateLock) -> int:
     pid = os.fork()
     if pid:
         return pid
@@ -138,7 +139,11 @@ def _fork_rank(config_path: str, rank: int, command: list[str] | None) -> int:
     try:
         from minicluster.cli import boot
 
-        code = boot.run_broker(config_path, command) if rank == 0 else boot.run_worker(config_path, rank)
+        if rank == 0:
+            code = boot.run_broker(config_path, command, lock)  # the broker holds the lock with us
+        else:
+            lock.forget()
+            code = boot.run_worker(config_path, rank)
     except BaseException as exc:  # the child must never return into the launcher's code
         print(f"mc start: rank {rank}: {exc}", file=sys.stderr)
     finally:
@@ -191,17 +196,20 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--state-dir {args.state_dir}: not a directory")
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
+        # Before the config is rewritten or any rank forked: a live instance on this dir keeps it.
+        lock = StateLock(str(state_dir))
         config = build_config(args, state_dir)
         config_path = str(state_dir / "config.toml")
         config_mod.write(config, config_path)
         _preload()
-        return _run(config, config_path, command or None, state_dir)
+        return _run(config, config_path, command or None, state_dir, lock)
     finally:
         if temporary:
             shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def _run(config: config_mod.InstanceConfig, config_path: str, command: list[str] | None, state_dir: Path) -> int:
+def _run(config: config_mod.InstanceConfig, config_path: str, command: list[str] | None, state_dir: Path,
+         lock: StateLock) -> int:
     uri = f"unix://{config.socket_path}"
     pids: dict[int, int] = {}
     stop_signal: list[int] = []
@@ -218,9 +226,9 @@ def _run(config: config_mod.InstanceConfig, config_path: str, command: list[str]
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
     os.environ["MC_URI"] = uri
-    pids[0] = _fork_rank(config_path, 0, command)
+    pids[0] = _fork_rank(config_path, 0, command, lock)
     for rank in range(1, config.size):
-        pids[rank] = _fork_rank(config_path, rank, None)
+        pids[rank] = _fork_rank(config_path, rank, None, lock)
     if not command:
         print(f"MiniCluster {config.name}: {config.size} rank(s); state in {state_dir}\n"
               f"connect with:  export MC_URI={uri}\nstop with:     mc shutdown (or Ctrl-C, SIGTERM)",

@@ -4,7 +4,11 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 
+from minicluster.model.text import brief
+
 MAX_IDSET_SIZE = 100_000_000
+# Ids travel as msgpack ints and are stored in sqlite: signed 64-bit.
+MAX_ID = (1 << 63) - 1
 
 
 class IdSetError(ValueError):
@@ -28,17 +32,17 @@ class IdSet:
     @classmethod
     def parse(cls, text: str) -> IdSet:
         if not text or text.strip() != text:
-            raise IdSetError(f"bad idset {text!r}: expected items like 1-5,8,10-20:5")
+            raise IdSetError(f"bad idset {brief(text)}: expected items like 1-5,8,10-20:5")
         ranges = [_parse_item(item, text) for item in text.split(",")]
         ranges.sort(key=lambda r: r.start)
         seen = -1
         for r in ranges:
             if r.start <= seen:
-                raise IdSetError(f"bad idset {text!r}: items overlap or repeat")
+                raise IdSetError(f"bad idset {brief(text)}: items overlap or repeat")
             seen = r[-1]
         out = cls(ranges)
         if len(out) > MAX_IDSET_SIZE:
-            raise IdSetError(f"idset {text!r} has {len(out)} ids, more than {MAX_IDSET_SIZE}")
+            raise IdSetError(f"idset {brief(text)} has {len(out)} ids, more than {MAX_IDSET_SIZE}")
         return out
 
     @classmethod
@@ -108,7 +112,12 @@ def _parse_item(item: str, text: str) -> range:
         lo = int(lo_text)
         hi = int(hi_text) if dash else lo
     except ValueError:
-        raise IdSetError(f"bad idset {text!r}: cannot read item {item!r}") from None
+        raise IdSetError(f"bad idset {brief(text)}: cannot read item {brief(item)}") from None
     if lo < 0 or hi < lo or step < 1:
-        raise IdSetError(f"bad idset {text!r}: item {item!r} must be N, A-B or A-B:S with 0 <= A <= B, S >= 1")
+        raise IdSetError(f"bad idset {brief(text)}: item {brief(item)} must be N, A-B or A-B:S with 0 <= A <= B, "
+                         "S >= 1")
+    if hi > MAX_ID:
+        raise IdSetError(f"bad idset {brief(text)}: ids go up to {MAX_ID}")
+    if (hi - lo) // step >= MAX_IDSET_SIZE:
+        raise IdSetError(f"idset {brief(text)} has more than {MAX_IDSET_SIZE} ids")
     return range(lo, hi + 1, step)

@@ -5,12 +5,15 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from minicluster.model import restree, workflow
+from minicluster.model import outputpath, restree, workflow
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.sharing import valid_name
+from minicluster.model.text import brief
 
 MPI_MODES = ("pmi1", "pmix", "auto", "none")
 MAX_ARGV_BYTES = 1 << 20
+MAX_ENV_BYTES = 1 << 20
+MAX_MESSAGE = 400
 
 
 class InvalidJobspec(ValueError):
@@ -132,20 +135,37 @@ _WORKFLOW_DEFAULTS = {
     for name in _FIELD_NAMES[_FIELD_NAMES.index("dependencies"):_FIELD_NAMES.index("success_task") + 1]
 }
 
+# Integer fields: (least, most). Counts are bounded as a resource tree's are (restree.MAX_COUNT), memory (MiB)
+# at 2^40; urgency's own range is checked with the message users know (0..31).
 _INT_FIELDS = {
-    "ntasks": 1, "nnodes": 0, "tasks_per_node": 0, "cores_per_task": 1,
-    "gpus_per_task": 0, "mem_per_task": 0, "urgency": 0,
+    "ntasks": (1, restree.MAX_COUNT), "nnodes": (0, restree.MAX_COUNT), "tasks_per_node": (0, restree.MAX_COUNT),
+    "cores_per_task": (1, restree.MAX_COUNT), "gpus_per_task": (0, restree.MAX_COUNT),
+    "mem_per_task": (0, 1 << 40), "urgency": (0, (1 << 63) - 1),
 }
 
 
 def from_wire(data: Any) -> Jobspec:
-    """Build a Jobspec from a client's map, raising InvalidJobspec on the first problem."""
+    """Build a Jobspec from a client's map, raising InvalidJobspec on the first problem.
+
+    The message may quote the client's values; it is cut at MAX_MESSAGE characters, whatever a rule quoted.
+    """
+    try:
+        return _parse(data)
+    except InvalidJobspec as exc:
+        message = str(exc)
+        if len(message) <= MAX_MESSAGE:
+            raise
+        raise InvalidJobspec(f"{message[:MAX_MESSAGE]}… (message cut)") from None
+
+
+def _parse(data: Any) -> Jobspec:
     if not isinstance(data, dict):
         raise InvalidJobspec("jobspec must be a map")
     known = set(Jobspec.__dataclass_fields__)
     unknown = sorted(str(k) for k in data if k not in known)
     if unknown:
-        raise InvalidJobspec(f"unknown jobspec field(s): {', '.join(unknown)}")
+        shown = ", ".join(brief(k, 30) for k in unknown[:5])
+        raise InvalidJobspec(f"unknown jobspec field(s): {shown}{' …' if len(unknown) > 5 else ''}")
     argv = data.get("argv")
     if not isinstance(argv, (list, tuple)) or not argv or not all(isinstance(a, str) for a in argv):
         raise InvalidJobspec("argv: must be a non-empty list of strings")
@@ -153,10 +173,13 @@ def from_wire(data: Any) -> Jobspec:
         raise InvalidJobspec("argv: the command name is empty")
     if sum(len(a) for a in argv) > MAX_ARGV_BYTES:
         raise InvalidJobspec(f"argv: longer than {MAX_ARGV_BYTES} bytes")
+    nul = next((i for i, a in enumerate(argv) if "\0" in a), None)
+    if nul is not None:
+        raise InvalidJobspec(f"argv: argument {nul} ({brief(argv[nul])}) contains a NUL byte")
     values: dict[str, Any] = {"argv": tuple(argv)}
-    for name, minimum in _INT_FIELDS.items():
+    for name, (least, most) in _INT_FIELDS.items():
         if name in data:
-            values[name] = _int(data, name, minimum)
+            values[name] = _int(data, name, least, most)
     values.update(_optional_fields(data))
     values.update(_tree_fields(data))
     try:
@@ -179,6 +202,7 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     env = data.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise InvalidJobspec("env: must be a map of strings to strings")
+    _check_env(env)
     out["env"] = env
     for name in ("cwd", "output", "array", "policy", "mpi", "stdin"):
         value = data.get(name)
@@ -188,8 +212,8 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     for name in ("queue", "project"):
         value = data.get(name)
         if value is not None and (not valid_name(value)):
-            raise InvalidJobspec(f"{name}: {value!r} is not a {name} name (letters, digits, '_', '.', '-'; "
-                                 "at most 64)")
+            raise InvalidJobspec(f"{name}: {brief(repr(value))} is not a {name} name (letters, digits, "
+                                 "'_', '.', '-'; at most 64)")
         out[name] = value
     name = data.get("name", "")
     if not isinstance(name, str) or len(name) > 128:
@@ -205,8 +229,8 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     out["requires"] = tuple(requires)
     limit = data.get("time_limit")
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
-            raise InvalidJobspec("time_limit: must be a positive number of seconds")
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < 1e11:
+            raise InvalidJobspec("time_limit: must be a positive number of seconds (less than 1e11)")
         out["time_limit"] = float(limit)
     return out
 
@@ -315,7 +339,7 @@ def _check_consistency(spec: Jobspec) -> None:
     if spec.tasks_per_node and spec.nnodes and spec.tasks_per_node * spec.nnodes != spec.ntasks:
         raise InvalidJobspec("tasks_per_node: nnodes x tasks_per_node must equal ntasks")
     if spec.mpi is not None and spec.mpi not in MPI_MODES:
-        raise InvalidJobspec(f"mpi: must be one of {', '.join(MPI_MODES)}, got {spec.mpi!r}")
+        raise InvalidJobspec(f"mpi: must be one of {', '.join(MPI_MODES)}, got {brief(spec.mpi)}")
     if spec.array is not None:
         try:
             ids = IdSet.parse(spec.array)
@@ -330,13 +354,41 @@ def _check_consistency(spec: Jobspec) -> None:
                                  f" has {spec.ntasks} slots")
     if spec.stdin is not None:
         _check_stdin(spec)
-    if spec.cwd is not None and not spec.cwd.startswith("/"):
-        raise InvalidJobspec(f"cwd: must be an absolute path, got {spec.cwd!r}")
+    if spec.cwd is not None:
+        _check_cwd(spec.cwd)
+    if spec.output is not None:
+        try:
+            outputpath.check(spec.output)
+        except outputpath.TemplateError as exc:
+            raise InvalidJobspec(f"output: {exc}") from None
     if not spec.plain_shape:
         try:
             spec.shape()
         except restree.TreeError as exc:
             raise InvalidJobspec(str(exc)) from None
+
+
+def _check_env(env: dict[str, str]) -> None:
+    """Names and values execve can carry: a name is not empty and has no `=`, nothing has a NUL byte."""
+    size = 0
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key:
+            raise InvalidJobspec(f"env: {brief(key)} is not a variable name (empty, or has '=' or a"
+                                 " NUL byte)")
+        if "\0" in value:
+            raise InvalidJobspec(f"env: the value of {brief(key)} contains a NUL byte")
+        size += len(key) + len(value) + 2
+    if size > MAX_ENV_BYTES:
+        raise InvalidJobspec(f"env: longer than {MAX_ENV_BYTES} bytes")
+
+
+def _check_cwd(cwd: str) -> None:
+    if not cwd.startswith("/"):
+        raise InvalidJobspec(f"cwd: must be an absolute path, got {brief(cwd)}")
+    if "\0" in cwd:
+        raise InvalidJobspec(f"cwd: {brief(cwd)} contains a NUL byte")
+    if len(cwd.encode(errors="surrogatepass")) > outputpath.MAX_PATH_BYTES:
+        raise InvalidJobspec(f"cwd: longer than {outputpath.MAX_PATH_BYTES} bytes")
 
 
 def _check_stdin(spec: Jobspec) -> None:
@@ -353,11 +405,13 @@ def _check_stdin(spec: Jobspec) -> None:
         raise InvalidJobspec(f"stdin: task {beyond[0]} does not exist, the job has {spec.ntasks} task(s)")
 
 
-def _int(data: dict[str, Any], name: str, minimum: int) -> int:
+def _int(data: dict[str, Any], name: str, least: int, most: int) -> int:
     value = data[name]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidJobspec(f"{name}: must be an integer, got {value!r}")
-    if value < minimum:
-        raise InvalidJobspec(f"{name}: must be >= {minimum}, got {value}")
+        raise InvalidJobspec(f"{name}: must be an integer, got {brief(repr(value))}")
+    if value < least:
+        raise InvalidJobspec(f"{name}: must be >= {least}, got {value}")
+    if value > most:
+        raise InvalidJobspec(f"{name}: must be <= {most}, got {value}")
     return value
 

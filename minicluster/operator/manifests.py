@@ -121,6 +121,7 @@ def instance_config(mc: MiniCluster, cluster_domain: str = "cluster.local") -> I
         # Pods listen on every interface: their own DNS name may not resolve yet when they start.
         listen="*",
         policy=mc.policy,
+        broker_runs_tasks=mc.broker_runs_tasks,
         queues=dict(mc.queues),
         default_queue=mc.default_queue,
     )

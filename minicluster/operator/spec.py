@@ -68,6 +68,7 @@ class MiniCluster:
     fanout: int = 32
     command: tuple[str, ...] = ()
     policy: str = "first-fit"
+    broker_runs_tasks: bool = True
     log_level: str = "info"
     suspend: bool = False
     queue_name: str = ""
@@ -102,6 +103,7 @@ class MiniCluster:
             fanout=int(spec.get("fanout", 32)),
             command=tuple(spec.get("command") or ()),
             policy=spec.get("policy", "first-fit"),
+            broker_runs_tasks=bool(spec.get("brokerRunsTasks", True)),
             log_level=(spec.get("logging") or {}).get("level", "info"),
             suspend=bool(spec.get("suspend", False)),
             queue_name=spec.get("queueName", "") or "",
@@ -205,6 +207,7 @@ def _config_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
             max_size=max_size,
             fanout=int(spec.get("fanout", 32)),
             policy=spec.get("policy", "first-fit"),
+            broker_runs_tasks=bool(spec.get("brokerRunsTasks", True)),
             queues=queues_config(spec.get("queues") or {}),
             default_queue=spec.get("defaultQueue", "") or "",
         )

@@ -68,6 +68,12 @@ def test_oversized_frame_is_refused_without_reading_it(cluster: LocalCluster) ->
     ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "ntasks": -1}}, "invalid-jobspec"),
     ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "requires": ["=bad"]}}, "invalid-jobspec"),
     ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "policy": "random"}}, "invalid-jobspec"),
+    # Found by fuzzing (test_jobspec_fuzz*.py): a MemoryError in the matcher, an OverflowError in the idset.
+    ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "nnodes": 2**62, "ntasks": 2**62}},
+     "invalid-jobspec"),
+    ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "array": "0-" + "9" * 40}}, "invalid-jobspec"),
+    ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "time_limit": float("inf")}},
+     "invalid-jobspec"),
 ])
 def test_bad_requests_get_clear_errors(cluster: LocalCluster, message: dict, code: str) -> None:
     with raw(cluster) as s:
@@ -77,6 +83,27 @@ def test_bad_requests_get_clear_errors(cluster: LocalCluster, message: dict, cod
         # The connection stays usable after a refused request.
         s.sendall(frames.pack({"v": 1, "id": 8, "op": "hello"}))
         assert reply(s)["ok"] is True
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"output": "out{"}, "output: '{' in 'out{' is not a placeholder"),
+    ({"output": "/x/{id:70000000}"}, "'{id:70000000}' in '/x/{id:70000000}' is not a placeholder"),
+    ({"env": {"A=B": "1"}}, "env: 'A=B' is not a variable name"),
+    ({"env": {"A": "a\0b"}}, "env: the value of 'A' contains a NUL byte"),
+    ({"argv": ["echo", "a\0b"]}, "argv: argument 1"),
+    ({"cwd": "/tmp\0"}, "cwd: '/tmp\\x00' contains a NUL byte"),
+])
+def test_what_the_worker_could_not_start_is_refused_at_submit(cluster: LocalCluster, fields: dict, says: str) -> None:
+    """These passed submit and stayed in RUN forever, pinning their cores (issue 10, item 2)."""
+    with cluster.client() as c:
+        with pytest.raises(ClientError) as info:
+            c.call("submit", jobspec=job(["true"]) | fields)  # not c.submit: it checks before sending
+        assert info.value.code == "invalid-jobspec" and says in str(info.value) and len(str(info.value)) < 300
+        # A bad spec among good ones in one submit-many refuses only itself.
+        answers = c.call("submit-many", jobspecs=[job(["true"]), job(["true"]) | fields])["jobs"]
+        assert isinstance(answers[0], int) and answers[1]["code"] == "invalid-jobspec"
+        assert wait_for(c, answers[0])["status"] == 0
+    still_serving(cluster)
 
 
 def test_frame_not_a_map(cluster: LocalCluster) -> None:

@@ -119,6 +119,18 @@ def test_debian_open_mpi_4_ranks_by_2_tasks(client4: Client, debian_c: str) -> N
     assert all(r["node_size"] == 2 and not r["pmi1"] for r in recs)
 
 
+def test_mc_run_mpi_pmix_as_the_user_types_it(cluster4: LocalCluster, debian_c: str) -> None:
+    # `mc run -N 4 -n 8 --mpi pmix ./app`: the tool, not the client library, sends the job and streams its output.
+    env = {**os.environ, "MC_URI": cluster4.uri}
+    out = subprocess.run([sys.executable, "-m", "minicluster", "run", "-N", "4", "-n", "8", "--mpi", "pmix",
+                          "-t", str(int(TIMEOUT)), debian_c], env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT + 30)
+    assert out.returncode == 0, out.stderr
+    recs = sorted((json.loads(line) for line in out.stdout.splitlines()), key=lambda r: r["rank"])
+    assert [(r["rank"], r["size"], r["sum"]) for r in recs] == [(i, 8, 28) for i in range(8)]
+    assert not any(r["pmi1"] for r in recs)
+
+
 def test_auto_picks_pmix_for_an_open_mpi_program(client4: Client, debian_c: str) -> None:
     job_id = client4.submit(ompi_job([debian_c], mpi="auto"))
     assert wait_for(client4, job_id, TIMEOUT)["status"] == 0

@@ -107,6 +107,12 @@ def test_pods_find_the_broker_without_being_told(body: dict[str, Any]) -> None:
     assert config.listen == "*"
 
 
+@pytest.mark.parametrize("given, runs", [({}, True), ({"brokerRunsTasks": False}, False)])
+def test_broker_runs_tasks_reaches_the_brokers_config(make_body: Any, given: dict[str, Any], runs: bool) -> None:
+    config_map = manifests.config_map(MiniCluster.from_body(make_body(**given)))
+    assert from_mapping(tomllib.loads(config_map["data"]["config.toml"])).broker_runs_tasks is runs
+
+
 def test_storage_gives_rank_0_a_job_and_a_claim_of_its_own(make_body: Any) -> None:
     mc = MiniCluster.from_body(make_body(size=3, storage={"size": "5Gi", "storageClassName": "ssd"},
                                          command=["mc", "run", "hostname"]))
@@ -186,6 +192,7 @@ def test_config_and_key_share_one_projected_directory(body: dict[str, Any]) -> N
     ({"storage": {"size": "lots"}}, "spec.storage.size"),
     ({"storage": {"size": "1Gi"}, "size": 1}, "at least 2"),
     ({"storage": {"size": "1Gi"}, "size": 1, "maxSize": 1}, ""),
+    ({"brokerRunsTasks": False, "size": 1, "maxSize": 1}, "broker_runs_tasks = false leaves no rank"),
 ])
 def test_problems(make_body: Any, spec: dict[str, Any], message: str) -> None:
     found = problems(make_body(**spec))

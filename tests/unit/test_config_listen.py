@@ -53,3 +53,10 @@ def test_kubectl_mc_runs_the_matching_tool(command: str, args: list[str], argv: 
 def test_kubectl_mc_exec_needs_a_command() -> None:
     with pytest.raises(PluginError, match="no command"):
         remote_argv("exec", ["--"])
+
+
+def test_broker_runs_tasks_false_needs_a_worker() -> None:
+    with pytest.raises(ConfigError, match="broker_runs_tasks = false leaves no rank"):
+        InstanceConfig(size=1, broker_runs_tasks=False)
+    assert InstanceConfig(size=1, max_size=4, broker_runs_tasks=False).tree_size == 4
+    assert "broker_runs_tasks = false" in InstanceConfig(size=2, broker_runs_tasks=False).to_toml()

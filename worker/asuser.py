@@ -1,0 +1,62 @@
+"""Opening files as a job's user in a root worker, without a fork: the calling thread's file-system ids.
+
+A root worker runs a guest's tasks under the guest's ids (setpriv, worker/agent.py), but the task's output file
+and working directory are opened by the worker itself, before the spawn. Opened as root, a guest could create or
+append to a file only root may write (issue 10, item 1). `acting_as` makes the kernel check such opens as the
+guest: Linux keeps a file-system uid and gid and the supplementary groups per thread, and changing the fsuid
+away from 0 also drops the effective capabilities that bypass file permissions (setfsuid(2)). glibc's
+`setfsuid`/`setfsgid` change only the calling thread; its `setgroups` changes every thread, so the groups go
+through the raw system call. The loop thread switches for one `open` or `chdir` and back: nothing else runs in
+that thread meanwhile, and the process's other threads (the journal writer) never see the guest's ids.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+
+# setgroups(2) by architecture (asm/unistd.h); where unknown, a worker with supplementary groups refuses.
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}
+_QUERY = 0xFFFFFFFF  # an invalid id: setfsuid changes nothing and returns the current one
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class IdentityError(OSError):
+    """The thread could not take the user's file-system ids: nothing is opened."""
+
+
+@contextmanager
+def acting_as(uid: int, gid: int) -> Iterator[None]:
+    """File-system ids `uid`/`gid` and no supplementary groups for the calling thread, inside the block."""
+    groups = os.getgroups()
+    drop_groups = bool(groups) and groups != [gid]
+    if drop_groups and platform.machine() not in _SYS_SETGROUPS:
+        raise IdentityError(f"cannot drop this worker's supplementary groups on {platform.machine()}")
+    old_gid = _libc.setfsgid(gid)
+    old_uid = _libc.setfsuid(uid)
+    try:
+        if _libc.setfsuid(_QUERY) != uid or _libc.setfsgid(_QUERY) != gid:
+            raise IdentityError(f"cannot take the file-system ids of uid {uid} gid {gid}")
+        if drop_groups:
+            _set_thread_groups([])
+        yield
+    finally:
+        if drop_groups:
+            _set_thread_groups(groups)
+        _libc.setfsuid(old_uid)
+        _libc.setfsgid(old_gid)
+
+
+def acting_as_user(user: tuple[int, int] | None) -> AbstractContextManager[None]:
+    """`acting_as(uid, gid)` for a task of another user; nothing (the worker's own ids) when `user` is None."""
+    return acting_as(*user) if user is not None else nullcontext()
+
+
+def _set_thread_groups(groups: list[int]) -> None:
+    array = (ctypes.c_uint * len(groups))(*groups)
+    if _libc.syscall(_SYS_SETGROUPS[platform.machine()], len(groups), array) != 0:
+        errno = ctypes.get_errno()
+        raise IdentityError(errno, f"setgroups: {os.strerror(errno)}")
