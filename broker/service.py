@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from broker import flowops  # noqa: F401  (registers the workflow operations)
@@ -38,7 +39,8 @@ from minicluster import exitcodes
 from minicluster.config import InstanceConfig
 from minicluster.overlay.curve import Certificate
 from minicluster.overlay.transport import Overlay
-from minicluster.proto.envelope import Message
+from minicluster.proto import messages
+from minicluster.proto.envelope import BadMessage, Message
 from worker import rank0
 
 log = logging.getLogger(__name__)
@@ -237,29 +239,31 @@ class Broker:
         if msg.kind not in ("join", "hb", "out") and not self.ranks.is_member(msg.src):
             self.overlay.send("rejoin", msg.src, {"epoch": self.epoch})
             return
-        handler(self, msg.src, msg.body)
+        try:
+            typed = messages.decode(msg.kind, msg.body)
+        except BadMessage as exc:
+            self.overlay.send("error", msg.src, {"code": exc.code, "message": str(exc), "ref": msg.kind})
+            return
+        handler(self, msg.src, typed)
 
-    def _on_join(self, rank: int, body: dict[str, Any]) -> None:
-        resources = body.get("resources") or {}
+    def _on_join(self, rank: int, join: messages.Join) -> None:
         now = time.monotonic()
         try:
             if rank != 0 or self.config.broker_runs_tasks:
-                self._add_resources(rank, resources)
+                self._add_resources(rank, join.resources)
         except (KeyError, TypeError, ValueError) as exc:
             self.overlay.send("error", rank, {"code": "bad-request", "message": f"bad resources: {exc}", "ref": "join"})
             return
         # A repeat sent before the worker read our welcome (protocol.md §2.6): it cannot list the runs sent since.
-        repeat = (self.ranks.is_member(rank) and self.ranks.ranks[rank].pid == body.get("pid")
-                  and body.get("epoch") != self.epoch)
-        self.ranks.joined(rank, now, body.get("pid"), str(body.get("hostname", "")))
-        results = body.get("results") or []
-        if results:
-            self.execution.on_done(rank, list(results))
-        running = body.get("running") or []
+        repeat = (self.ranks.is_member(rank) and self.ranks.ranks[rank].pid == join.pid
+                  and join.epoch != self.epoch)
+        self.ranks.joined(rank, now, join.pid, join.hostname)
+        if join.results:
+            self.execution.on_done(rank, join.results)
         if self.reattach is not None:
-            self.reattach.report(rank, running)
+            self.reattach.report(rank, join.running)
         elif not repeat:
-            self.execution.reconcile(rank, running)
+            self.execution.reconcile(rank, join.running)
         self.overlay.send("welcome", rank, {"epoch": self.epoch, "size": self.config.size})
         if self.ranks.all_up():
             self._all_up.set()
@@ -281,30 +285,30 @@ class Broker:
         elif mismatch:
             self.graph.drain(rank, mismatch)
 
-    def _on_hb(self, rank: int, body: dict[str, Any]) -> None:
+    def _on_hb(self, rank: int, _hb: messages.Heartbeat) -> None:
         if not self.ranks.heartbeat(rank, time.monotonic()):
             self.overlay.send("rejoin", rank, {"epoch": self.epoch})
 
-    def _on_done(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.on_done(rank, list(body.get("results", [])))
+    def _on_done(self, rank: int, done: messages.Done) -> None:
+        self.execution.on_done(rank, done.results)
 
-    def _on_out(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.on_output(list(body.get("chunks", [])))
+    def _on_out(self, _rank: int, out: messages.Output) -> None:
+        self.execution.on_output(out.chunks)
 
-    def _on_pmi_put(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.on_pmi_put(rank, body)
+    def _on_pmi_put(self, rank: int, put: messages.PmiPut) -> None:
+        self.execution.on_pmi_put(rank, put)
 
-    def _on_stdin_ack(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.stdin.on_ack(rank, body)
+    def _on_stdin_ack(self, rank: int, ack: messages.StdinAck) -> None:
+        self.execution.stdin.on_ack(rank, ack)
 
-    def _on_pmi_init(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.on_pmi_init(body)
+    def _on_pmi_init(self, _rank: int, init: messages.PmiInit) -> None:
+        self.execution.on_pmi_init(init)
 
-    def _on_abort(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.on_abort(rank, body)
+    def _on_abort(self, rank: int, abort: messages.Abort) -> None:
+        self.execution.on_abort(rank, abort)
 
-    def _on_error(self, rank: int, body: dict[str, Any]) -> None:
-        log.warning("rank %d refused a %s message: %s", rank, body.get("ref"), body.get("message"))
+    def _on_error(self, rank: int, refusal: messages.Refusal) -> None:
+        log.warning("rank %d refused a %s message: %s", rank, refusal.ref, refusal.message)
 
     # --- scheduling and periodic work ----------------------------------------------------------------------
 
@@ -430,7 +434,7 @@ class Broker:
                              "overlay_dropped": self.overlay.dropped, "overlay_bad_frames": self.overlay.bad_frames}}
 
 
-_HANDLERS = {
+_HANDLERS: dict[str, Callable[[Broker, int, Any], None]] = {
     "join": Broker._on_join,
     "hb": Broker._on_hb,
     "done": Broker._on_done,

@@ -158,6 +158,38 @@ def test_malformed_overlay_frames_from_an_authenticated_peer(cluster: LocalClust
     assert cluster.rank_states()[1] == "up"
 
 
+def test_overlay_bodies_are_checked_at_the_edge(cluster: LocalCluster) -> None:
+    """Typed messages (minicluster/proto/messages.py): a mistyped body is refused naming the field, before any
+    handler reads it; the peer never joins and the broker keeps serving."""
+    cert = curve.load(cluster.config.curve_cert)
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, b"2")
+    dealer.setsockopt(zmq.LINGER, 0)
+    curve.make_client(dealer, cert)
+    dealer.connect(cluster.config.endpoint_of(0))
+    try:
+        dealer.send(envelope.encode(envelope.Message("join", 2, 0, {"pid": "me", "resources": {}})))
+        dealer.send(envelope.encode(envelope.Message("join", 2, 0, {"pid": 1, "resources": [1, 2]})))
+        answers = []
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        deadline = time.time() + 5
+        while len(answers) < 2 and time.time() < deadline:
+            if poller.poll(200):
+                msg = msgpack.unpackb(dealer.recv(), raw=False)
+                if msg[1] == "error":
+                    answers.append((msg[4]["code"], msg[4]["message"], msg[4]["ref"]))
+        assert answers == [("bad-request", "join: field 'pid' has the wrong type", "join"),
+                           ("bad-request", "join: field 'resources' has the wrong type", "join")]
+    finally:
+        dealer.close()
+        ctx.term()
+    still_serving(cluster)
+    with cluster.client() as c:
+        assert 2 not in {r["rank"] for r in c.resources()}
+
+
 def test_client_library_reports_errors(cluster: LocalCluster) -> None:
     with cluster.client() as c:
         with pytest.raises(ClientError) as info:
