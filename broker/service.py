@@ -244,6 +244,9 @@ class Broker:
         except BadMessage as exc:
             self.overlay.send("error", msg.src, {"code": exc.code, "message": str(exc), "ref": msg.kind})
             return
+        dropped = getattr(typed, "dropped", 0)
+        if dropped:
+            log.warning("rank %d sent %d malformed rows in a %s message; they were dropped", msg.src, dropped, msg.kind)
         handler(self, msg.src, typed)
 
     def _on_join(self, rank: int, join: messages.Join) -> None:

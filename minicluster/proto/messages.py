@@ -2,8 +2,9 @@
 
 `decode(kind, body)` turns a body into its dataclass, or raises BadMessage (code `bad-request`, naming the field)
 so the sender can be told; the broker's handlers then read attributes, never `.get()` with a guess. Workers
-build their bodies with `to_body()`. Rows (`done` results, `out` chunks, `join.running`) stay lists: their shape
-is checked where each row is used, so one bad row never costs the rest of the message. No I/O.
+build their bodies with `to_body()`. Rows (`done` results, `out` chunks, `join.running`) stay lists, for speed,
+but each is checked here: a malformed row is dropped and counted in `dropped`, the rest of the message counts.
+No I/O.
 """
 from __future__ import annotations
 
@@ -27,6 +28,33 @@ def _get(body: dict[str, Any], kind: str, name: str, types: type | tuple[type, .
     return value
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _result_row(row: Any) -> bool:
+    """[job, task, status, exit_code, signal, error, started, ended, (attempt, (usage))] (§2.5 `done`)."""
+    return (isinstance(row, list) and 8 <= len(row) <= 10 and _is_int(row[0]) and _is_int(row[1])
+            and _is_int(row[2]) and (len(row) < 9 or _is_int(row[8])))
+
+
+def _chunk_row(row: Any) -> bool:
+    """[job, task, stream, data] (§2.5 `out`)."""
+    return (isinstance(row, list) and len(row) == 4 and _is_int(row[0]) and _is_int(row[1])
+            and row[2] in (1, 2) and isinstance(row[3], bytes))
+
+
+def _running_row(row: Any) -> bool:
+    """[job, task, cores, gpus, (attempt)] (§2.5 `join`)."""
+    return (isinstance(row, list) and 4 <= len(row) <= 5 and _is_int(row[0]) and _is_int(row[1])
+            and isinstance(row[2], list) and isinstance(row[3], list))
+
+
+def _rows(rows: list[Any], valid: Callable[[Any], bool]) -> tuple[list[Any], int]:
+    kept = [row for row in rows if valid(row)]
+    return kept, len(rows) - len(kept)
+
+
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     """`hb` (§2.5, §2.6)."""
@@ -47,32 +75,37 @@ class Join:
     running: list[Any]
     results: list[Any]
     epoch: int
+    dropped: int = 0
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Join:
+        running, bad_running = _rows(_get(body, "join", "running", list, []), _running_row)
+        results, bad_results = _rows(_get(body, "join", "results", list, []), _result_row)
         return cls(_get(body, "join", "pid", int, None), _get(body, "join", "hostname", str, ""),
-                   _get(body, "join", "resources", dict, {}), _get(body, "join", "running", list, []),
-                   _get(body, "join", "results", list, []), _get(body, "join", "epoch", int, 0))
+                   _get(body, "join", "resources", dict, {}), running, results, _get(body, "join", "epoch", int, 0),
+                   bad_running + bad_results)
 
 
 @dataclass(frozen=True, slots=True)
 class Done:
     """`done` (§2.5, §2.9, §3.10)."""
     results: list[Any]
+    dropped: int = 0
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Done:
-        return cls(_get(body, "done", "results", list))
+        return cls(*_rows(_get(body, "done", "results", list), _result_row))
 
 
 @dataclass(frozen=True, slots=True)
 class Output:
     """`out` (§2.5): chunks of whole lines."""
     chunks: list[Any]
+    dropped: int = 0
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Output:
-        return cls(_get(body, "out", "chunks", list))
+        return cls(*_rows(_get(body, "out", "chunks", list), _chunk_row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,4 +195,5 @@ def decode(kind: str, body: dict[str, Any]) -> WorkerMessage:
 
 def to_body(message: WorkerMessage) -> dict[str, Any]:
     """The wire body; optional fields left unset are not sent. Rows are not copied."""
-    return {f.name: value for f in fields(message) if (value := getattr(message, f.name)) is not None}
+    return {f.name: value for f in fields(message)
+            if f.name != "dropped" and (value := getattr(message, f.name)) is not None}

@@ -62,6 +62,18 @@ def test_bad_bodies_are_refused_naming_the_field(kind: str, body: dict[str, Any]
     assert (refused.value.code, str(refused.value)) == ("bad-request", says)
 
 
+def test_malformed_rows_are_dropped_and_counted_the_rest_kept() -> None:
+    good = [1, 0, 0, 0, None, None, 1.0, 2.0, 0]
+    done = messages.decode("done", {"results": [good, [1, 0], "x", [1, "0", 0, 0, None, None, 1.0, 2.0], good]})
+    assert done == messages.Done([good, good], dropped=3)
+    out = messages.decode("out", {"chunks": [[1, 0, 1, b"a\n"], [1, 0, 3, b"b"], [1, 0, 2, "text"], [1, 0, 2]]})
+    assert out == messages.Output([[1, 0, 1, b"a\n"]], dropped=3)
+    join = messages.decode("join", {"running": [[1, 0, [0], []], [1, 0, 0, 0]], "results": [good, []]})
+    assert isinstance(join, messages.Join) and (join.running, join.results, join.dropped) == ([[1, 0, [0], []]],
+                                                                                              [good], 2)
+    assert "dropped" not in messages.to_body(done)
+
+
 def test_every_kind_a_worker_sends_rank_0_has_a_message() -> None:
     # protocol.md §2.5, "Worker → rank 0", plus `error` (any → any).
     assert set(messages.TO_RANK0) == {"hb", "join", "out", "done", "pmi-put", "pmi-init", "stdin-ack", "abort",
