@@ -165,8 +165,10 @@ def arrays(cluster: LocalCluster, scale: float) -> dict[str, Any]:
 def submit_many(cluster: LocalCluster, scale: float) -> dict[str, Any]:
     count = int(100_000 * scale)
     with cluster.client() as c:
+        t0 = time.monotonic()
         answers = c.submit_many([spec(["true"])] * count)
-    return {"specs": count, "accepted": sum(isinstance(a, int) for a in answers)}
+        took = time.monotonic() - t0
+    return {"specs": count, "accepted": sum(isinstance(a, int) for a in answers), "seconds": round(took, 1)}
 
 
 def restart(cluster: LocalCluster, scale: float) -> dict[str, Any]:

@@ -242,7 +242,7 @@ class Reattach:
 def _still_to_run(job: Job, busy: set[int]) -> TaskMap:
     """An array's tasks neither done nor running: those below the highest that ever ran, one by one, and every
     task above it as one run (built without visiting each of, say, 10^8 elements)."""
-    ran = max(len(job.done_bits.rstrip(b"\0")) * 8, max(busy, default=-1) + 1)
+    ran = max(len((job.done_bits or b"").rstrip(b"\0")) * 8, max(busy, default=-1) + 1)
     ran = min(ran, job.total_tasks)
     below = array("I", (t for t in range(ran) if not job.is_done(t) and t not in busy))
     return TaskMap([below, range(ran, job.total_tasks)])

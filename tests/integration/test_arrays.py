@@ -129,3 +129,13 @@ def test_a_restart_requeues_a_huge_running_array_without_expanding_it(tmp_path) 
             assert wait_for(c, huge)["exception"] == "cancel"
         # 10^7 pending elements one by one are 40 MB (and seconds of a stalled loop); as runs, next to nothing.
         assert _peak_mb(cluster.procs[0].pid) < before + 20
+
+
+def test_held_huge_arrays_cost_the_broker_next_to_nothing(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=1, test_exec=True) as cluster, cluster.client() as c:
+        before = _peak_mb(cluster.procs[0].pid)
+        held = [c.submit(job(["true"], array="0-99999999", hold=True)) for _ in range(5)]
+        assert all(c.job(h)["state"] != "INACTIVE" for h in held)
+        # One bit per element as soon as it is queued would be 5 x 12.5 MB; nothing has ended yet.
+        assert _peak_mb(cluster.procs[0].pid) < before + 25
+        c.cancel(held)
