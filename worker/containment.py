@@ -89,7 +89,10 @@ class CgroupTasks:
         return left
 
     def close(self) -> None:
-        """Remove the tree once its tasks ended (the rank stops)."""
+        """Remove the tree once its tasks ended (the rank stops), groups whose removal was still pending too."""
+        for group in sorted((p for p in self.base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                group.rmdir()
         with contextlib.suppress(OSError):
             self.base.rmdir()
 
