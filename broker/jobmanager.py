@@ -89,6 +89,8 @@ class JobManager:
         self.next_id = next_id
         self.clock = clock
         self.jobs: dict[int, Job] = {}
+        # Jobs whose submission is not durable yet: not shown to anyone until it is (or forgotten if refused).
+        self.unacknowledged: set[int] = set()
         # Set by the broker: called when the queue may have work that fits.
         self.wake_scheduler: Callable[[], None] = lambda: None
         # Set by the broker: ends a job's running tasks (execution.kill_job).
@@ -159,6 +161,7 @@ class JobManager:
         job = Job(self.next_id, uid, spec, now, gid)
         self.next_id += 1
         self.jobs[job.id] = job
+        self.unacknowledged.add(job.id)
         statements: list[Statement] = [
             ("INSERT INTO jobs (id, uid, gid, state, spec, t_submit) VALUES (?,?,?,?,?,?)",
              (job.id, uid, gid, job.state.value, pack(spec.to_wire()), now)),
@@ -181,6 +184,7 @@ class JobManager:
     def _admitted(self, job: Job, request: sched.Request | None, durable: asyncio.Future[None]) -> None:
         """The submission is durable (queue the job; a workflow job: as the workflow decides), or refused."""
         self.workflow.admitting.discard(job.id)
+        self.unacknowledged.discard(job.id)
         if durable.exception() is not None:
             # Its submitter hears why: forget it; its id is not handed out again.
             if self.jobs.get(job.id) is job:
@@ -309,7 +313,7 @@ class JobManager:
         if isinstance(job_id, bool) or not isinstance(job_id, int):
             raise JobError("bad-request", f"job id must be an integer, got {job_id!r}")
         job = self.jobs.get(job_id)
-        if job is None:
+        if job is None or job_id in self.unacknowledged:
             raise JobError("not-found", f"job {job_id} does not exist (or was purged)")
         return job
 

@@ -129,7 +129,9 @@ def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     if ids is not None:
         selected = [manager.get(i) for i in ids]
     else:
-        selected = [j for j in reversed(manager.jobs.values()) if show_all or j.state != State.INACTIVE]
+        hidden = manager.unacknowledged  # submissions not durable yet
+        selected = [j for j in reversed(manager.jobs.values())
+                    if (show_all or j.state != State.INACTIVE) and (not hidden or j.id not in hidden)]
     summaries = [manager.summary(j, alloc) for j in selected[:limit]]
     if with_priority:
         now = manager.clock()

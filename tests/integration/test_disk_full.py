@@ -111,7 +111,9 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
             stalled = wait_stalled(c)
             assert "full" in stalled
             rids = [(c.submit_async(job(marked(markers, f"full{i}"))), f"full{i}") for i in range(20)]
-            # Reads go on: the job table, a finished job's output, the status.
+            # Reads go on: the job table, a finished job's output, the status. The waiting submission is not
+            # durable, so nobody sees it yet.
+            assert max(j["id"] for j in c.jobs(all=True)) == through
             assert c.job(first)["status"] == 0 and output_of(c, first) == {0: b"before\n"}
             assert c.status()["epoch"] == 1
             time.sleep(2.5)  # the long job ends and reports while nothing can be written
