@@ -118,6 +118,9 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
             assert c.status()["epoch"] == 1
             time.sleep(2.5)  # the long job ends and reports while nothing can be written
             assert c.status()["journal"]["stalled"] == stalled
+            shown = subprocess.run(["mc", "status"], capture_output=True, text=True, timeout=30,
+                                   env={**os.environ, "MC_URI": cluster.uri})
+            assert f"journal: cannot be written ({stalled})" in shown.stdout, shown
             filler.unlink()
             answers = c.collect()
             assert isinstance(answers[0], int) and answers[0] not in acked
