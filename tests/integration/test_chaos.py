@@ -88,12 +88,17 @@ def settle_and_check(cluster: LocalCluster, submitter: Submitter, counts: Counts
         ended = {r["job"]: r for r in c.wait(acked)}  # nothing stuck: every job ends (bounded by the timeout)
         assert set(ended) == set(acked)
         counts.sample(c, acked)
-        results = events = 0
+        results = events = kept = 0
         for job_id in acked:
             log = list(c.eventlog(job_id))
             assert [e[0] for e in log] == list(range(len(log))) and log[-1][2] == "clean", (job_id, log)
             events += len(log)
             summary = c.job(job_id)
+            # No job shows another's output (a line in flight to a dying broker may be missing, never foreign).
+            lines = b"".join(d for _, _, d in c.output(job_id)).split()
+            mine = {str(i).encode() for i in range(1, ARRAY + 1)} if job_id in submitter.arrays else {b"plain"}
+            assert set(lines) <= mine, (job_id, lines)
+            kept += len(lines)
             if job_id in submitter.arrays:
                 # Each index ends exactly once: it succeeded, or its rank was lost under it.
                 rows = c.task_results(job_id)
@@ -107,7 +112,8 @@ def settle_and_check(cluster: LocalCluster, submitter: Submitter, counts: Counts
                 assert summary["exception"] in (None, "node-lost", "broker-restart"), summary
                 assert summary["status"] == 0 or summary["exception"] is not None, summary
                 results += 1
-    return {"jobs": len(acked), "arrays": len(submitter.arrays), "results": results, "events": events}
+    return {"jobs": len(acked), "arrays": len(submitter.arrays), "results": results, "events": events,
+            "output lines": kept}
 
 
 def chaos(tmp_path: Any, rounds: int) -> None:
