@@ -105,6 +105,11 @@ def submit_many(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[
     return _then(last, {"jobs": answers})
 
 
+def once_durable(broker: Any, body: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    """`body`, once everything the operation journaled is durable (writes commit in order)."""
+    return _then(broker.journal.write([]), body)
+
+
 def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     out: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
 
@@ -155,9 +160,9 @@ def job(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
 
 
 @op("cancel")
-def cancel(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def cancel(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     cancelled, errors = broker.manager.cancel(peer.uid, _field(req, "jobs", list))
-    return {"cancelled": cancelled, "errors": errors}
+    return once_durable(broker, {"cancelled": cancelled, "errors": errors})
 
 
 @op("eventlog")
@@ -402,26 +407,26 @@ def status(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 
 @op("drain")
-def drain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def drain(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _owner_only(broker, peer, "drain ranks")
     ranks = _ranks(broker, _field(req, "ranks", list))
     reason = _field(req, "reason", str, "")
     reason = reason or "drained by the owner"
     for r in ranks:
         broker.graph.drain(r, reason)
-    broker.journal.write([("INSERT OR REPLACE INTO drains VALUES (?, ?)", (r, reason)) for r in ranks])
-    return {"drained": ranks}
+    durable = broker.journal.write([("INSERT OR REPLACE INTO drains VALUES (?, ?)", (r, reason)) for r in ranks])
+    return _then(durable, {"drained": ranks})
 
 
 @op("undrain")
-def undrain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def undrain(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _owner_only(broker, peer, "undrain ranks")
     ranks = _ranks(broker, _field(req, "ranks", list))
     for r in ranks:
         broker.graph.undrain(r)
-    broker.journal.write([("DELETE FROM drains WHERE rank=?", (r,)) for r in ranks])
+    durable = broker.journal.write([("DELETE FROM drains WHERE rank=?", (r,)) for r in ranks])
     broker.manager.wake_scheduler()
-    return {"undrained": ranks}
+    return _then(durable, {"undrained": ranks})
 
 
 def _ranks(broker: Any, ranks: list[Any]) -> list[int]:
