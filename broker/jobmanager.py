@@ -167,15 +167,19 @@ class JobManager:
              (job.id, uid, gid, job.state.value, pack(spec.to_wire()), now)),
             ("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self.next_id,)),
         ]
-        self.post(job, "submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array}, statements)
-        if self.workflow.admit(job):
+        submitted = ("submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array})
+        if spec.workflow:
+            self.post(job, *submitted, extra=statements)
+            self.workflow.admit(job)
             # Dependencies, a hold or a policy: the workflow queues it when it may run, once durable. Journal
             # writes commit in order, so this empty write is durable once all of the job's events are.
             fut = self.journal.write([])
             fut.add_done_callback(lambda f: self._admitted(job, None, f))
             return job.id, fut
-        self.post(job, "depend")
-        fut = self.post(job, "priority", {"priority": job.urgency}, durable=True)
+        self.workflow.admit(job)
+        # One write: the submission is durable whole or not at all, never a job row without its events.
+        fut = self.post_many(job, [submitted, ("depend", {}), ("priority", {"priority": job.urgency})],
+                             extra=statements, durable=True)
         assert fut is not None
         # Queued once durable: nothing runs that a crash or a failed commit could make never submitted.
         fut.add_done_callback(lambda f: self._admitted(job, request, f))
@@ -224,25 +228,35 @@ class JobManager:
         The job row is not touched: an active job's state is its event log replayed (broker/recovery.py),
         which keeps runs of event inserts together for executemany.
         """
-        ts = self.clock()
-        seq = job.seq
-        job.seq += 1
-        job.apply(name)
-        context = context or {}
-        statements = [
-            *extra,
-            ("INSERT INTO events VALUES (?,?,?,?,?)", (job.id, seq, ts, name, pack(context))),
-        ]
-        event = [seq, ts, name, context]
-        job_id = job.id
+        return self.post_many(job, [(name, context or {})], extra, durable)
+
+    def post_many(self, job: Job, events: list[tuple[str, dict[str, Any]]], extra: Iterable[Statement] = (),
+                  durable: bool = False) -> asyncio.Future[None] | None:
+        """Append events in one write: durable (and heard of) together, or not at all."""
+        statements = list(extra)
+        published = []
+        for name, context in events:
+            ts = self.clock()
+            seq = job.seq
+            job.seq += 1
+            job.apply(name)
+            statements.append(("INSERT INTO events VALUES (?,?,?,?,?)", (job.id, seq, ts, name, pack(context))))
+            published.append([seq, ts, name, context])
+        job_id, watchers = job.id, self.watchers
+
+        def publish() -> None:
+            for event in published:
+                watchers.event(job_id, event)
+
         fut = None
         if not durable:
-            self.journal.append(statements, lambda: self.watchers.event(job_id, event))
+            self.journal.append(statements, publish)
         else:
             fut = self.journal.write(statements)
-            fut.add_done_callback(lambda f: f.exception() or self.watchers.event(job_id, event))
-        if name in _OBSERVED:
-            self.workflow.observe(job, name)
+            fut.add_done_callback(lambda f: f.exception() or publish())
+        for name, _ in events:
+            if name in _OBSERVED:
+                self.workflow.observe(job, name)
         return fut
 
     def raise_exception(self, job: Job, kind: str, note: str, severity: int = 0, status: int | None = None) -> None:

@@ -40,6 +40,8 @@ from minicluster.proto.envelope import Message
 from worker import rank0
 
 log = logging.getLogger(__name__)
+# How long a stopping broker waits for its last journal write (a full disk stalls it).
+CLOSE_WRITE_WAIT = 5.0
 
 
 class Broker:
@@ -154,9 +156,10 @@ class Broker:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         try:
-            await self.journal.write(self.sharing.save_usage(time.time()))
+            # A full disk stalls writes: wait a little, then leave (journal.close gives up what is not durable).
+            await asyncio.wait_for(self.journal.write(self.sharing.save_usage(time.time())), CLOSE_WRITE_WAIT)
         except Exception as exc:  # a full disk must not stop the shutdown; the last periodic save stands
-            log.warning("could not save fair-share usage: %s", exc)
+            log.warning("could not save fair-share usage: %r", exc)
         await self.client_server.close()
         if self.status_server is not None:
             await self.status_server.close()
