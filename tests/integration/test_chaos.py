@@ -116,7 +116,7 @@ def settle_and_check(cluster: LocalCluster, submitter: Submitter, counts: Counts
             "output lines": kept}
 
 
-def chaos(tmp_path: Any, rounds: int) -> None:
+def chaos(tmp_path: Any, rounds: int, capfd: pytest.CaptureFixture[str]) -> None:
     seed = int(os.environ.get("MC_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     actions: list[str] = []
@@ -137,16 +137,19 @@ def chaos(tmp_path: Any, rounds: int) -> None:
             submitter.stop.set()
             submitter.join(30)
         figures = settle_and_check(cluster, submitter, counts)
+    # The ranks log to this test's stderr: no handler of theirs failed along the way.
+    logged = capfd.readouterr().err
+    assert "Traceback" not in logged, logged[logged.find("Traceback") - 300:][:3000]
     print(f"chaos seed={seed} rounds={rounds} actions={actions} count samples={counts.samples} {figures}",
           file=sys.stderr)
 
 
 @pytest.mark.timeout(90)
-def test_chaos_short(tmp_path) -> None:
-    chaos(tmp_path, rounds=3)
+def test_chaos_short(tmp_path, capfd) -> None:
+    chaos(tmp_path, rounds=3, capfd=capfd)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_chaos_long(tmp_path) -> None:
-    chaos(tmp_path, rounds=25)
+def test_chaos_long(tmp_path, capfd) -> None:
+    chaos(tmp_path, rounds=25, capfd=capfd)
