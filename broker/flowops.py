@@ -9,7 +9,7 @@ from broker.brokerview import BrokerView
 from broker.clientapi import Peer
 from broker.job import Job
 from broker.jobmanager import JobError
-from broker.ops import _field, _readable, _task_of_index, _then, op
+from broker.ops import _field, _readable, _task_of_index, _then, once_durable, op
 from broker.workflow import WorkflowRefusal
 
 ATTEMPT_COLUMNS = "task, idx, attempt, rank, status, exit_code, signal, error, started, ended, outcome"
@@ -32,15 +32,15 @@ def _each(broker: BrokerView, peer: Peer, req: dict[str, Any],
 
 
 @op("hold")
-def hold(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def hold(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     held, errors, _ = _each(broker, peer, req, lambda job: broker.manager.workflow.hold(job, peer.uid))
-    return {"held": held, "errors": errors}
+    return once_durable(broker, {"held": held, "errors": errors})
 
 
 @op("release")
-def release(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def release(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     released, errors, _ = _each(broker, peer, req, lambda job: broker.manager.workflow.release(job, peer.uid))
-    return {"released": released, "errors": errors}
+    return once_durable(broker, {"released": released, "errors": errors})
 
 
 @op("requeue")
@@ -53,14 +53,14 @@ def requeue(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Futu
 
 
 @op("update")
-def update(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def update(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     job = broker.manager.get(_field(req, "job", int))
     changes = {k: v for k, v in req.items() if k not in ("v", "id", "op", "job")}
     try:
         updated = broker.manager.workflow.update(job, peer.uid, changes)
     except WorkflowRefusal as exc:
         raise JobError(exc.code, str(exc)) from None
-    return {"job": job.id, "updated": updated}
+    return once_durable(broker, {"job": job.id, "updated": updated})
 
 
 @op("attempts")

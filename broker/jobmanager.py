@@ -89,6 +89,8 @@ class JobManager:
         self.next_id = next_id
         self.clock = clock
         self.jobs: dict[int, Job] = {}
+        # Jobs whose submission is not durable yet: not shown to anyone until it is (or forgotten if refused).
+        self.unacknowledged: set[int] = set()
         # Set by the broker: called when the queue may have work that fits.
         self.wake_scheduler: Callable[[], None] = lambda: None
         # Set by the broker: ends a job's running tasks (execution.kill_job).
@@ -159,20 +161,25 @@ class JobManager:
         job = Job(self.next_id, uid, spec, now, gid)
         self.next_id += 1
         self.jobs[job.id] = job
+        self.unacknowledged.add(job.id)
         statements: list[Statement] = [
             ("INSERT INTO jobs (id, uid, gid, state, spec, t_submit) VALUES (?,?,?,?,?,?)",
              (job.id, uid, gid, job.state.value, pack(spec.to_wire()), now)),
             ("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self.next_id,)),
         ]
-        self.post(job, "submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array}, statements)
-        if self.workflow.admit(job):
+        submitted = ("submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array})
+        if spec.workflow:
+            self.post(job, *submitted, extra=statements)
+            self.workflow.admit(job)
             # Dependencies, a hold or a policy: the workflow queues it when it may run, once durable. Journal
             # writes commit in order, so this empty write is durable once all of the job's events are.
             admitted = self.journal.write([])
             admitted.add_done_callback(lambda f: self._admitted(job, None, f))
             return job.id, admitted
-        self.post(job, "depend")
-        fut = self.post(job, "priority", {"priority": job.urgency}, durable=True)
+        self.workflow.admit(job)
+        # One write: the submission is durable whole or not at all, never a job row without its events.
+        fut = self.post_many(job, [submitted, ("depend", {}), ("priority", {"priority": job.urgency})],
+                             extra=statements, durable=True)
         assert fut is not None
         # Queued once durable: nothing runs that a crash or a failed commit could make never submitted.
         fut.add_done_callback(lambda f: self._admitted(job, request, f))
@@ -181,6 +188,7 @@ class JobManager:
     def _admitted(self, job: Job, request: sched.Request | None, durable: asyncio.Future[None]) -> None:
         """The submission is durable (queue the job; a workflow job: as the workflow decides), or refused."""
         self.workflow.admitting.discard(job.id)
+        self.unacknowledged.discard(job.id)
         if durable.exception() is not None:
             # Its submitter hears why: forget it; its id is not handed out again.
             if self.jobs.get(job.id) is job:
@@ -220,25 +228,35 @@ class JobManager:
         The job row is not touched: an active job's state is its event log replayed (broker/recovery.py),
         which keeps runs of event inserts together for executemany.
         """
-        ts = self.clock()
-        seq = job.seq
-        job.seq += 1
-        job.apply(name)
-        context = context or {}
-        statements = [
-            *extra,
-            ("INSERT INTO events VALUES (?,?,?,?,?)", (job.id, seq, ts, name, pack(context))),
-        ]
-        event = [seq, ts, name, context]
-        job_id = job.id
+        return self.post_many(job, [(name, context or {})], extra, durable)
+
+    def post_many(self, job: Job, events: list[tuple[str, dict[str, Any]]], extra: Iterable[Statement] = (),
+                  durable: bool = False) -> asyncio.Future[None] | None:
+        """Append events in one write: durable (and heard of) together, or not at all."""
+        statements = list(extra)
+        published = []
+        for name, context in events:
+            ts = self.clock()
+            seq = job.seq
+            job.seq += 1
+            job.apply(name)
+            statements.append(("INSERT INTO events VALUES (?,?,?,?,?)", (job.id, seq, ts, name, pack(context))))
+            published.append([seq, ts, name, context])
+        job_id, watchers = job.id, self.watchers
+
+        def publish() -> None:
+            for event in published:
+                watchers.event(job_id, event)
+
         fut = None
         if not durable:
-            self.journal.append(statements, lambda: self.watchers.event(job_id, event))
+            self.journal.append(statements, publish)
         else:
             fut = self.journal.write(statements)
-            when_durable(fut, lambda: self.watchers.event(job_id, event))
-        if name in _OBSERVED:
-            self.workflow.observe(job, name)
+            when_durable(fut, publish)
+        for name, _ in events:
+            if name in _OBSERVED:
+                self.workflow.observe(job, name)
         return fut
 
     def raise_exception(self, job: Job, kind: str, note: str, severity: int = 0, status: int | None = None) -> None:
@@ -310,7 +328,7 @@ class JobManager:
         if isinstance(job_id, bool) or not isinstance(job_id, int):
             raise JobError("bad-request", f"job id must be an integer, got {job_id!r}")
         job = self.jobs.get(job_id)
-        if job is None:
+        if job is None or job_id in self.unacknowledged:
             raise JobError("not-found", f"job {job_id} does not exist (or was purged)")
         return job
 

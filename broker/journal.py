@@ -123,6 +123,7 @@ class Journal:
         # Why commits are being retried (the disk is full, ...), None while they go through.
         self.stalled: str | None = None
         self._closing = False
+        self._gave_up: BaseException | None = None
 
     def _set_up(self) -> None:
         with self._startup_io():
@@ -224,9 +225,13 @@ class Journal:
 
     def _commit(self, conn: sqlite3.Connection, batch: list[tuple[list[Statement], Waiter]]) -> None:
         statements = [s for group, _ in batch for s in group]
-        error = self._commit_until_durable(conn, statements)
+        # Once closing gave up on a stalled commit, nothing after it may commit: a later event of a job would
+        # leave a gap in its log where the lost one was.
+        error = self._gave_up or self._commit_until_durable(conn, statements)
+        if error is not None and self._closing:
+            self._gave_up = error
         assert self._loop is not None
-        if error is not None and len(batch) > 1:
+        if error is not None and len(batch) > 1 and not self._closing:
             # One write's statement cannot commit: commit the others write by write, fail only that one.
             for group, waiter in batch:
                 failed = self._commit_until_durable(conn, group)

@@ -120,6 +120,11 @@ def submit_many(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.
     return asyncio.ensure_future(in_slices())
 
 
+def once_durable(broker: BrokerView, body: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    """`body`, once everything the operation journaled is durable (writes commit in order)."""
+    return _then(broker.journal.write([]), body)
+
+
 def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     out: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
 
@@ -144,7 +149,9 @@ def jobs(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     if ids is not None:
         selected = [manager.get(i) for i in ids]
     else:
-        selected = [j for j in reversed(manager.jobs.values()) if show_all or j.state != State.INACTIVE]
+        hidden = manager.unacknowledged  # submissions not durable yet
+        selected = [j for j in reversed(manager.jobs.values())
+                    if (show_all or j.state != State.INACTIVE) and (not hidden or j.id not in hidden)]
     summaries = [listed(broker, peer, manager.summary(j, alloc)) for j in selected[:limit]]
     if with_priority:
         now = manager.clock()
@@ -175,9 +182,9 @@ def job(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
 
 
 @op("cancel")
-def cancel(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def cancel(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     cancelled, errors = broker.manager.cancel(peer.uid, _field(req, "jobs", list))
-    return {"cancelled": cancelled, "errors": errors}
+    return once_durable(broker, {"cancelled": cancelled, "errors": errors})
 
 
 @op("eventlog")
@@ -425,26 +432,26 @@ def status(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any
 
 
 @op("drain")
-def drain(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def drain(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _owner_only(broker, peer, "drain ranks")
     ranks = _ranks(broker, _field(req, "ranks", list))
     reason = _field(req, "reason", str, "")
     reason = reason or "drained by the owner"
     for r in ranks:
         broker.graph.drain(r, reason)
-    broker.journal.write([("INSERT OR REPLACE INTO drains VALUES (?, ?)", (r, reason)) for r in ranks])
-    return {"drained": ranks}
+    durable = broker.journal.write([("INSERT OR REPLACE INTO drains VALUES (?, ?)", (r, reason)) for r in ranks])
+    return _then(durable, {"drained": ranks})
 
 
 @op("undrain")
-def undrain(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def undrain(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _owner_only(broker, peer, "undrain ranks")
     ranks = _ranks(broker, _field(req, "ranks", list))
     for r in ranks:
         broker.graph.undrain(r)
-    broker.journal.write([("DELETE FROM drains WHERE rank=?", (r,)) for r in ranks])
+    durable = broker.journal.write([("DELETE FROM drains WHERE rank=?", (r,)) for r in ranks])
     broker.manager.wake_scheduler()
-    return {"undrained": ranks}
+    return _then(durable, {"undrained": ranks})
 
 
 def _ranks(broker: BrokerView, ranks: list[Any]) -> list[int]:

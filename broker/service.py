@@ -44,6 +44,8 @@ from minicluster.proto.envelope import BadMessage, Message
 from worker import rank0
 
 log = logging.getLogger(__name__)
+# How long a stopping broker waits for its last journal write (a full disk stalls it).
+CLOSE_WRITE_WAIT = 5.0
 
 
 class Broker:
@@ -170,9 +172,10 @@ class Broker:
         await asyncio.sleep(0.1)  # let the last results and kills go out
         await self.supervisor.cancel_all()
         try:
-            await self.journal.write(self.sharing.save_usage(time.time()))
+            # A full disk stalls writes: wait a little, then leave (journal.close gives up what is not durable).
+            await asyncio.wait_for(self.journal.write(self.sharing.save_usage(time.time())), CLOSE_WRITE_WAIT)
         except Exception as exc:  # a full disk must not stop the shutdown; the last periodic save stands
-            log.warning("could not save fair-share usage: %s", exc)
+            log.warning("could not save fair-share usage: %r", exc)
         await self.client_server.close()
         if self.status_server is not None:
             await self.status_server.close()

@@ -290,8 +290,12 @@ def free_used(r: dict[str, Any], kind: str) -> str:
 def status_lines(status: dict[str, Any]) -> list[str]:
     queue = status.get("queue") or {}
     queued = ", ".join(f"{n} {state}" for state, n in queue.items() if n) or "empty"
-    return [f"{status.get('name', '?')}: size {status.get('size', '?')}, fanout {status.get('fanout', '?')}, "
-            f"epoch {status.get('epoch', '?')}", f"queue: {queued}"]
+    lines = [f"{status.get('name', '?')}: size {status.get('size', '?')}, fanout {status.get('fanout', '?')}, "
+             f"epoch {status.get('epoch', '?')}", f"queue: {queued}"]
+    stalled = (status.get("journal") or {}).get("stalled")
+    if stalled:
+        lines.append(f"journal: cannot be written ({stalled}); submissions are refused until it can")
+    return lines
 
 
 def status_table(ranks: list[dict[str, Any]], now: float) -> Table:

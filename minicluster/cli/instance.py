@@ -40,7 +40,7 @@ def resources(argv: list[str]) -> int:
 def status(argv: list[str]) -> int:
     parser = Parser(prog="mc status", description=STATUS_HELP,
                     epilog="--json prints {name, size, fanout, epoch, ranks: [{rank, state, pid, hostname, "
-                           "endpoint, since}], queue: {state: count}}.")
+                           "endpoint, since}], queue: {state: count}, tasks: {started, ended}, journal: {stalled}}.")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     with Client() as client:

@@ -88,12 +88,17 @@ def settle_and_check(cluster: LocalCluster, submitter: Submitter, counts: Counts
         ended = {r["job"]: r for r in c.wait(acked)}  # nothing stuck: every job ends (bounded by the timeout)
         assert set(ended) == set(acked)
         counts.sample(c, acked)
-        results = events = 0
+        results = events = kept = 0
         for job_id in acked:
             log = list(c.eventlog(job_id))
             assert [e[0] for e in log] == list(range(len(log))) and log[-1][2] == "clean", (job_id, log)
             events += len(log)
             summary = c.job(job_id)
+            # No job shows another's output (a line in flight to a dying broker may be missing, never foreign).
+            lines = b"".join(d for _, _, d in c.output(job_id)).split()
+            mine = {str(i).encode() for i in range(1, ARRAY + 1)} if job_id in submitter.arrays else {b"plain"}
+            assert set(lines) <= mine, (job_id, lines)
+            kept += len(lines)
             if job_id in submitter.arrays:
                 # Each index ends exactly once: it succeeded, or its rank was lost under it.
                 rows = c.task_results(job_id)
@@ -107,10 +112,11 @@ def settle_and_check(cluster: LocalCluster, submitter: Submitter, counts: Counts
                 assert summary["exception"] in (None, "node-lost", "broker-restart"), summary
                 assert summary["status"] == 0 or summary["exception"] is not None, summary
                 results += 1
-    return {"jobs": len(acked), "arrays": len(submitter.arrays), "results": results, "events": events}
+    return {"jobs": len(acked), "arrays": len(submitter.arrays), "results": results, "events": events,
+            "output lines": kept}
 
 
-def chaos(tmp_path: Any, rounds: int) -> None:
+def chaos(tmp_path: Any, rounds: int, capfd: pytest.CaptureFixture[str]) -> None:
     seed = int(os.environ.get("MC_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     actions: list[str] = []
@@ -131,16 +137,19 @@ def chaos(tmp_path: Any, rounds: int) -> None:
             submitter.stop.set()
             submitter.join(30)
         figures = settle_and_check(cluster, submitter, counts)
+    # The ranks log to this test's stderr: no handler of theirs failed along the way.
+    logged = capfd.readouterr().err
+    assert "Traceback" not in logged, logged[logged.find("Traceback") - 300:][:3000]
     print(f"chaos seed={seed} rounds={rounds} actions={actions} count samples={counts.samples} {figures}",
           file=sys.stderr)
 
 
 @pytest.mark.timeout(90)
-def test_chaos_short(tmp_path) -> None:
-    chaos(tmp_path, rounds=3)
+def test_chaos_short(tmp_path, capfd) -> None:
+    chaos(tmp_path, rounds=3, capfd=capfd)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_chaos_long(tmp_path) -> None:
-    chaos(tmp_path, rounds=25)
+def test_chaos_long(tmp_path, capfd) -> None:
+    chaos(tmp_path, rounds=25, capfd=capfd)
