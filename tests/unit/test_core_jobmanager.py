@@ -69,6 +69,7 @@ async def test_submit_never_leaves_a_job_in_new(core: Core) -> None:
 async def test_cancel_of_a_job_waiting_for_a_dependency_ends_it_at_once(core: Core) -> None:
     target = core.submit()
     record = core.submit(dependencies=[{"type": "afterok", "jobs": [target.id]}])
+    await core.durable()  # a submission not yet durable is not there to cancel
     assert record.state is State.DEPEND
     assert core.manager.cancel(os.getuid(), [record.id]) == ([record.id], {})
     assert record.state is State.INACTIVE and record.status == CANCEL_STATUS and record.exception == "cancel"
@@ -79,6 +80,7 @@ async def test_cancel_of_a_job_waiting_for_a_dependency_ends_it_at_once(core: Co
 
 async def test_cancel_of_a_held_job_ends_it_at_once(core: Core) -> None:
     record = core.submit(hold=True)
+    await core.durable()
     assert core.manager.cancel(os.getuid(), [record.id]) == ([record.id], {})
     await core.durable()
     assert record.state is State.INACTIVE and record.closed
@@ -87,6 +89,7 @@ async def test_cancel_of_a_held_job_ends_it_at_once(core: Core) -> None:
 
 async def test_cancel_of_a_queued_job_takes_it_off_the_queue(core: Core) -> None:
     record = core.submit()
+    await core.durable()
     assert core.manager.cancel(os.getuid(), [record.id]) == ([record.id], {})
     assert core.scheduler.pending_job(record.id) is None
     await core.durable()
@@ -154,6 +157,7 @@ async def test_cancel_of_a_job_found_in_cleanup_after_a_restart_is_refused(core:
 
 async def test_cancel_reports_unknown_and_foreign_jobs_per_id(core: Core) -> None:
     record = core.submit()
+    await core.durable()
     other = os.getuid() + 1
     assert core.manager.cancel(other, [record.id, 99, "x"]) == ([], {
         str(record.id): f"permission denied: job {record.id} belongs to uid {os.getuid()}",
@@ -256,6 +260,7 @@ async def test_a_time_limit_lowered_below_the_time_run_fires_at_the_next_check(c
 async def test_purge_forgets_inactive_jobs_once_older_than_the_configured_age(tmp_path) -> None:
     async with core_rig.started(tmp_path, purge_max_age=100.0) as core:
         old, young, live = core.submit(), core.submit(), core.submit()
+        await core.durable()
         core.manager.cancel(old.uid, [old.id])
         core.clock.advance(60.0)
         core.manager.cancel(young.uid, [young.id])
@@ -274,6 +279,7 @@ async def test_purge_forgets_inactive_jobs_once_older_than_the_configured_age(tm
 async def test_purge_keeps_at_most_the_configured_count_oldest_first(tmp_path) -> None:
     async with core_rig.started(tmp_path, purge_max_count=2) as core:
         ids = [core.submit().id for _ in range(4)]
+        await core.durable()
         core.manager.cancel(os.getuid(), ids)
         assert core.manager.purge() == 0, "a job is purged only once its end is durable"
         await core.durable()
