@@ -175,12 +175,19 @@ class Subreaper:
         """Kill adopted descendants of tasks not in `running`, reap those that died; returns how many it killed.
 
         `tracked`: the pids this process waits for itself (its tasks), left alone. Only processes that carry a
-        task's variables are touched: other children (a batch command) are someone else's to reap.
+        task's variables are touched, and zombies of another session: other children (a batch command, in this
+        process's own session) are someone else's to reap.
         """
         killed = 0
+        own_session = os.getsid(0)
         for pid in _children(os.getpid()) - tracked:
             key = _task_of(pid)
             if key is None:
+                # An orphan killed with its task's group before a sweep saw it: a zombie whose environment is
+                # gone, but tasks lead sessions of their own and a zombie keeps its session id.
+                if _zombie_of_another_session(pid, own_session):
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
                 continue
             self._adopted.add(pid)
             if key not in running:
@@ -268,6 +275,15 @@ def _children(pid: int) -> set[int]:
             with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
                 children.update(int(c) for c in f.read().split())
     return children
+
+
+def _zombie_of_another_session(pid: int, session: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return False
+    return fields[:1] == [b"Z"] and len(fields) > 3 and int(fields[3]) != session
 
 
 def _task_of(pid: int) -> Key | None:

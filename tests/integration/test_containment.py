@@ -113,18 +113,31 @@ def test_rank_0_tasks_do_not_survive_a_broker_kill(tmp_path: Path) -> None:
 
 
 SUBREAPER = textwrap.dedent("""
-    import asyncio, sys
+    import asyncio, os, sys
     from worker.containment import Subreaper
     from worker.executor import TaskExecutor, TaskSpec
 
     async def main():
-        done = asyncio.get_running_loop().create_future()
-        ex = TaskExecutor(lambda *a: None, done.set_result, containment=Subreaper())
+        ended = []
+        both = asyncio.get_running_loop().create_future()
+        def result(r):
+            ended.append(r)
+            if len(ended) == 2:
+                both.set_result(None)
+        ex = TaskExecutor(lambda *a: None, result, containment=Subreaper())
         env = {"PATH": "/usr/bin:/bin", "MC_JOB_ID": "7", "MC_TASK_RANK": "0"}
         ex.start(TaskSpec((7, 0), (sys.executable, "-c", sys.argv[1], sys.argv[2], "0.2"), env))
-        await done
-        await asyncio.sleep(1.0)  # sweeps run after the task's end
-        print("ended")
+        # A child left in the task's own group: killed with it at its end, an orphan of ours by then.
+        env = {**env, "MC_TASK_RANK": "1"}
+        ex.start(TaskSpec((7, 1), ("sh", "-c", "sleep 30 & sleep 0.3; exit 0"), env))
+        await both
+        await asyncio.sleep(1.0)  # sweeps run after the tasks' end
+        zombies = 0
+        for tid in os.listdir("/proc/self/task"):
+            for pid in open(f"/proc/self/task/{tid}/children").read().split():
+                stat = open(f"/proc/{pid}/stat").read()
+                zombies += stat.rpartition(")")[2].split()[0] == "Z"
+        print("ended", zombies)
 
     asyncio.run(main())
 """)
@@ -135,6 +148,6 @@ def test_a_subreaper_kills_what_escaped_an_ended_task(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
     done = subprocess.run([sys.executable, "-c", SUBREAPER, ESCAPE, str(out)], env=env, timeout=60,
                           capture_output=True, text=True)
-    assert done.stdout.strip() == "ended", done.stderr
+    assert done.stdout.strip() == "ended 0", f"left zombies or failed: {done.stdout} {done.stderr}"
     pid = int(out.read_text().split()[0])
     assert gone(pid, timeout=2), "an escapee of an ended task outlived the worker's sweep"
