@@ -119,6 +119,8 @@ def settle_and_check(cluster: LocalCluster, submitter: Submitter, counts: Counts
 def chaos(tmp_path: Any, rounds: int, capfd: pytest.CaptureFixture[str]) -> None:
     seed = int(os.environ.get("MC_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
+    # Said first, so a run that hangs can be replayed (MC_CHAOS_SEED).
+    print(f"chaos seed={seed} rounds={rounds}", file=sys.stderr, flush=True)
     actions: list[str] = []
     counts = Counts()
     with LocalCluster(tmp_path, size=3, fanout=2, resources="cores=2", reattach_timeout=2.0) as cluster:
