@@ -8,10 +8,9 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from minicluster.cli.options import int_at_least
-from minicluster.config import ConfigError
 from minicluster.client import ClientError
 from minicluster.model.idset import IdSet, IdSetError
-from minicluster.model.jobspec import InvalidJobspec
+from minicluster.model.jobterms import InvalidJobspec
 from minicluster.proto.frames import FrameError
 
 EXIT_USAGE = 2
@@ -72,12 +71,24 @@ def guarded(prog: str, func: Callable[[], int]) -> int:
         # The reader went away (`mc jobs | head`); don't let the final flush complain again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (UsageError, InvalidJobspec, ConfigError) as exc:
+    except (UsageError, InvalidJobspec) as exc:
         _report(prog, exc)
         return EXIT_USAGE
     except (ClientError, FrameError, OSError) as exc:
         _report(prog, exc)
         return 1
+    except ValueError as exc:
+        if not _is_config_error(exc):
+            raise
+        _report(prog, exc)
+        return EXIT_USAGE
+
+
+def _is_config_error(exc: ValueError) -> bool:
+    # Looked up, not imported: a command that never loaded the config (mc-submit) cannot have raised its error,
+    # and importing it only to compare would cost every such command the import of tomllib and the config model.
+    config = sys.modules.get("minicluster.config")
+    return config is not None and isinstance(exc, config.ConfigError)
 
 
 def _report(prog: str, exc: BaseException) -> None:
