@@ -83,8 +83,8 @@ class CgroupTasks:
             return 0
         left = len(self._pids(self.base))
         write_control(self.base / "cgroup.kill", "1")
-        for group in sorted((p for p in self.base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            _rmdir_when_empty(group)
+        for group in reversed(_subgroups(self.base)):
+            _rmdir_when_empty(Path(group))
         _rmdir_when_empty(self.base)
         return left
 
@@ -115,7 +115,15 @@ class CgroupTasks:
     def kill(self, key: Key) -> None:
         """SIGKILL everything left in the task's group and remove it (and its job's, once empty)."""
         group = self.group(key)
-        if not group.is_dir():
+        # Most tasks leave nothing behind: then the group is empty and one rmdir is all (this runs once per task).
+        try:
+            os.rmdir(group)
+        except FileNotFoundError:
+            return
+        except OSError:
+            pass  # busy: processes, or groups the task made, are left
+        else:
+            _rmdir_job_group(group)
             return
         if os.getpid() in self._pids(group):
             log.error("not killing cgroup %s: this process is in it", group)
@@ -126,9 +134,9 @@ class CgroupTasks:
     def _remove(self, group: Path, tries: int) -> None:
         # cgroup.kill returns before the processes are gone; the group can be removed once they are.
         try:
-            for path in sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                path.rmdir()
-            group.rmdir()
+            for path in reversed(_subgroups(group)):
+                os.rmdir(path)
+            os.rmdir(group)
         except FileNotFoundError:
             pass
         except OSError:
@@ -137,17 +145,15 @@ class CgroupTasks:
             else:
                 log.warning("cgroup %s is still busy; left behind", group)
             return
-        with contextlib.suppress(OSError):
-            group.parent.rmdir()  # the job's: fails while other tasks of the job have groups here
+        _rmdir_job_group(group)
 
     @staticmethod
     def _pids(group: Path) -> set[int]:
         """The processes in `group` and the groups below it (a task may make its own)."""
-        groups = [group, *(p for p in group.rglob("*") if p.is_dir())]
         pids: set[int] = set()
-        for g in groups:
-            with contextlib.suppress(OSError):
-                pids.update(int(line) for line in (g / "cgroup.procs").read_text().split())
+        for g in [str(group), *_subgroups(group)]:
+            with contextlib.suppress(OSError), open(os.path.join(g, "cgroup.procs")) as f:
+                pids.update(int(line) for line in f.read().split())
         return pids
 
 
@@ -264,6 +270,24 @@ def _task_of(pid: int) -> Key | None:
         return int(env[b"MC_JOB_ID"]), int(env[b"MC_TASK_RANK"])
     except (OSError, KeyError, ValueError):
         return None
+
+
+def _subgroups(group: Path | str) -> list[str]:
+    """The groups below `group`, parents before their children (no stat per control file: scandir's d_type)."""
+    found: list[str] = []
+    pending = [str(group)]
+    while pending:
+        with contextlib.suppress(OSError), os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    found.append(entry.path)
+                    pending.append(entry.path)
+    return found
+
+
+def _rmdir_job_group(task_group: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(task_group.parent)  # the job's: fails while other tasks of the job have groups here
 
 
 def _rmdir_when_empty(group: Path, seconds: float = 2.0) -> None:
