@@ -4,10 +4,11 @@ A task leads its own process group, but a child that calls setsid() or setpgid()
 killpg() misses it. Two ways to find such children:
 
 * `CgroupTasks`, where this process may write a cgroup v2 tree (pods; hosts with a writable unified
-  hierarchy): one group per task, <our cgroup>/mc-<instance>-rank<R>/<job>/<task>. The task is spawned from
+  hierarchy): one group per task, <our cgroup>/mc-<instance>-rank<R>/<job>.<task>. The task is spawned from
   inside its group, so it and everything it forks is there from its first instruction; `cgroup.kill` ends them
   all, and a new process of the same rank kills whatever a crashed one left in the tree. No controller is
-  needed, only cgroup.procs and cgroup.kill (Linux 5.14).
+  needed, only cgroup.procs and cgroup.kill (Linux 5.14). Making and removing a cgroup is costly (this runs
+  once per task), so the group of a task that left nothing behind is renamed for the next task instead.
 * `Subreaper` elsewhere: the worker is a child subreaper (PR_SET_CHILD_SUBREAPER), so an orphaned descendant
   of a task becomes the worker's child. It still carries the task's MC_JOB_ID and MC_TASK_RANK, which tell
   whose it is; orphans of tasks that ended are killed and reaped.
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 Key = tuple[int, int]
 CGROUP_FS = Path("/sys/fs/cgroup")
 PR_SET_CHILD_SUBREAPER = 36
+# Empty task groups kept for reuse: about the tasks that end between two spawns; more are removed.
+SPARE_GROUPS = 64
 
 
 class CgroupTasks:
@@ -41,6 +44,9 @@ class CgroupTasks:
     def __init__(self, own: Path, base: Path) -> None:
         self.own = own
         self.base = base
+        self._own_procs = str(own / "cgroup.procs")
+        self._groups: dict[Key, str] = {}  # the group of each task spawned and not yet killed
+        self._spare: list[str] = []  # empty groups of ended tasks, for the next ones (renamed)
 
     @classmethod
     def detect(cls, instance: str, rank: int, fs: Path = CGROUP_FS) -> CgroupTasks | None:
@@ -67,12 +73,12 @@ class CgroupTasks:
             log.warning("cannot keep tasks in cgroup %s (%s): using a subreaper", tree.base, exc)
             with contextlib.suppress(OSError):
                 write_control(own / "cgroup.procs", str(os.getpid()))
+                os.rmdir(tree._groups.pop((0, 0)))
+            with contextlib.suppress(OSError):
                 tree.base.rmdir()
             return None
-        finally:
-            with contextlib.suppress(OSError):
-                tree.group((0, 0)).rmdir()
-                tree.group((0, 0)).parent.rmdir()
+        with contextlib.suppress(OSError):
+            os.rmdir(tree._groups.pop((0, 0)))
         if killed:
             log.warning("killed %d process(es) left behind by this rank's previous run", killed)
         return tree
@@ -90,22 +96,41 @@ class CgroupTasks:
 
     def close(self) -> None:
         """Remove the tree once its tasks ended (the rank stops)."""
+        for group in self._spare:
+            with contextlib.suppress(OSError):
+                os.rmdir(group)
+        self._spare.clear()
         with contextlib.suppress(OSError):
             self.base.rmdir()
 
-    def group(self, key: Key) -> Path:
-        return self.base / str(key[0]) / str(key[1])
+    def group(self, key: Key) -> str:
+        return self._groups.get(key) or os.path.join(self.base, f"{key[0]}.{key[1]}")
 
     @contextlib.contextmanager
     def spawning(self, key: Key) -> Iterator[None]:
-        """Create the task's group and hold this process in it while the task is spawned."""
-        group = self.group(key)
-        group.mkdir(parents=True, exist_ok=True)
-        write_control(group / "cgroup.procs", str(os.getpid()))
+        """Give the task a group and hold this process in it while the task is spawned."""
+        group = self._new_group(key)
+        self._groups[key] = group
+        write_control(os.path.join(group, "cgroup.procs"), str(os.getpid()))
         try:
             yield
         finally:
-            write_control(self.own / "cgroup.procs", str(os.getpid()))
+            write_control(self._own_procs, str(os.getpid()))
+
+    def _new_group(self, key: Key) -> str:
+        group = os.path.join(self.base, f"{key[0]}.{key[1]}")
+        while self._spare:
+            spare = self._spare.pop()
+            try:
+                os.rename(spare, group)
+                return group
+            except OSError:  # e.g. a group of that name still being removed: make it, or join it, below
+                with contextlib.suppress(OSError):
+                    os.rmdir(spare)
+                break
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(group)
+        return group
 
     def signal(self, key: Key, sig: int) -> None:
         for pid in self._pids(self.group(key)):
@@ -113,25 +138,23 @@ class CgroupTasks:
                 os.kill(pid, sig)
 
     def kill(self, key: Key) -> None:
-        """SIGKILL everything left in the task's group and remove it (and its job's, once empty)."""
+        """SIGKILL everything left in the task's group and remove it, or keep it for the next task if empty."""
         group = self.group(key)
-        # Most tasks leave nothing behind: then the group is empty and one rmdir is all (this runs once per task).
-        try:
-            os.rmdir(group)
-        except FileNotFoundError:
-            return
-        except OSError:
-            pass  # busy: processes, or groups the task made, are left
-        else:
-            _rmdir_job_group(group)
+        self._groups.pop(key, None)
+        # Most tasks leave nothing behind (this runs once per task): one read says so, and the group is reused.
+        if not _populated(group):
+            if len(self._spare) < SPARE_GROUPS:  # a group the task made below it, empty too, may stay
+                self._spare.append(group)
+            else:
+                self._remove(group, tries=40)
             return
         if os.getpid() in self._pids(group):
             log.error("not killing cgroup %s: this process is in it", group)
             return
-        write_control(group / "cgroup.kill", "1")
+        write_control(Path(group) / "cgroup.kill", "1")
         self._remove(group, tries=40)
 
-    def _remove(self, group: Path, tries: int) -> None:
+    def _remove(self, group: str, tries: int) -> None:
         # cgroup.kill returns before the processes are gone; the group can be removed once they are.
         try:
             for path in reversed(_subgroups(group)):
@@ -144,11 +167,9 @@ class CgroupTasks:
                 asyncio.get_running_loop().call_later(0.05, self._remove, group, tries - 1)
             else:
                 log.warning("cgroup %s is still busy; left behind", group)
-            return
-        _rmdir_job_group(group)
 
     @staticmethod
-    def _pids(group: Path) -> set[int]:
+    def _pids(group: Path | str) -> set[int]:
         """The processes in `group` and the groups below it (a task may make its own)."""
         pids: set[int] = set()
         for g in [str(group), *_subgroups(group)]:
@@ -285,9 +306,13 @@ def _subgroups(group: Path | str) -> list[str]:
     return found
 
 
-def _rmdir_job_group(task_group: Path) -> None:
-    with contextlib.suppress(OSError):
-        os.rmdir(task_group.parent)  # the job's: fails while other tasks of the job have groups here
+def _populated(group: str) -> bool:
+    """Whether any process is in `group` or below it (cgroup.events); a missing group holds none."""
+    try:
+        with open(os.path.join(group, "cgroup.events"), "rb") as f:
+            return b"populated 1" in f.read()
+    except FileNotFoundError:
+        return False
 
 
 def _rmdir_when_empty(group: Path, seconds: float = 2.0) -> None:

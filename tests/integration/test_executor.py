@@ -239,6 +239,11 @@ async def test_output_files_appended(tmp_path):
     assert err_file.read_text() == "oops\n"
     r, _, _ = await h.run("true", stdout_path=str(tmp_path / "no" / "such"))
     assert r.status == 126 and r.error.startswith("stdout ")
+    # One file for both streams (--output) is opened once and shared, as with 2>&1: both land, in order.
+    both = tmp_path / "both"
+    r, out, err = await h.run("sh", "-c", "echo one; echo two >&2; echo three",
+                              stdout_path=str(both), stderr_path=str(both))
+    assert (r.status, out, err) == (0, b"", b"") and both.read_text() == "one\ntwo\nthree\n"
 
 
 async def test_pass_fds_inherited_at_same_number_only():
