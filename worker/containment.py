@@ -4,11 +4,12 @@ A task leads its own process group, but a child that calls setsid() or setpgid()
 killpg() misses it. Two ways to find such children:
 
 * `CgroupTasks`, where this process may write a cgroup v2 tree (pods; hosts with a writable unified
-  hierarchy): one group per task, <our cgroup>/mc-<instance>-rank<R>/<job>.<task>. The task is spawned from
+  hierarchy): one group per running task, <our cgroup>/mc-<instance>-rank<R>/t<N>. The task is spawned from
   inside its group, so it and everything it forks is there from its first instruction; `cgroup.kill` ends them
   all, and a new process of the same rank kills whatever a crashed one left in the tree. No controller is
   needed, only cgroup.procs and cgroup.kill (Linux 5.14). Making and removing a cgroup is costly (this runs
-  once per task), so the group of a task that left nothing behind is renamed for the next task instead.
+  once per task) and cgroup v2 cannot rename one, so groups are numbered, not named after their task: the
+  group of a task that left nothing behind serves the next task.
 * `Subreaper` elsewhere: the worker is a child subreaper (PR_SET_CHILD_SUBREAPER), so an orphaned descendant
   of a task becomes the worker's child. It still carries the task's MC_JOB_ID and MC_TASK_RANK, which tell
   whose it is; orphans of tasks that ended are killed and reaped.
@@ -46,7 +47,8 @@ class CgroupTasks:
         self.base = base
         self._own_procs = str(own / "cgroup.procs")
         self._groups: dict[Key, str] = {}  # the group of each task spawned and not yet killed
-        self._spare: list[str] = []  # empty groups of ended tasks, for the next ones (renamed)
+        self._spare: list[str] = []  # empty groups of ended tasks, for the next ones
+        self._made = 0
 
     @classmethod
     def detect(cls, instance: str, rank: int, fs: Path = CGROUP_FS) -> CgroupTasks | None:
@@ -69,16 +71,13 @@ class CgroupTasks:
                 raise OSError(errno.ENOTSUP, "no cgroup.kill")
             with tree.spawning((0, 0)):  # spawning moves this process in and out: try it once now
                 pass
+            tree.kill((0, 0))
         except OSError as exc:
             log.warning("cannot keep tasks in cgroup %s (%s): using a subreaper", tree.base, exc)
             with contextlib.suppress(OSError):
                 write_control(own / "cgroup.procs", str(os.getpid()))
-                os.rmdir(tree._groups.pop((0, 0)))
-            with contextlib.suppress(OSError):
-                tree.base.rmdir()
+            tree.close()
             return None
-        with contextlib.suppress(OSError):
-            os.rmdir(tree._groups.pop((0, 0)))
         if killed:
             log.warning("killed %d process(es) left behind by this rank's previous run", killed)
         return tree
@@ -101,46 +100,51 @@ class CgroupTasks:
                 os.rmdir(group)
         self._spare.clear()
         with contextlib.suppress(OSError):
-            self.base.rmdir()
+            os.rmdir(self.base)
 
-    def group(self, key: Key) -> str:
-        return self._groups.get(key) or os.path.join(self.base, f"{key[0]}.{key[1]}")
+    def group(self, key: Key) -> str | None:
+        """The group of a task spawned and not yet killed."""
+        return self._groups.get(key)
 
     @contextlib.contextmanager
     def spawning(self, key: Key) -> Iterator[None]:
         """Give the task a group and hold this process in it while the task is spawned."""
         group = self._new_group(key)
-        self._groups[key] = group
-        write_control(os.path.join(group, "cgroup.procs"), str(os.getpid()))
         try:
-            yield
-        finally:
-            write_control(self._own_procs, str(os.getpid()))
+            write_control(os.path.join(group, "cgroup.procs"), str(os.getpid()))
+            try:
+                yield
+            finally:
+                write_control(self._own_procs, str(os.getpid()))
+        except BaseException:
+            self._end(group)  # no task started in it: free for the next
+            raise
+        self._groups[key] = group
 
     def _new_group(self, key: Key) -> str:
-        group = os.path.join(self.base, f"{key[0]}.{key[1]}")
-        while self._spare:
-            spare = self._spare.pop()
-            try:
-                os.rename(spare, group)
-                return group
-            except OSError:  # e.g. a group of that name still being removed: make it, or join it, below
-                with contextlib.suppress(OSError):
-                    os.rmdir(spare)
-                break
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(group)
+        old = self._groups.pop(key, None)
+        if old is not None:  # a new attempt of a task whose group is still there: that one is ended now
+            self._end(old)
+        if self._spare:
+            return self._spare.pop()
+        self._made += 1
+        group = os.path.join(self.base, f"t{self._made}")
+        os.mkdir(group)
         return group
 
     def signal(self, key: Key, sig: int) -> None:
-        for pid in self._pids(self.group(key)):
+        group = self.group(key)
+        for pid in self._pids(group) if group is not None else ():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
     def kill(self, key: Key) -> None:
         """SIGKILL everything left in the task's group and remove it, or keep it for the next task if empty."""
-        group = self.group(key)
-        self._groups.pop(key, None)
+        group = self._groups.pop(key, None)
+        if group is not None:
+            self._end(group)
+
+    def _end(self, group: str) -> None:
         # Most tasks leave nothing behind (this runs once per task): one read says so, and the group is reused.
         if not _populated(group):
             if len(self._spare) < SPARE_GROUPS:  # a group the task made below it, empty too, may stay
@@ -244,7 +248,7 @@ def kill_instance_leftovers(state_dir: str, ranks: Iterable[int]) -> None:
         kill_orphans(os.path.join(state_dir, f"tasks-rank{rank}.pids"))
         tree = CgroupTasks.detect(state_dir, rank)
         if tree is not None:
-            tree.base.rmdir()
+            tree.close()
 
 
 def starttime(pid: int) -> int | None:
