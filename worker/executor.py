@@ -31,6 +31,7 @@ from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.text import cut
 from worker.asuser import acting_as
 from worker.containment import CgroupTasks, Subreaper, kill_orphans, starttime
+from worker.fdwatch import FdWatch
 from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup
 
@@ -166,6 +167,7 @@ class TaskExecutor(_Executor):
         self._pidfile_fd: int | None = None
         self._pidfile_lines = 0
         self._allowed_cores = frozenset(os.sched_getaffinity(0))
+        self._watch = FdWatch()  # every task's pidfd and output pipes
         # The cores the loop thread is bound to while it spawns; None: all of _allowed_cores (see _bind).
         self._bound: frozenset[int] | None = None
         self._private_cwd_threads: set[int] = set()
@@ -182,9 +184,9 @@ class TaskExecutor(_Executor):
                      starttime(pid) if self._pidfile else None)
         task.spawner_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self._tasks[spec.key] = task
-        loop.add_reader(pidfd, self._on_pidfd, task)
+        self._watch.add(pidfd, functools.partial(self._on_pidfd, task))
         for fd in pipes:
-            loop.add_reader(fd, self._on_pipe, task, fd)
+            self._watch.add(fd, functools.partial(self._on_pipe, task, fd))
         self._record_pid(task)
         return pid
 
@@ -214,6 +216,7 @@ class TaskExecutor(_Executor):
 
     async def shutdown(self, grace: float) -> None:
         await super().shutdown(grace)
+        self._watch.close()
         self._write_pidfile()
         if isinstance(self._contained, CgroupTasks):
             self._contained.close()
@@ -324,7 +327,7 @@ class TaskExecutor(_Executor):
         if pid == 0:
             return
         loop = asyncio.get_running_loop()
-        loop.remove_reader(task.pidfd)
+        self._watch.remove(task.pidfd)
         os.close(task.pidfd)
         task.ended = time.time()
         task.waitstatus = status
@@ -347,7 +350,7 @@ class TaskExecutor(_Executor):
             self._finish(task)
 
     def _close_pipe(self, task: _Task, fd: int) -> None:
-        asyncio.get_running_loop().remove_reader(fd)
+        self._watch.remove(fd)
         os.close(fd)
         del task.pipes[fd]
 
