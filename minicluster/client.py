@@ -12,13 +12,15 @@ import socket
 import time
 from collections import deque
 from collections.abc import Collection, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgpack
 
 from minicluster.proto.frames import VERSION, FrameError, pack, read_blocking
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
 if TYPE_CHECKING:
+    from typing import Any, TypeAlias
+
     from minicluster.model.jobspec import Jobspec
 
 # Where a broker listens unless told otherwise: a system instance, then the default `state_dir` (pods: the

@@ -5,13 +5,16 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
 
 from minicluster.cli.options import int_at_least
 from minicluster.client import ClientError
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobterms import InvalidJobspec
 from minicluster.proto.frames import FrameError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -32,8 +35,35 @@ class ParserBuilt(Exception):
 _capturing = False
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, told its width so that it does not import shutil (with zlib, bz2 and lzma) to ask: argparse
+    makes one per add_argument, so every command, mc-submit in shell loops too, would pay that at start-up."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
+
+
+def _columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS, else the terminal's, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (`prog: error: ...`) and exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")

@@ -6,10 +6,13 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobterms import MPI_MODES, POLICIES, InvalidJobspec
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
+if TYPE_CHECKING:
+    from typing import Any
 
 # The jobspec and workflow models are imported where they are used, not here: `mc-submit` true, run from shell
 # loops, needs neither (tests/unit/test_client_imports.py).

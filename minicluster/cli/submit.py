@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from minicluster.cli.common import Parser, guarded
 from minicluster.cli.options import (add_command_argument, add_job_options, check_jobspec, command_of,
                                      jobspec_from_args, parse_job_args, stdin_tasks)
 from minicluster.client import Client, ClientError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
+if TYPE_CHECKING:
+    from typing import Any
 
 SUBMIT_HELP = "submit a job and print its id (--wait / --watch to stay with it)"
 RUN_HELP = "run a job in the foreground: stream its output, exit with its status (Ctrl-C cancels)"

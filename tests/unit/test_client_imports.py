@@ -25,8 +25,9 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
 HEAVY = ("asyncio", "zmq", "rich", "tomllib", "dataclasses", "inspect", "pathlib", "urllib", "sqlite3", "subprocess",
-         "threading", "ipaddress", "minicluster.config", "minicluster.model.jobspec", "minicluster.model.workflow",
-         "minicluster.model.restree", "minicluster.model.sharing", "minicluster.cli.watch", "minicluster.cli.format")
+         "threading", "ipaddress", "typing", "shutil", "minicluster.config", "minicluster.model.jobspec",
+         "minicluster.model.workflow", "minicluster.model.restree", "minicluster.model.sharing",
+         "minicluster.cli.watch", "minicluster.cli.format")
 
 
 def test_submit_path_imports_nothing_heavy() -> None:
