@@ -117,7 +117,9 @@ class CgroupTasks:
             finally:
                 write_control(self._own_procs, str(os.getpid()))
         except BaseException:
-            self._end(group)  # no task started in it: free for the next
+            # No task started in it. Not reused: what failed may be the group itself (a task run as root can
+            # change its group, e.g. enable controllers in it, and then no process can join it).
+            self._remove(group, tries=40)
             raise
         self._groups[key] = group
 
