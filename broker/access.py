@@ -8,23 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.brokerview import BrokerView
 from broker.clientapi import Peer
 from broker.jobmanager import JobError
 
 
-def may_read(broker: Any, peer: Peer, owner: int) -> bool:
+def may_read(broker: BrokerView, peer: Peer, owner: int) -> bool:
     """Whether `peer` may read the details of a job that `owner` (a uid) submitted."""
     return peer.uid == owner or peer.uid == broker.owner_uid
 
 
-def check_readable(broker: Any, peer: Peer, job_id: int, owner: int) -> None:
+def check_readable(broker: BrokerView, peer: Peer, job_id: int, owner: int) -> None:
     """JobError `permission` unless `peer` may read job `job_id`, which `owner` submitted."""
     if not may_read(broker, peer, owner):
         raise JobError("permission", f"job {job_id} belongs to another user: only its owner and the instance "
                                      "owner may read its details, output and events")
 
 
-def listed(broker: Any, peer: Peer, summary: dict[str, Any]) -> dict[str, Any]:
+def listed(broker: BrokerView, peer: Peer, summary: dict[str, Any]) -> dict[str, Any]:
     """A job's summary as the `jobs` listing shows it to `peer`."""
     if may_read(broker, peer, summary["uid"]):
         return summary

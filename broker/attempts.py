@@ -9,16 +9,17 @@ attempt k is on disk. A plain job is judged as a whole when its last task ended 
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import logging
 import signal
-from array import array
 from collections.abc import Callable
 from typing import Any
 
 from broker import retry
 from broker.flowstate import Flow
 from broker.job import Job, State
+from broker.taskmap import TaskMap
 from minicluster.model.idset import IdSet
 
 log = logging.getLogger(__name__)
@@ -73,12 +74,14 @@ class Attempts:
             return self._judge_element(job, flow, task, rank, result, attempt)
         if flow.cut:
             return 0, True
-        if flow.requeue is not None or (flow.policy is None and job.spec.success_task is None):
+        spec = job.spec
+        assert spec is not None, "a job being judged is active"
+        if flow.requeue is not None or (flow.policy is None and spec.success_task is None):
             return status, False
         action = flow.policy.action(status, result[3], result[4]) if flow.policy else (
             retry.SUCCESS if status == 0 else retry.FAIL)
         flow.actions.append(action)
-        if task == job.spec.success_task:
+        if task == spec.success_task:
             flow.decider = (action, status)
             flow.cut = True
             flow.end = ("cut", "", None)
@@ -153,10 +156,12 @@ class Attempts:
                                          extra=rows, durable=True)
                 rows = []
             assert last is not None
-            last.add_done_callback(lambda f, job=job, pending=pending: f.exception() or self._requeued(job, pending))
+            last.add_done_callback(functools.partial(self._requeued, job, pending))
             self._resolve_waiters(job, last)
 
-    def _requeued(self, job: Job, pending: _Pending) -> None:
+    def _requeued(self, job: Job, pending: _Pending, durable: asyncio.Future[None]) -> None:
+        if durable.exception() is not None:
+            return
         now_tasks = [task for tasks in pending.requeue.values() for task in tasks]
         now_tasks += [task for task, delay in pending.retry if delay <= 0]
         self.queue_tasks(job, now_tasks)
@@ -166,10 +171,10 @@ class Attempts:
 
     def _resolve_waiters(self, job: Job, durable: asyncio.Future[None]) -> None:
         flow = job.flow
-        if flow.waiters and (job.is_array and not flow.requeue_tasks or not job.is_array):
+        if flow.waiters and ((job.is_array and not flow.requeue_tasks) or not job.is_array):
             waiters, flow.waiters = flow.waiters, []
             for waiter in waiters:
-                durable.add_done_callback(lambda f, w=waiter: w.done() or w.set_result(None))
+                durable.add_done_callback(functools.partial(_wake, waiter))
 
     # --- a job's consequences ------------------------------------------------------------------------------
 
@@ -291,7 +296,7 @@ class Attempts:
         if not tasks or job.ending or job.state == State.INACTIVE or job.id in self.recovering_ids:
             return
         if job.pending_map is None:
-            job.pending_map = array("I", range(job.total_tasks))
+            job.pending_map = TaskMap([range(job.total_tasks)])
         first = len(job.pending_map)
         job.pending_map.extend(tasks)
         if self.queue_blocked(job):
@@ -366,8 +371,14 @@ def _plain_note(job: Job) -> str:
     return f"attempt {job.flow.attempt}"
 
 
+def _wake(waiter: asyncio.Future[None], _durable: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def _success_note(job: Job) -> str:
     spec = job.spec
+    assert spec is not None, "a job meeting its success condition is active"
     parts = []
     if spec.success_indexes:
         parts.append(f"success_indexes {spec.success_indexes}")

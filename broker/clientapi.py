@@ -41,6 +41,8 @@ class Peer:
     gid: int
     # Called when the connection closes, once each (e.g. end a job's stdin this client was feeding).
     closers: dict[Any, Callable[[], None]] = field(default_factory=dict, compare=False)
+    # Bulk history (output pages) this connection's streams may hold at once while the client reads it.
+    bulk_reads: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(2), compare=False)
 
 
 class ByteBudget:
@@ -266,3 +268,6 @@ async def _stream(conn: Connection, req_id: int, responses: AsyncIterator[dict[s
     finally:
         conn.streams.pop(req_id, None)
         conn.answered(req_id)
+        aclose = getattr(responses, "aclose", None)
+        if aclose is not None:
+            await aclose()  # now, not when collected: it may hold the connection's bulk_reads

@@ -73,7 +73,7 @@ class DepGraph:
     def cycle_through(self, job: int, targets: Iterable[int]) -> list[int]:
         """The path job -> ... -> job that edges job->targets would close, or [] (depth-first, iterative)."""
         parent: dict[int, int] = {}
-        stack = [t for t in targets]
+        stack = list(targets)
         for t in stack:
             parent.setdefault(t, job)
         while stack:
@@ -211,7 +211,9 @@ class DepGraph:
             del self._names[key]
             return []
         head = names.first()
-        return [Verdict(head, SINGLETON, True)] if was_first and self._is_pending(head, SINGLETON) else []
+        if head is None or not was_first or not self._is_pending(head, SINGLETON):
+            return []
+        return [Verdict(head, SINGLETON, True)]
 
     def due(self, now: float) -> list[Verdict]:
         """Begin times that have passed."""

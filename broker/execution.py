@@ -19,8 +19,10 @@ from broker import sched
 from broker.abortcause import AbortSettlement
 from broker.job import Job, State
 from broker.jobmanager import JobManager, request_of
+from broker.journal import Statement, when_durable
 from broker.share import accounting
 from broker.stdin import StdinRelay
+from minicluster.proto import messages
 from minicluster.config import InstanceConfig
 from minicluster.model.idset import IdSet
 
@@ -200,10 +202,10 @@ class Execution:
 
     def on_done(self, rank: int, results: list[list[Any]], ack: bool = True) -> None:
         touched: dict[int, Job] = {}
-        statements = []
+        statements: list[Statement] = []
         keys = []
         released: list[tuple[int, int]] = []
-        usage_rows = []  # after the task rows, so each kind still goes through one executemany
+        usage_rows: list[Statement] = []  # after the task rows, so each kind still goes through one executemany
         now = self.manager.clock()
         attempts = self.manager.workflow.attempts
         for result in results:
@@ -261,7 +263,7 @@ class Execution:
         attempts.commit()
         fut = self.manager.journal.write(statements + usage_rows)
         if ack and keys:
-            fut.add_done_callback(lambda f: f.exception() or self.send("done-ack", rank, {"keys": keys}))
+            when_durable(fut, lambda: self.send("done-ack", rank, {"keys": keys}))
         for job in touched.values():
             self._after_results(job, now)
 
@@ -301,7 +303,8 @@ class Execution:
         return running
 
     def on_output(self, chunks: list[list[Any]]) -> None:
-        statements, published = [], []
+        statements: list[Statement] = []
+        published: list[tuple[int, list[Any]]] = []
         for job_id, task, stream, data in chunks:
             job = self.manager.jobs.get(job_id)
             # An inactive job's output has ended (its followers have gone), and a restart restores the
@@ -334,7 +337,11 @@ class Execution:
         if statements:
             fut = self.manager.journal.write(statements)
             watchers = self.manager.watchers
-            fut.add_done_callback(lambda f: f.exception() or [watchers.output(j, c) for j, c in published])
+
+            def publish() -> None:
+                for job_id, chunk in published:
+                    watchers.output(job_id, chunk)
+            when_durable(fut, publish)
 
     # --- ending tasks --------------------------------------------------------------------------------------
 
@@ -396,7 +403,8 @@ class Execution:
                 self._signal([(job_id, task)], signal.SIGTERM)
             else:
                 assert job.spec is not None
-                self.manager.raise_exception(job, "timeout", f"time limit of {self.manager.time_limit(job.spec):g}s reached")
+                limit = self.manager.time_limit(job.spec)
+                self.manager.raise_exception(job, "timeout", f"time limit of {limit:g}s reached")
 
     def retime(self, job: Job) -> None:
         """The job's time limit changed: its running tasks get deadlines from their start and the new limit."""
@@ -435,17 +443,16 @@ class Execution:
 
     # --- PMI exchange (§2.8) -------------------------------------------------------------------------------
 
-    def on_pmi_put(self, rank: int, body: dict[str, Any]) -> None:
-        job = self.manager.jobs.get(body.get("job", -1))
-        seq, kvs, data = body.get("seq"), body.get("kvs"), body.get("data")
-        if (job is None or not isinstance(seq, int) or not (isinstance(kvs, dict) or isinstance(data, bytes))
-                or rank not in job.ranks):
+    def on_pmi_put(self, rank: int, put: messages.PmiPut) -> None:
+        job = self.manager.jobs.get(put.job)
+        if job is None or rank not in job.ranks:
             self.send("error", rank, {"code": "bad-request", "message": "pmi-put for an unknown job", "ref": "pmi-put"})
             return
         # PMI-1 barriers (kvs) and PMIx fences (data) of one job are numbered apart.
-        field = "data" if isinstance(data, bytes) else "kvs"
+        seq = put.seq
+        field = "data" if put.data is not None else "kvs"
         parts = self._pmi.setdefault((job.id, field, seq), {})
-        parts[rank] = data if field == "data" else kvs
+        parts[rank] = put.data if put.data is not None else put.kvs
         if len(parts) < len(job.ranks):
             return
         del self._pmi[(job.id, field, seq)]
@@ -459,29 +466,27 @@ class Execution:
         for r in job.ranks:
             self.send("pmi-kvs", r, {"job": job.id, "seq": seq, field: merged})
 
-    def on_pmi_init(self, body: dict[str, Any]) -> None:
+    def on_pmi_init(self, init: messages.PmiInit) -> None:
         """A task of the job initialized PMI: it is an MPI job, whose tasks fail together from now on."""
-        job = self.manager.jobs.get(body.get("job", -1))
+        job = self.manager.jobs.get(init.job)
         if job is not None and not job.pmi_used:
             job.pmi_used = True
             self._abort_gang(job)
 
-    def on_abort(self, rank: int, body: dict[str, Any]) -> None:
-        job = self.manager.jobs.get(body.get("job", -1))
+    def on_abort(self, rank: int, abort: messages.Abort) -> None:
+        job = self.manager.jobs.get(abort.job)
         if job is None or job.ending:
             return
         job.pmi_used = True  # only MPI programs call PMI abort
-        task, code = body.get("task"), body.get("code")
-        note = f"task {task} on rank {rank} called abort({code}): {body.get('message', '')}".strip()
+        note = f"task {abort.task} on rank {rank} called abort({abort.code}): {abort.message}".strip()
         # As mpiexec: the job exits with the code given to MPI_Abort (one that reads as success becomes 1).
-        status = code % 256 if isinstance(code, int) and not isinstance(code, bool) else 1
-        when = body.get("t")
-        when = float(when) if isinstance(when, int | float) and not isinstance(when, bool) else time.time()
+        status = abort.code % 256
+        when = abort.t if abort.t is not None else time.time()
         settling = self._aborts.get(job.id)
         if settling is None:
             timer = asyncio.get_running_loop().call_later(ABORT_SETTLE, self._raise_abort, job)
             settling = self._aborts[job.id] = (AbortSettlement(), timer)
-        settling[0].abort(task if isinstance(task, int) else -1, when, (status or 1, note))
+        settling[0].abort(abort.task, when, (status or 1, note))
 
     def _raise_abort(self, job: Job) -> None:
         settlement, _ = self._aborts.pop(job.id)

@@ -5,6 +5,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from broker.brokerview import BrokerView
 from broker.clientapi import Peer
 from broker.job import Job
 from broker.jobmanager import JobError
@@ -14,7 +15,7 @@ from broker.workflow import WorkflowRefusal
 ATTEMPT_COLUMNS = "task, idx, attempt, rank, status, exit_code, signal, error, started, ended, outcome"
 
 
-def _each(broker: Any, peer: Peer, req: dict[str, Any],
+def _each(broker: BrokerView, peer: Peer, req: dict[str, Any],
           action: Callable[[Job], Any]) -> tuple[list[int], dict[str, str], list[Any]]:
     """Apply `action` to every job of `jobs`: (the ids it applied to, {job: why not}, what it returned)."""
     done: list[int] = []
@@ -31,27 +32,28 @@ def _each(broker: Any, peer: Peer, req: dict[str, Any],
 
 
 @op("hold")
-def hold(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def hold(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     held, errors, _ = _each(broker, peer, req, lambda job: broker.manager.workflow.hold(job, peer.uid))
     return {"held": held, "errors": errors}
 
 
 @op("release")
-def release(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def release(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     released, errors, _ = _each(broker, peer, req, lambda job: broker.manager.workflow.release(job, peer.uid))
     return {"released": released, "errors": errors}
 
 
 @op("requeue")
-def requeue(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+def requeue(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     requeued, errors, waiters = _each(broker, peer, req,
                                       lambda job: broker.manager.workflow.requeue(job, peer.uid))
-    done = asyncio.gather(*waiters) if waiters else asyncio.sleep(0)
-    return _then(asyncio.ensure_future(done), {"requeued": requeued, "errors": errors})
+    # gather() of nothing is a future already done: the reply goes out at once.
+    done: asyncio.Future[Any] = asyncio.gather(*waiters)
+    return _then(done, {"requeued": requeued, "errors": errors})
 
 
 @op("update")
-def update(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def update(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     job = broker.manager.get(_field(req, "job", int))
     changes = {k: v for k, v in req.items() if k not in ("v", "id", "op", "job")}
     try:
@@ -62,7 +64,7 @@ def update(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 
 @op("attempts")
-def attempts(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+def attempts(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     record = _readable(broker, peer, _field(req, "job", int))
     index = _field(req, "index", int, None)
     start = _field(req, "from", int, 0)

@@ -9,7 +9,6 @@ still waiting out their delay) and posts the events.
 from __future__ import annotations
 
 import logging
-from array import array
 from collections import defaultdict
 from typing import Any
 
@@ -20,6 +19,7 @@ from broker.flowstate import Corr, Flow
 from broker.job import Job, State
 from broker.journal import Journal
 from broker.workflow import Workflow, index_outcomes, target_state
+from broker.taskmap import TaskMap
 
 log = logging.getLogger(__name__)
 
@@ -132,13 +132,13 @@ def _restore_counts(job: Job, seen: dict[str, Any], rows: list[tuple[Any, ...]],
         if last is not None and last[3] and last[3] > now and job.state == State.SCHED:
             out.delayed.setdefault(job.id, []).append((-1, last[3]))
         return
-    for task, attempt, outcome, not_before in rows:
+    for task, attempt, outcome, _ in rows:
         flow.attempts[task] = max(flow.attempts.get(task, 0), attempt + 1)
         if outcome == "retry":
             flow.retried[task] = flow.retried.get(task, 0) + 1
             job.retries += 1
     latest = {task: (attempt, nb) for task, attempt, _, nb in rows}
-    for task, (attempt, not_before) in latest.items():
+    for task, (_, not_before) in latest.items():
         if not_before and not_before > now and not job.is_done(task):
             out.delayed.setdefault(job.id, []).append((task, not_before))
 
@@ -164,6 +164,7 @@ def _restore_results(journal: Journal, jobs: list[Job]) -> None:
         statuses[job_id] = max(statuses.get(job_id, 0), counted)
         if not job.is_array:
             flow.actions.append(action)
+            assert job.spec is not None, "a recovered plain job with results is active"
             if task == job.spec.success_task:
                 flow.decider = (action, status)
                 flow.cut = True
@@ -238,8 +239,8 @@ def settled(workflow: Workflow, out: Recovered) -> None:
         if not (flow.held or delayed or flow.corr is not None):
             continue
         remaining = manager.scheduler.cancel(job.id)
-        tasks = list(job.pending_map[len(job.pending_map) - remaining:]) if remaining and job.pending_map else []
-        job.pending_map = job.pending_map[:len(job.pending_map) - remaining] if job.pending_map else None
+        tasks = job.pending_map.tail(len(job.pending_map) - remaining) if remaining and job.pending_map else []
+        job.pending_map = job.pending_map.head(len(job.pending_map) - remaining) if job.pending_map else None
         if flow.corr is not None:
             tasks = [t for t in tasks if t in flow.corr.released]
         now_tasks = [t for t in tasks if t not in delayed]
@@ -248,7 +249,7 @@ def settled(workflow: Workflow, out: Recovered) -> None:
                 attempts.delay_retry(job, task, flow.attempts.get(task, 0), delayed[task] - manager.clock())
         if flow.held:
             if job.pending_map is None:
-                job.pending_map = array("I")
+                job.pending_map = TaskMap()
             flow.held_from = len(job.pending_map)
         attempts.queue_tasks(job, now_tasks)
     workflow.feed(out.verdicts)

@@ -6,9 +6,9 @@ Records are slotted objects with counters, not dicts: an inactive job drops its 
 from __future__ import annotations
 
 import enum
-from array import array
 from typing import Any
 
+from broker.taskmap import TaskMap
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec
 
@@ -72,7 +72,7 @@ class Job:
         self.spec: Jobspec | None = spec
         self.array: IdSet | None = spec.array_ids
         # Element ordinals still to run, when not simply next_element.. (after a restart some already ran).
-        self.pending_map: array[int] | None = None
+        self.pending_map: TaskMap | None = None
         self.next_element = 0
         self.running = 0
         self.succeeded = 0
@@ -89,7 +89,9 @@ class Job:
         self.ending = False
         self.tasks_left = len(self.array) if self.array is not None else spec.ntasks
         # One bit per task: results re-sent after a restart are recognised and counted once.
-        self.done_bits = bytearray((self.tasks_left + 7) // 8)
+        # One bit per task that ended, made when the first one does (a queued 10^8-element array costs nothing);
+        # retire() leaves it empty: no longer counted.
+        self.done_bits: bytearray | None = None
         # The status the job ends with when an exception ends it (protocol.md §3.6): its cause's.
         self.cause_status: int | None = None
         # (status, note) of the first task that failed; it ends the job if the job fails as a gang.
@@ -124,8 +126,10 @@ class Job:
 
     def mark_done(self, task: int) -> bool:
         """Record that `task` ended; False when it is out of range or already recorded."""
-        if not 0 <= task < self.total_tasks or not self.done_bits:
+        if not 0 <= task < self.total_tasks or (self.done_bits is not None and not self.done_bits):
             return False
+        if self.done_bits is None:
+            self.done_bits = bytearray((self.total_tasks + 7) // 8)
         byte, bit = divmod(task, 8)
         if self.done_bits[byte] & (1 << bit):
             return False
@@ -133,6 +137,8 @@ class Job:
         return True
 
     def is_done(self, task: int) -> bool:
+        if not self.done_bits:
+            return False
         byte, bit = divmod(task, 8)
         return bool(self.done_bits[byte] & (1 << bit))
 
@@ -160,7 +166,7 @@ class Job:
     def new_attempt(self) -> None:
         """Reset what one run of a plain job counts, before it runs again (a retry or a requeue)."""
         self.tasks_left = self.ntasks
-        self.done_bits = bytearray((self.ntasks + 7) // 8)
+        self.done_bits = None
         self.succeeded = self.failed = self.cancelled = 0
         self.status = None
         self.first_failure = None
@@ -195,7 +201,8 @@ class Job:
             "id": self.id, "name": self.name, "uid": self.uid, "state": self.state.value,
             "urgency": self.urgency, "t_submit": self.t_submit, "t_run": self.t_run,
             "t_inactive": self.t_inactive, "ntasks": self.total_tasks, "nnodes": self.nnodes,
-            "ranks": self.ranks_text or str(IdSet.from_ints(self.ranks)), "status": self.status, "exception": self.exception,
+            "ranks": self.ranks_text or str(IdSet.from_ints(self.ranks)), "status": self.status,
+            "exception": self.exception,
             "array": str(self.array) if self.array is not None else None, "reason": self.reason,
             "counts": {
                 "pending": self.pending(), "running": self.running, "succeeded": self.succeeded,

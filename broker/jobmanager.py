@@ -18,7 +18,7 @@ import msgpack
 
 from broker import sched
 from broker.job import Job, State
-from broker.journal import Journal, Statement
+from broker.journal import Journal, Statement, when_durable
 from broker.watchers import Watchers
 from broker.workflow import Workflow, WorkflowRefusal
 from minicluster.config import InstanceConfig
@@ -138,6 +138,10 @@ class JobManager:
 
     def submit(self, uid: int, gid: int, spec: Jobspec) -> tuple[int, asyncio.Future[None]]:
         """Create the job and queue it; returns its id and a future that resolves once it is durable."""
+        if self.journal.stalled is not None:
+            # Nothing is acknowledged before it is durable, and nothing could be made durable now.
+            raise JobError("unavailable", f"the journal cannot be written ({self.journal.stalled}); nothing was "
+                                          "submitted: try again once the broker's disk has space")
         if uid != self.owner_uid and self.owner_uid != 0:
             # Tasks of other users can only run under their own uid, which needs a root instance.
             raise JobError("permission", f"this instance runs tasks as uid {self.owner_uid} only; "
@@ -162,14 +166,30 @@ class JobManager:
         ]
         self.post(job, "submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array}, statements)
         if self.workflow.admit(job):
-            # Dependencies, a hold or a policy: the workflow queues it when it may run. Journal writes commit
-            # in order, so this empty write is durable once all of the job's events are.
-            return job.id, self.journal.write([])
+            # Dependencies, a hold or a policy: the workflow queues it when it may run, once durable. Journal
+            # writes commit in order, so this empty write is durable once all of the job's events are.
+            admitted = self.journal.write([])
+            admitted.add_done_callback(lambda f: self._admitted(job, None, f))
+            return job.id, admitted
         self.post(job, "depend")
         fut = self.post(job, "priority", {"priority": job.urgency}, durable=True)
         assert fut is not None
-        self.enqueue(job, request)
+        # Queued once durable: nothing runs that a crash or a failed commit could make never submitted.
+        fut.add_done_callback(lambda f: self._admitted(job, request, f))
         return job.id, fut
+
+    def _admitted(self, job: Job, request: sched.Request | None, durable: asyncio.Future[None]) -> None:
+        """The submission is durable (queue the job; a workflow job: as the workflow decides), or refused."""
+        self.workflow.admitting.discard(job.id)
+        if durable.exception() is not None:
+            # Its submitter hears why: forget it; its id is not handed out again.
+            if self.jobs.get(job.id) is job:
+                del self.jobs[job.id]
+            return
+        if request is None:
+            self.workflow.try_release(job)
+        elif job.state == State.SCHED and not job.ending:  # not cancelled meanwhile
+            self.enqueue(job, request)
 
     def enqueue(self, job: Job, request: sched.Request, count: int | None = None, first: int = 0) -> None:
         count = count if count is not None else job.total_tasks if job.is_array else 1
@@ -216,7 +236,7 @@ class JobManager:
             self.journal.append(statements, lambda: self.watchers.event(job_id, event))
         else:
             fut = self.journal.write(statements)
-            fut.add_done_callback(lambda f: f.exception() or self.watchers.event(job_id, event))
+            when_durable(fut, lambda: self.watchers.event(job_id, event))
         if name in _OBSERVED:
             self.workflow.observe(job, name)
         return fut
@@ -251,7 +271,8 @@ class JobManager:
     def finish(self, job: Job) -> None:
         if job.ending:
             # An exception ended the job: its status is the cause's, not that of the tasks it killed.
-            job.status = job.cause_status if job.cause_status is not None else EXCEPTION_STATUS.get(job.exception or "", 1)
+            cause = job.cause_status
+            job.status = cause if cause is not None else EXCEPTION_STATUS.get(job.exception or "", 1)
         elif job.status is None:
             job.status = 0
         if job.ending:
@@ -275,7 +296,7 @@ class JobManager:
         assert fut is not None
         job.retire()
         result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
-        fut.add_done_callback(lambda f: f.exception() or self._closed(job, result))
+        when_durable(fut, lambda: self._closed(job, result))
         self.wake_scheduler()
 
     def _closed(self, job: Job, result: dict[str, Any]) -> None:

@@ -4,18 +4,25 @@ Every write is a list of (sql, params) statements.  The writer thread takes ever
 transaction, commits, and only then resolves the callers' futures, so "acknowledged" always means "durable"
 (docs/architecture.md#durability).  Reads go through a second connection on a reader thread so the event loop
 never waits on the disk.
+
+When the disk cannot take a commit (full, an I/O error, the file locked or made read-only) nothing fails: the
+writer keeps the batch, marks the journal `stalled` (new submissions are refused meanwhile) and retries until it
+commits, so the broker resumes by itself once space returns.  A statement that can never commit (a constraint,
+a value sqlite cannot store) fails only its own write: the batch is committed again write by write.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, Union
 
 from broker.share.schema import SCHEMA as SHARING_SCHEMA
@@ -66,6 +73,25 @@ class JournalError(RuntimeError):
     pass
 
 
+class JournalUnavailable(OSError):
+    """The journal cannot be written now (the disk is full, ...): at start-up, the broker cannot start."""
+
+
+# sqlite primary result codes of a disk that cannot take a write now, but may later: FULL, IOERR, BUSY,
+# LOCKED, READONLY, NOMEM, CANTOPEN, PROTOCOL.
+_TRANSIENT_CODES = frozenset((13, 10, 5, 6, 8, 7, 14, 15))
+# How long the writer waits between retries of a stalled commit, at most.
+_RETRY_MAX = 1.0
+
+
+def transient(exc: BaseException) -> bool:
+    """True for a failure of the disk, not of the statements: the same commit may succeed later."""
+    if isinstance(exc, sqlite3.OperationalError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is None or code & 0xFF in _TRANSIENT_CODES
+    return isinstance(exc, OSError | MemoryError)
+
+
 def _connect(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -82,16 +108,11 @@ class Journal:
         # Held until close(): one writer per journal (broker/statelock.py). sqlite's own locks are fcntl
         # locks, which a flock does not touch.
         self._lock_fd: int | None = lock_file(self.path, f"journal {self.path}")
-        setup = _connect(self.path)
-        # The journal holds every job's environment and output: owner only (WAL and SHM files inherit it).
-        os.chmod(self.path, 0o600)
-        setup.executescript(_SCHEMA + SHARING_SCHEMA)
-        found = setup.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if found is None:
-            setup.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
-        elif found[0] != SCHEMA_VERSION:
-            raise JournalError(f"{self.path} has schema {found[0]}, this broker reads {SCHEMA_VERSION}")
-        setup.close()
+        try:
+            self._set_up()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self._writes: queue.SimpleQueue[tuple[list[Statement], Waiter] | None] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
@@ -99,12 +120,40 @@ class Journal:
         self._reader_local = threading.local()
         self.commits = 0
         self.statements = 0
+        # Why commits are being retried (the disk is full, ...), None while they go through.
+        self.stalled: str | None = None
+        self._closing = False
+
+    def _set_up(self) -> None:
+        with self._startup_io():
+            setup = _connect(self.path)
+            # The journal holds every job's environment and output: owner only (WAL and SHM files inherit it).
+            os.chmod(self.path, 0o600)
+            setup.executescript(_SCHEMA + SHARING_SCHEMA)
+            found = setup.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if found is None:
+                setup.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            setup.close()
+        if found is not None and found[0] != SCHEMA_VERSION:
+            raise JournalError(f"{self.path} has schema {found[0]}, this broker reads {SCHEMA_VERSION}")
 
     # --- synchronous use, before the event loop serves anyone -------------------------------------------
 
+    @contextlib.contextmanager
+    def _startup_io(self) -> Iterator[None]:
+        """A disk that cannot take a write at start-up stops the broker with a message that says so."""
+        try:
+            yield
+        except Exception as exc:
+            if transient(exc):
+                raise JournalUnavailable(f"cannot write the journal {self.path} ({exc}); free space on its "
+                                         "filesystem and start again") from None
+            raise
+
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """A read on the calling thread: for start-up recovery only."""
-        conn = _connect(self.path)
+        with self._startup_io():
+            conn = _connect(self.path)
         try:
             return conn.execute(sql, params).fetchall()
         finally:
@@ -112,11 +161,12 @@ class Journal:
 
     def execute_now(self, statements: list[Statement]) -> None:
         """A synchronous transaction: for start-up only, before the writer thread runs."""
-        conn = _connect(self.path)
-        try:
-            _run_transaction(conn, statements)
-        finally:
-            conn.close()
+        with self._startup_io():
+            conn = _connect(self.path)
+            try:
+                _run_transaction(conn, statements)
+            finally:
+                conn.close()
 
     # --- asynchronous use --------------------------------------------------------------------------------
 
@@ -143,6 +193,7 @@ class Journal:
         return await loop.run_in_executor(self._reader, lambda: fn(self._reader_local.conn))
 
     async def close(self) -> None:
+        self._closing = True  # a stalled commit gives up: what is not durable by now never will be
         if self._writer.is_alive():
             self._writes.put(None)
             await asyncio.get_running_loop().run_in_executor(None, self._writer.join)
@@ -158,32 +209,57 @@ class Journal:
         conn = _connect(self.path)
         running = True
         while running:
-            batch = [self._writes.get()]
+            taken = [self._writes.get()]
             # Group commit: take everything that queued up while the last transaction was syncing.
-            while len(batch) < 4096:
+            while len(taken) < 4096:
                 try:
-                    batch.append(self._writes.get_nowait())
+                    taken.append(self._writes.get_nowait())
                 except queue.Empty:
                     break
-            if None in batch:
-                running = False
-                batch = [item for item in batch if item is not None]
+            batch = [item for item in taken if item is not None]
+            running = len(batch) == len(taken)  # None asks the writer to stop
             if batch:
                 self._commit(conn, batch)
         conn.close()
 
     def _commit(self, conn: sqlite3.Connection, batch: list[tuple[list[Statement], Waiter]]) -> None:
         statements = [s for group, _ in batch for s in group]
-        error: BaseException | None = None
-        try:
-            _run_transaction(conn, statements)
-        except sqlite3.Error as exc:
-            log.exception("journal commit of %d statements failed", len(statements))
-            error = JournalError(f"journal write failed: {exc}")
-        self.commits += 1
-        self.statements += len(statements)
+        error = self._commit_until_durable(conn, statements)
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(_resolve, [waiter for _, waiter in batch if waiter is not None], error)
+        if error is not None and len(batch) > 1:
+            # One write's statement cannot commit: commit the others write by write, fail only that one.
+            for group, waiter in batch:
+                failed = self._commit_until_durable(conn, group)
+                self._loop.call_soon_threadsafe(_resolve, [waiter], failed and _failure(failed))
+            return
+        self._loop.call_soon_threadsafe(_resolve, [waiter for _, waiter in batch], error and _failure(error))
+
+    def _commit_until_durable(self, conn: sqlite3.Connection, statements: list[Statement]) -> BaseException | None:
+        """Commit, retrying while the disk cannot take it; the error of statements that can never commit."""
+        delay = 0.01
+        while True:
+            try:
+                _run_transaction(conn, statements)
+            except Exception as exc:  # the writer must survive anything: every waiter hears how its write ended
+                if not transient(exc) or self._closing:
+                    log.error("journal commit of %d statements failed: %r", len(statements), exc)
+                    return exc
+                if self.stalled is None:
+                    log.error("journal commits stalled, retrying until they go through: %s", exc)
+                self.stalled = str(exc)
+                time.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+                continue
+            if self.stalled is not None:
+                log.warning("journal commits go through again")
+                self.stalled = None
+            self.commits += 1
+            self.statements += len(statements)
+            return None
+
+
+def _failure(exc: BaseException) -> JournalError:
+    return JournalError(f"journal write failed: {exc}")
 
 
 def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> None:
@@ -192,10 +268,22 @@ def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> N
         # Runs of the same statement (a batch of task results, output chunks) go through executemany.
         for sql, group in itertools.groupby(statements, key=lambda s: s[0]):
             conn.executemany(sql, [params for _, params in group])
+        conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # A failed COMMIT (disk full) can leave the transaction open: the next BEGIN would fail, and a later
+        # commit would carry this one's rows.
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
+
+
+def when_durable(fut: asyncio.Future[None], then: Callable[[], object]) -> None:
+    """Run `then` once the commit behind `fut` succeeded; after a failed one nothing is shown or sent."""
+    def done(f: asyncio.Future[None]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            then()
+    fut.add_done_callback(done)
 
 
 def _resolve(waiters: list[Waiter], error: BaseException | None) -> None:

@@ -6,9 +6,11 @@ manager, the rank table, the resource graph and the journal's reader.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from broker.brokerview import BrokerView
 from broker.access import check_readable, listed
 from broker.clientapi import MAX_ERROR_MESSAGE, Peer
 from broker.job import State
@@ -35,7 +37,7 @@ def op(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 class Operations:
     """Binds the registered operations to one broker."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: BrokerView) -> None:
         self.broker = broker
 
     def handler(self, name: Any) -> Callable[[Peer, dict[str, Any]], Any] | None:
@@ -51,25 +53,25 @@ def _field(req: dict[str, Any], name: str, kind: type | tuple[type, ...], defaul
             raise JobError("bad-request", f"missing field {name!r}")
         return default
     value = req[name]
-    if isinstance(value, bool) and kind is int or not isinstance(value, kind):
+    if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
         raise JobError("bad-request", f"field {name!r} has the wrong type")
     if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
         raise JobError("bad-request", f"field {name!r} is out of range (a signed 64-bit integer)")
     return value
 
 
-def _owner_only(broker: Any, peer: Peer, what: str) -> None:
+def _owner_only(broker: BrokerView, peer: Peer, what: str) -> None:
     if peer.uid != broker.owner_uid:
         raise JobError("permission", f"only the instance owner (uid {broker.owner_uid}) may {what}")
 
 
-def _refuse_when_stopping(broker: Any) -> None:
+def _refuse_when_stopping(broker: BrokerView) -> None:
     if broker.stopping:
         raise JobError("shutting-down", "the MiniCluster is shutting down")
 
 
 @op("hello")
-def hello(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def hello(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     cfg = broker.config
     return {"version": 1, "name": cfg.name, "size": cfg.size, "uid": peer.uid, "owner_uid": broker.owner_uid}
 
@@ -82,7 +84,7 @@ def _spec(req_spec: Any) -> jobspec_model.Jobspec:
 
 
 @op("submit")
-def submit(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+def submit(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _refuse_when_stopping(broker)
     spec = _spec(_field(req, "jobspec", dict))
     job_id, durable = broker.manager.submit(peer.uid, peer.gid, spec)
@@ -94,7 +96,7 @@ SUBMIT_SLICE = 256
 
 
 @op("submit-many")
-def submit_many(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+def submit_many(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _refuse_when_stopping(broker)
     specs = _field(req, "jobspecs", list)
 
@@ -132,7 +134,7 @@ def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dic
 
 
 @op("jobs")
-def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def jobs(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     show_all = _field(req, "all", bool, False)
     ids = _field(req, "ids", list, None)
     limit = _field(req, "limit", int, 1000)
@@ -151,7 +153,7 @@ def jobs(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     return {"jobs": summaries}
 
 
-def _readable(broker: Any, peer: Peer, job_id: Any) -> Any:
+def _readable(broker: BrokerView, peer: Peer, job_id: Any) -> Any:
     """The job's record, if `peer` may read its details (broker/access.py)."""
     record = broker.manager.get(job_id)
     check_readable(broker, peer, record.id, record.uid)
@@ -159,7 +161,7 @@ def _readable(broker: Any, peer: Peer, job_id: Any) -> Any:
 
 
 @op("job")
-def job(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+def job(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     record = _readable(broker, peer, _field(req, "job", int))
     summary = broker.manager.summary(record)
 
@@ -173,13 +175,13 @@ def job(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
 
 
 @op("cancel")
-def cancel(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def cancel(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     cancelled, errors = broker.manager.cancel(peer.uid, _field(req, "jobs", list))
     return {"cancelled": cancelled, "errors": errors}
 
 
 @op("eventlog")
-def eventlog(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+def eventlog(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     record = _readable(broker, peer, _field(req, "job", int))
     start = _field(req, "from", int, 0)
     follow = _field(req, "follow", bool, False)
@@ -194,7 +196,7 @@ def eventlog(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict
 
 
 @op("output")
-def output(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+def output(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     record = _readable(broker, peer, _field(req, "job", int))
     follow = _field(req, "follow", bool, False)
     index = _field(req, "index", int, None)
@@ -202,10 +204,10 @@ def output(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[s
     task = None
     if index is not None:
         task = _task_of_index(record, index)
-    return _output(broker, record, follow, task, attempt)
+    return _output(broker, peer, record, follow, task, attempt)
 
 
-async def _output(broker: Any, record: Any, follow: bool, task: int | None,
+async def _output(broker: BrokerView, peer: Peer, record: Any, follow: bool, task: int | None,
                   attempt: int | None) -> AsyncIterator[dict[str, Any]]:
     """History read in pages, then live chunks; responses of at most OUTPUT_RESPONSE_BYTES (protocol.md §3.3)."""
     follower = broker.watchers.follow_output(record.id) if follow and not record.closed else None
@@ -216,10 +218,13 @@ async def _output(broker: Any, record: Any, follow: bool, task: int | None,
             batch.extra["files"] = files
         next_seq = 0
         while True:
-            page = await broker.journal.read(lambda c, start=next_seq: _output_page(c, record.id, start, attempt))
-            for item in page:
-                if batch.add(item):
-                    yield batch.take()
+            # A client that sends many `output` requests and reads none holds two pages, not one per request.
+            async with peer.bulk_reads:
+                page = await broker.journal.read(functools.partial(_output_page, job_id=record.id, start=next_seq,
+                                                                   attempt=attempt))
+                for item in page:
+                    if batch.add(item):
+                        yield batch.take()
             if not page:
                 break
             next_seq = page[-1][0] + 1
@@ -294,7 +299,7 @@ def _output_page(c: Any, job_id: int, start: int, attempt: int | None = None) ->
     return rows
 
 
-async def _output_files(broker: Any, record: Any) -> str | None:
+async def _output_files(broker: BrokerView, record: Any) -> str | None:
     """The output template of a job whose output went to files on the nodes."""
     if record.spec is not None:
         return record.spec.output
@@ -302,7 +307,7 @@ async def _output_files(broker: Any, record: Any) -> str | None:
     return unpack(rows[0][0]).get("output") if rows else None
 
 
-async def _truncated(broker: Any, record: Any) -> int | None:
+async def _truncated(broker: BrokerView, record: Any) -> int | None:
     """The cap, if the job's output reached it (after a restart, its `output-truncated` event says so)."""
     if record.truncated:
         return broker.config.output_cap
@@ -322,7 +327,7 @@ def _task_of_index(record: Any, index: int) -> int:
         raise JobError("not-found", f"job {record.id} has no array index {index}") from None
 
 
-async def _follow(broker: Any, record: Any, follow: bool, history: Callable[[Any], list[list[Any]]],
+async def _follow(broker: BrokerView, record: Any, follow: bool, history: Callable[[Any], list[list[Any]]],
                   subscribe: Callable[[int], Any], key: str, seq_of: Callable[[list[Any]], int],
                   start: int) -> AsyncIterator[dict[str, Any]]:
     """History from sqlite, then live items, skipping sequence numbers already sent (no gaps, no repeats)."""
@@ -346,7 +351,7 @@ async def _follow(broker: Any, record: Any, follow: bool, history: Callable[[Any
 
 
 @op("wait")
-def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+def wait(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     records = [_readable(broker, peer, i) for i in _field(req, "jobs", list)]
 
     async def results() -> AsyncIterator[dict[str, Any]]:
@@ -355,7 +360,7 @@ def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str
             for r in records:
                 if r.id not in followers:
                     yield {"job": r.id, "status": r.status, "state": r.state.value, "exception": r.exception}
-            for job_id, follower in followers.items():
+            for follower in followers.values():
                 yield await follower.queue.get()
         finally:
             for job_id, follower in followers.items():
@@ -365,7 +370,7 @@ def wait(broker: Any, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str
 
 
 @op("task-results")
-def task_results(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+def task_results(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     record = _readable(broker, peer, _field(req, "job", int))
     start = _field(req, "from", int, 0)
     limit = _field(req, "limit", int, 10_000)
@@ -383,7 +388,7 @@ async def _wrap(awaitable: Any, key: str) -> dict[str, Any]:
 
 
 @op("stdin")
-def stdin(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+def stdin(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     record = broker.manager.get(_field(req, "job", int))
     data = _field(req, "data", bytes, b"")
     eof = _field(req, "eof", bool, False)
@@ -402,7 +407,7 @@ def stdin(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
 
 
 @op("resources")
-def resources(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def resources(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"ranks": broker.graph.summary()}
     if _field(req, "tree", bool, False):
         out["tree"] = broker.graph.tree()
@@ -410,16 +415,17 @@ def resources(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 
 @op("status")
-def status(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def status(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     cfg = broker.config
     execution = broker.execution
     return {"name": cfg.name, "size": cfg.size, "fanout": cfg.fanout, "epoch": broker.epoch,
             "ranks": broker.ranks.rows(), "queue": broker.manager.queue_counts(),
-            "tasks": {"started": execution.tasks_started, "ended": execution.tasks_ended}}
+            "tasks": {"started": execution.tasks_started, "ended": execution.tasks_ended},
+            "journal": {"stalled": broker.journal.stalled}}
 
 
 @op("drain")
-def drain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def drain(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     _owner_only(broker, peer, "drain ranks")
     ranks = _ranks(broker, _field(req, "ranks", list))
     reason = _field(req, "reason", str, "")
@@ -431,7 +437,7 @@ def drain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 
 @op("undrain")
-def undrain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def undrain(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     _owner_only(broker, peer, "undrain ranks")
     ranks = _ranks(broker, _field(req, "ranks", list))
     for r in ranks:
@@ -441,7 +447,7 @@ def undrain(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     return {"undrained": ranks}
 
 
-def _ranks(broker: Any, ranks: list[Any]) -> list[int]:
+def _ranks(broker: BrokerView, ranks: list[Any]) -> list[int]:
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, int) or r not in broker.graph.nodes:
             raise JobError("not-found", f"rank {r!r} is not part of the MiniCluster's resources")
@@ -449,7 +455,7 @@ def _ranks(broker: Any, ranks: list[Any]) -> list[int]:
 
 
 @op("shutdown")
-def shutdown(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def shutdown(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     _owner_only(broker, peer, "shut the MiniCluster down")
     asyncio.get_running_loop().call_later(0.05, broker.request_stop)
     return {}

@@ -39,7 +39,7 @@ class Policy:
     max_failed: int | None = None
 
     @classmethod
-    def of(cls, spec: Jobspec) -> "Policy":
+    def of(cls, spec: Jobspec) -> Policy:
         return cls(
             exit_rules=tuple((IdSet.parse(codes), action) for codes, action in spec.on_exit),
             signal_rules=tuple((IdSet.parse(sigs), action) for sigs, action in spec.on_signal),

@@ -6,12 +6,14 @@ It also hosts rank 0's own WorkerAgent, so the broker's node runs tasks like any
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import gc
 import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from broker import flowops  # noqa: F401  (registers the workflow operations)
@@ -37,7 +39,8 @@ from minicluster import exitcodes
 from minicluster.config import InstanceConfig
 from minicluster.overlay.curve import Certificate
 from minicluster.overlay.transport import Overlay
-from minicluster.proto.envelope import Message
+from minicluster.proto import messages
+from minicluster.proto.envelope import BadMessage, Message
 from worker import rank0
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,8 @@ class Broker:
         self.stopping = False
         self.disrupted: int | None = None
         self._stop = asyncio.Event()
+        # Set once every rank has joined (again, after a restart): batch mode and the reattach window wait on it.
+        self._all_up = asyncio.Event()
         self.uri = f"unix://{config.socket_path}"
         self.journal = Journal(config.state_dir)
         # Ranks a resource graph file describes (their description comes from it, not from their join).
@@ -71,7 +76,7 @@ class Broker:
         accounting.load_records(self.journal, self.manager.jobs)
         self.epoch = recovered.epoch
         self.manager.next_id = recovered.next_id
-        self.reattach = Reattach(self.manager, recovered.active)
+        self.reattach: Reattach | None = Reattach(self.manager, recovered.active)
         self.workflows = recover_workflows(self.manager.workflow, self.journal, recovered.active)
         # Drains outlive restarts: applied as each rank's resources are added.
         self.drains = dict(self.journal.query("SELECT rank, reason FROM drains"))
@@ -104,8 +109,8 @@ class Broker:
                  "the fair-share loop": self._sharing_loop(), "rank 0's agent": self.agent.run()}
         for name, coro in loops.items():
             self.supervisor.spawn(coro, name)
-        if not self.reattach.needed:
-            self.reattach = None  # type: ignore[assignment]
+        if self.reattach is None or not self.reattach.needed:
+            self.reattach = None
             settle_workflows(self.manager.workflow, self.workflows)
         else:
             self.supervisor.spawn(self._close_reattach_window(), "the reattach window")
@@ -179,8 +184,11 @@ class Broker:
 
         A stop request (SIGTERM, `mc shutdown`) ends the command too: SIGTERM, then SIGKILL after kill_grace.
         """
-        while not self.ranks.all_up() and not self._stop.is_set():
-            await asyncio.sleep(0.02)
+        joined = asyncio.ensure_future(self._all_up.wait())
+        stop_asked = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait((joined, stop_asked), return_when=asyncio.FIRST_COMPLETED)
+        joined.cancel()
+        stop_asked.cancel()
         if self._stop.is_set():
             return 128 + signal.SIGTERM
         env = dict(os.environ, MC_URI=self.uri)
@@ -203,7 +211,7 @@ class Broker:
             _signal_command(proc.pid, own_group, signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(exited), self.config.kill_grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 _signal_command(proc.pid, own_group, signal.SIGKILL)
         code = await exited
         if own_group:
@@ -231,30 +239,37 @@ class Broker:
         if msg.kind not in ("join", "hb", "out") and not self.ranks.is_member(msg.src):
             self.overlay.send("rejoin", msg.src, {"epoch": self.epoch})
             return
-        handler(self, msg.src, msg.body)
+        try:
+            typed = messages.decode(msg.kind, msg.body)
+        except BadMessage as exc:
+            self.overlay.send("error", msg.src, {"code": exc.code, "message": str(exc), "ref": msg.kind})
+            return
+        dropped = getattr(typed, "dropped", 0)
+        if dropped:
+            log.warning("rank %d sent %d malformed rows in a %s message; they were dropped", msg.src, dropped, msg.kind)
+        handler(self, msg.src, typed)
 
-    def _on_join(self, rank: int, body: dict[str, Any]) -> None:
-        resources = body.get("resources") or {}
+    def _on_join(self, rank: int, join: messages.Join) -> None:
         now = time.monotonic()
         try:
             if rank != 0 or self.config.broker_runs_tasks:
-                self._add_resources(rank, resources)
+                self._add_resources(rank, join.resources)
         except (KeyError, TypeError, ValueError) as exc:
             self.overlay.send("error", rank, {"code": "bad-request", "message": f"bad resources: {exc}", "ref": "join"})
             return
         # A repeat sent before the worker read our welcome (protocol.md §2.6): it cannot list the runs sent since.
-        repeat = (self.ranks.is_member(rank) and self.ranks.ranks[rank].pid == body.get("pid")
-                  and body.get("epoch") != self.epoch)
-        self.ranks.joined(rank, now, body.get("pid"), str(body.get("hostname", "")))
-        results = body.get("results") or []
-        if results:
-            self.execution.on_done(rank, list(results))
-        running = body.get("running") or []
+        repeat = (self.ranks.is_member(rank) and self.ranks.ranks[rank].pid == join.pid
+                  and join.epoch != self.epoch)
+        self.ranks.joined(rank, now, join.pid, join.hostname)
+        if join.results:
+            self.execution.on_done(rank, join.results)
         if self.reattach is not None:
-            self.reattach.report(rank, running)
+            self.reattach.report(rank, join.running)
         elif not repeat:
-            self.execution.reconcile(rank, running)
+            self.execution.reconcile(rank, join.running)
         self.overlay.send("welcome", rank, {"epoch": self.epoch, "size": self.config.size})
+        if self.ranks.all_up():
+            self._all_up.set()
         if self.ranks.all_up() and not self.manager.all_ranks_seen:
             self.manager.all_ranks_seen = True
             # The resource graph and the job table are long-lived: keep the collector from rescanning them.
@@ -273,30 +288,30 @@ class Broker:
         elif mismatch:
             self.graph.drain(rank, mismatch)
 
-    def _on_hb(self, rank: int, body: dict[str, Any]) -> None:
+    def _on_hb(self, rank: int, _hb: messages.Heartbeat) -> None:
         if not self.ranks.heartbeat(rank, time.monotonic()):
             self.overlay.send("rejoin", rank, {"epoch": self.epoch})
 
-    def _on_done(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.on_done(rank, list(body.get("results", [])))
+    def _on_done(self, rank: int, done: messages.Done) -> None:
+        self.execution.on_done(rank, done.results)
 
-    def _on_out(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.on_output(list(body.get("chunks", [])))
+    def _on_out(self, _rank: int, out: messages.Output) -> None:
+        self.execution.on_output(out.chunks)
 
-    def _on_pmi_put(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.on_pmi_put(rank, body)
+    def _on_pmi_put(self, rank: int, put: messages.PmiPut) -> None:
+        self.execution.on_pmi_put(rank, put)
 
-    def _on_stdin_ack(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.stdin.on_ack(rank, body)
+    def _on_stdin_ack(self, rank: int, ack: messages.StdinAck) -> None:
+        self.execution.stdin.on_ack(rank, ack)
 
-    def _on_pmi_init(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.on_pmi_init(body)
+    def _on_pmi_init(self, _rank: int, init: messages.PmiInit) -> None:
+        self.execution.on_pmi_init(init)
 
-    def _on_abort(self, rank: int, body: dict[str, Any]) -> None:
-        self.execution.on_abort(rank, body)
+    def _on_abort(self, rank: int, abort: messages.Abort) -> None:
+        self.execution.on_abort(rank, abort)
 
-    def _on_error(self, rank: int, body: dict[str, Any]) -> None:
-        log.warning("rank %d refused a %s message: %s", rank, body.get("ref"), body.get("message"))
+    def _on_error(self, rank: int, refusal: messages.Refusal) -> None:
+        log.warning("rank %d refused a %s message: %s", rank, refusal.ref, refusal.message)
 
     # --- scheduling and periodic work ----------------------------------------------------------------------
 
@@ -317,12 +332,12 @@ class Broker:
             preemption.carry_out(self.manager, self.execution, self.sharing, preemptions)
 
     async def _close_reattach_window(self) -> None:
-        deadline = time.monotonic() + self.config.reattach_timeout
-        while time.monotonic() < deadline and not self.ranks.all_up():
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_up.wait(), self.config.reattach_timeout)
         # Give joined workers a moment to re-send results they held while rank 0 was away.
         await asyncio.sleep(min(0.5, self.config.heartbeat_interval))
         reattach, self.reattach = self.reattach, None
+        assert reattach is not None, "the window is opened only with a Reattach"
         reattach.settle(self.execution, time.time())
         settle_workflows(self.manager.workflow, self.workflows)
         self.manager.all_ranks_seen = self.ranks.all_up()
@@ -410,7 +425,7 @@ class Broker:
                 jobs["failed" if job.status else "finished"] += 1
             else:
                 jobs["running" if job.state in (State.RUN, State.CLEANUP) else "queued"] += 1
-        started = datetime.datetime.fromtimestamp(self._started, datetime.timezone.utc)
+        started = datetime.datetime.fromtimestamp(self._started, datetime.UTC)
         return {"name": self.config.name, "size": self.config.size, "max_size": self.config.tree_size,
                 # A new `started` with an epoch that did not grow means a new, empty journal (state lost).
                 "epoch": self.epoch, "started": started.isoformat(timespec="milliseconds"),
@@ -422,7 +437,7 @@ class Broker:
                              "overlay_dropped": self.overlay.dropped, "overlay_bad_frames": self.overlay.bad_frames}}
 
 
-_HANDLERS = {
+_HANDLERS: dict[str, Callable[[Broker, int, Any], None]] = {
     "join": Broker._on_join,
     "hb": Broker._on_hb,
     "done": Broker._on_done,

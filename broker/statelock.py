@@ -47,8 +47,9 @@ class StateLock:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         self.path = os.path.join(state_dir, "lock")
         self.fd: int | None = lock_file(self.path, f"state dir {state_dir}")
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        with contextlib.suppress(OSError):  # a full disk must not stop a broker that could serve reads
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 
     def forget(self) -> None:
         """In a forked child that must not hold the lock (a worker rank): close its copy of the descriptor."""

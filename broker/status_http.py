@@ -95,8 +95,7 @@ class StatusServer:
             writer.write(f"HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
                          f"Connection: close\r\n\r\n".encode() + data)
             await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
-                ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError):
             pass
         finally:
             writer.close()

@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from minicluster.proto import messages
+
 Send = Callable[[str, int, dict[str, Any]], None]
 Answer = asyncio.Future  # of {"open": bool}
 
@@ -59,16 +61,16 @@ class StdinRelay:
         for data, eof, answer in queued:
             self._send(job_id, state, data, eof, answer)
 
-    def on_ack(self, rank: int, body: dict[str, Any]) -> None:
-        state = self._jobs.get(body.get("job", -1))
-        entry = state.waiting.get(body.get("seq", -1)) if state is not None else None
-        if entry is None:
+    def on_ack(self, rank: int, ack: messages.StdinAck) -> None:
+        state = self._jobs.get(ack.job)
+        entry = state.waiting.get(ack.seq) if state is not None else None
+        if state is None or entry is None:
             return
         ranks, answer, reading = entry
         ranks.discard(rank)
-        reading[0] = reading[0] or bool(body.get("open"))
+        reading[0] = reading[0] or ack.open
         if not ranks:
-            del state.waiting[body["seq"]]  # type: ignore[union-attr]
+            del state.waiting[ack.seq]
             _answer(answer, reading[0])
 
     def ended(self, job_id: int) -> None:

@@ -12,7 +12,6 @@ import asyncio
 import datetime
 import logging
 import signal
-from array import array
 from collections import deque
 from typing import Any
 
@@ -24,6 +23,7 @@ from broker.flowstate import Corr, Flow
 from broker.job import Job, State
 from broker.retry import IGNORE, SUCCESS, Policy
 from broker.supervise import Supervisor
+from broker.taskmap import TaskMap
 from minicluster.model import jobspec as jobspec_model
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec
@@ -61,6 +61,8 @@ class Workflow:
         self._never: dict[int, list[int]] = {}
         # Where background work runs, supervised (set by the broker: broker/supervise.py).
         self.background: Supervisor | None = None
+        # Jobs whose submission is not durable yet: nothing releases them to the queue before it is.
+        self.admitting: set[int] = set()
 
     # --- submission ----------------------------------------------------------------------------------------
 
@@ -102,6 +104,7 @@ class Workflow:
             self.graph.track(job.id, key)
             return False
         job.flow = flow = Flow(spec)
+        self.admitting.add(job.id)
         deps = [(dep.type, t) for dep in spec.dependencies for t in dep.jobs]
         singleton = any(dep.type == SINGLETON for dep in spec.dependencies)
         added, decided = self.graph.add(job.id, deps, self.lookup, key=key, singleton=singleton,
@@ -170,7 +173,8 @@ class Workflow:
     def try_release(self, job: Job) -> None:
         """DEPEND -> queued, once nothing blocks the job and no hold is in place."""
         flow = job.flow
-        if job.state != State.DEPEND or job.ending or flow.held or self.graph.blocked(job.id):
+        if (job.state != State.DEPEND or job.ending or flow.held or self.graph.blocked(job.id)
+                or job.id in self.admitting):
             return
         self.manager.post(job, "depend")
         self.manager.post(job, "priority", {"priority": job.urgency})
@@ -181,7 +185,7 @@ class Workflow:
         if corr is None:
             self.manager.enqueue(job, self.manager.request(job))
             return
-        job.pending_map = array("I")
+        job.pending_map = TaskMap()
         ready, corr.ready = corr.ready, []
         self.attempts.queue_tasks(job, ready)
         self.manager.maybe_finish(job)
@@ -346,10 +350,10 @@ class Workflow:
         queued = job.state in PENDING_STATES or (job.is_array and job.pending() > 0)
         if "urgency" in changes and not queued:
             raise WorkflowRefusal("bad-state", f"job {job.id} is running: urgency orders only work not yet started")
-        if "time_limit" in changes and job.running and uid != self.manager.owner_uid:
-            if self.manager.time_limit(new) > self.manager.time_limit(spec):
-                raise WorkflowRefusal("permission", f"only the instance owner may raise the time limit of running "
-                                                    f"job {job.id}")
+        if ("time_limit" in changes and job.running and uid != self.manager.owner_uid
+                and self.manager.time_limit(new) > self.manager.time_limit(spec)):
+            raise WorkflowRefusal("permission", f"only the instance owner may raise the time limit of running "
+                                                f"job {job.id}")
         job.spec = new
         job.urgency = new.urgency
         job.name = new.name

@@ -109,7 +109,7 @@ class WorkerAgent:
             try:
                 wait = self.config.heartbeat_interval if self.welcomed.is_set() else 0.2
                 await asyncio.wait_for(self.stopped.wait(), wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def join(self) -> None:
@@ -134,7 +134,8 @@ class WorkerAgent:
     def handle(self, msg: Message) -> None:
         handler = _HANDLERS.get(msg.kind)
         if handler is None:
-            self.send("error", msg.src, {"code": "unknown-kind", "message": f"unknown kind {msg.kind!r}", "ref": msg.kind})
+            self.send("error", msg.src,
+                      {"code": "unknown-kind", "message": f"unknown kind {msg.kind!r}", "ref": msg.kind})
             return
         handler(self, msg.body)
 
@@ -222,6 +223,8 @@ class WorkerAgent:
             path = outputpath.expand(info["output"], job, task, index) if info.get("output") else None
         except outputpath.TemplateError as exc:
             raise _CannotStart(STATUS_CANNOT_RUN, f"output: {exc}") from None
+        if path is not None and info.get("cwd"):
+            path = os.path.join(info["cwd"], path)  # a relative path is the task's, as its cwd is; not the worker's
         self.running[key] = (cores, gpus)
         bind = tuple(cores) if self.resources.pinned else ()
         if self._real_cores is not None:

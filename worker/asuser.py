@@ -15,7 +15,7 @@ import ctypes
 import os
 import platform
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 # setgroups(2) by architecture (asm/unistd.h); where unknown, a worker with supplementary groups refuses.
 _SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}
@@ -48,6 +48,11 @@ def acting_as(uid: int, gid: int) -> Iterator[None]:
             _set_thread_groups(groups)
         _libc.setfsuid(old_uid)
         _libc.setfsgid(old_gid)
+
+
+def acting_as_user(user: tuple[int, int] | None) -> AbstractContextManager[None]:
+    """`acting_as(uid, gid)` for a task of another user; nothing (the worker's own ids) when `user` is None."""
+    return acting_as(*user) if user is not None else nullcontext()
 
 
 def _set_thread_groups(groups: list[int]) -> None:

@@ -51,15 +51,23 @@ class CgroupTasks:
         self._made = 0
 
     @classmethod
-    def detect(cls, instance: str, rank: int, fs: Path = CGROUP_FS) -> CgroupTasks | None:
-        """The tree for this rank of `instance` (its state dir), where writable; it starts
-        empty: what a previous run of this rank left there is killed first."""
+    def at(cls, instance: str, rank: int, fs: Path = CGROUP_FS) -> CgroupTasks | None:
+        """Where the tree of this rank of `instance` (its state dir) is, if this process may write there."""
         root = fs if (fs / "cgroup.controllers").exists() else fs / "unified"
         own = _own_v2_group(root)
         if own is None or not os.access(own, os.W_OK) or not os.access(own / "cgroup.procs", os.W_OK):
             return None
         digest = hashlib.sha256(os.path.realpath(instance).encode()).hexdigest()[:12]
-        tree = cls(own, own / f"mc-{digest}-rank{rank}")
+        return cls(own, own / f"mc-{digest}-rank{rank}")
+
+    @classmethod
+    def detect(cls, instance: str, rank: int, fs: Path = CGROUP_FS) -> CgroupTasks | None:
+        """The tree for this rank's tasks, where usable; it starts empty: what a previous run of this rank
+        left there is killed first."""
+        tree = cls.at(instance, rank, fs)
+        if tree is None:
+            return None
+        own = tree.own
         try:
             killed = tree.kill_leftovers()
             tree.base.mkdir()
@@ -94,11 +102,12 @@ class CgroupTasks:
         return left
 
     def close(self) -> None:
-        """Remove the tree once its tasks ended (the rank stops)."""
-        for group in self._spare:
+        """Remove the tree once its tasks ended (the rank stops): the spare groups, and those whose removal was
+        still pending."""
+        self._spare.clear()
+        for group in reversed(_subgroups(self.base)):
             with contextlib.suppress(OSError):
                 os.rmdir(group)
-        self._spare.clear()
         with contextlib.suppress(OSError):
             os.rmdir(self.base)
 
@@ -248,9 +257,12 @@ def kill_instance_leftovers(state_dir: str, ranks: Iterable[int]) -> None:
     """What the ranks of the instance at `state_dir` left running on this host (its launcher, after they exit)."""
     for rank in ranks:
         kill_orphans(os.path.join(state_dir, f"tasks-rank{rank}.pids"))
-        tree = CgroupTasks.detect(state_dir, rank)
+        tree = CgroupTasks.at(state_dir, rank)
         if tree is not None:
-            tree.close()
+            try:
+                tree.kill_leftovers()
+            except OSError as exc:
+                log.warning("cgroup %s: %s", tree.base, exc)
 
 
 def starttime(pid: int) -> int | None:

@@ -25,11 +25,11 @@ import signal as _signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.text import cut
-from worker.asuser import acting_as
+from worker.asuser import acting_as_user
 from worker.containment import CgroupTasks, Subreaper, kill_orphans, starttime
 from worker.fdwatch import FdWatch
 from worker.jobenv import accelerator_env
@@ -225,7 +225,7 @@ class TaskExecutor(_Executor):
 
     def _spawn(self, spec: TaskSpec) -> tuple[int, int, dict[int, str]]:
         path = _resolve(spec)
-        if spec.cwd is not None and not os.path.isdir(spec.cwd):
+        if spec.cwd is not None and not _is_dir(spec.cwd, spec.user):
             raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(spec.cwd)}: no such directory")
         bad = sorted(set(spec.cores) - self._allowed_cores)
         if bad:
@@ -396,10 +396,15 @@ class TaskExecutor(_Executor):
         """
         if not self._pidfile:
             return
-        if self._pidfile_fd is None:
-            self._write_pidfile()  # lists every running task, this one included
+        try:
+            if self._pidfile_fd is None:
+                self._write_pidfile()  # lists every running task, this one included
+                return
+            os.write(self._pidfile_fd, f"{task.pid} {task.pid} {task.starttime}\n".encode())
+        except OSError as exc:
+            # A full disk: the task runs all the same; only a restart of this worker would miss it.
+            log.warning("could not record task pid %d in %s: %s", task.pid, self._pidfile, exc)
             return
-        os.write(self._pidfile_fd, f"{task.pid} {task.pid} {task.starttime}\n".encode())
         self._pidfile_lines += 1
 
     def _write_pidfile(self) -> None:
@@ -437,14 +442,18 @@ def _resolve(spec: TaskSpec) -> str:
     raise _SpawnError(STATUS_NOT_FOUND, f"{cut(name)}: command not found")
 
 
-def _as(user: tuple[int, int] | None) -> contextlib.AbstractContextManager[None]:
-    """The file-system ids to open and enter things with: the task's user's, or the worker's own."""
-    return acting_as(*user) if user is not None else contextlib.nullcontext()
+def _is_dir(path: str, user: tuple[int, int] | None) -> bool:
+    """Whether `path` is a directory, as `user` sees it: a guest learns nothing of what it may not look into."""
+    try:
+        with acting_as_user(user):
+            return os.path.isdir(path)
+    except OSError as e:
+        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(path)}: {e}") from None
 
 
 def _chdir(cwd: str, user: tuple[int, int] | None) -> None:
     try:
-        with _as(user):
+        with acting_as_user(user):
             os.chdir(cwd)
     except OSError as e:
         raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(cwd)}: {e.strerror}") from None
@@ -454,7 +463,7 @@ def _open_output(name: str, path: str | None, pipes: dict[int, str], user: tuple
     """The fd the child gets as stdout/stderr, a file opened as `user`; pipe read ends are added to `pipes`."""
     if path is not None:
         try:
-            with _as(user):
+            with acting_as_user(user):
                 return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
         except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
             raise _SpawnError(STATUS_CANNOT_RUN, f"{name} {cut(path)}: {getattr(e, 'strerror', None) or e}") from None
@@ -506,7 +515,8 @@ def _result(task: _Task) -> TaskResult:
 
 def _exited(key: TaskKey, pid: int, code: int | None, sig: int | None,
             started: float, ended: float) -> TaskResult:
-    status = 128 + sig if sig is not None else code
+    # Exactly one of code and sig is given (os.WIFSIGNALED decides which).
+    status = 128 + sig if sig is not None else code if code is not None else 0
     return TaskResult(key, status, code, sig, None, pid, started, ended)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -133,5 +134,7 @@ def serve_modes(info: dict[str, Any]) -> set[str]:
     if mode != "auto":
         return {mode} if mode in ("pmi1", "pmix") else set()
     env = info.get("env", {})
-    picked = detect.pmi_for(info["argv"][0], env.get("PATH"), info.get("cwd"))
+    uid = info.get("uid", os.getuid())
+    user = (uid, info.get("gid", uid)) if uid != os.getuid() else None
+    picked = detect.pmi_for(info["argv"][0], env.get("PATH"), info.get("cwd"), user)
     return {picked} if picked else {"pmi1", "pmix"}

@@ -5,6 +5,7 @@ import asyncio
 import time
 from typing import Any
 
+from broker.brokerview import BrokerView
 from broker.access import check_readable
 from broker.clientapi import Peer
 from broker.jobmanager import JobError
@@ -17,7 +18,7 @@ _DEFAULT_REASON = {"stop": "stopped by the instance owner", "disable": "disabled
 
 
 @op("queues")
-def queues(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def queues(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     sharing = broker.sharing
     limits = sharing.scheduler.limits
     gauges = sharing.gauges()["queues"]
@@ -32,7 +33,7 @@ def queues(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
 
 
 @op("queue-control")
-def queue_control(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+def queue_control(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     action = _field(req, "action", str)
     if action not in QUEUE_ACTIONS:
         raise JobError("bad-request", f"action must be one of {', '.join(QUEUE_ACTIONS)}, got {action!r}")
@@ -48,12 +49,12 @@ def queue_control(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Futur
 
 
 @op("banks")
-def bank_list(broker: Any, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def bank_list(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
     return {"banks": banks.listing(broker.sharing, time.time())}
 
 
 @op("bank-add")
-def bank_add(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+def bank_add(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _owner_only(broker, peer, "change banks")
     bank = _field(req, "bank", str)
     shares = _field(req, "shares", int, 1)
@@ -67,7 +68,7 @@ def bank_add(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dic
 
 
 @op("bank-remove")
-def bank_remove(broker: Any, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+def bank_remove(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     _owner_only(broker, peer, "change banks")
     bank = _field(req, "bank", str)
     if "user" in req:
@@ -86,7 +87,7 @@ def _time(req: dict[str, Any], name: str) -> float | None:
 
 
 @op("usage")
-def usage(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+def usage(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     uid = uid_of(req["user"]) if req.get("user") is not None else None
     project = _field(req, "project", str, None)
     since, until = _time(req, "since"), _time(req, "until")
@@ -100,7 +101,7 @@ async def _wrap(rows: Any) -> dict[str, Any]:
 
 
 @op("job-usage")
-def job_usage(broker: Any, peer: Peer, req: dict[str, Any]) -> Any:
+def job_usage(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     job_id = _field(req, "job", int)
     record = broker.manager.jobs.get(job_id)
     if record is not None:

@@ -41,10 +41,11 @@ class LocalCluster:
     # --- processes -----------------------------------------------------------------------------------------
 
     def start_rank(self, rank: int, config_path: str | None = None, env: dict[str, str] | None = None,
-                   stderr: Any = None) -> subprocess.Popen[bytes]:
-        """Start one rank's process; `env` adds to this process's environment, `stderr` as for Popen."""
+                   stderr: Any = None, wrapper: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+        """Start one rank's process; `env` adds to this process's environment, `stderr` as for Popen, and
+        `wrapper` runs it through a command (e.g. `ip netns exec NS`)."""
         role = "broker" if rank == 0 else "worker"
-        argv = [sys.executable, "-m", "minicluster", role, "--config", config_path or self.config_path]
+        argv = [*wrapper, sys.executable, "-m", "minicluster", role, "--config", config_path or self.config_path]
         if rank:
             argv += ["--rank", str(rank)]
         proc = subprocess.Popen(argv, env={**os.environ, "MC_URI": self.uri, **(env or {})}, stdin=subprocess.DEVNULL,

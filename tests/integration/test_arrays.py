@@ -102,3 +102,40 @@ def test_stalled_worker_does_not_grow_broker_memory(tmp_path) -> None:
         assert after - before < 64 * 1024, f"broker RSS grew by {after - before} KiB"
         assert "output-truncated" in [e[2] for e in c.eventlog(array)]
         cluster.wait_states({2: "up"}, timeout=15)
+
+
+def _peak_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        status = dict(line.split(":", 1) for line in f.read().splitlines())
+    return int(status["VmHWM"].split()[0]) / 1024
+
+
+@pytest.mark.slow
+def test_a_restart_requeues_a_huge_running_array_without_expanding_it(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=1, test_exec=True, resources="cores=4") as cluster:
+        with cluster.client() as c:
+            huge = c.submit(job(["true"], array="0-9999999", env={"MC_TEST_RUN_DURATION": "3600"}))
+            next(e for e in c.eventlog(huge, follow=True) if e[2] == "start")
+            c.job(huge)
+        before = _peak_mb(cluster.procs[0].pid)
+        cluster.kill(0)
+        cluster.restart(0)
+        with cluster.client() as c:
+            deadline = time.monotonic() + 60
+            while c.job(huge)["counts"]["running"] < 4:  # requeued after the reattach window, and running again
+                assert time.monotonic() < deadline, c.job(huge)
+                time.sleep(0.1)
+            c.cancel([huge])
+            assert wait_for(c, huge)["exception"] == "cancel"
+        # 10^7 pending elements one by one are 40 MB (and seconds of a stalled loop); as runs, next to nothing.
+        assert _peak_mb(cluster.procs[0].pid) < before + 20
+
+
+def test_held_huge_arrays_cost_the_broker_next_to_nothing(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=1, test_exec=True) as cluster, cluster.client() as c:
+        before = _peak_mb(cluster.procs[0].pid)
+        held = [c.submit(job(["true"], array="0-99999999", hold=True)) for _ in range(5)]
+        assert all(c.job(h)["state"] != "INACTIVE" for h in held)
+        # One bit per element as soon as it is queued would be 5 x 12.5 MB; nothing has ended yet.
+        assert _peak_mb(cluster.procs[0].pid) < before + 25
+        c.cancel(held)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from typing import Any
 
 import msgpack
 import pytest
@@ -127,35 +128,53 @@ def test_client_disconnecting_mid_stream(cluster: LocalCluster) -> None:
     still_serving(cluster)
 
 
-def test_malformed_overlay_frames_from_an_authenticated_peer(cluster: LocalCluster) -> None:
-    """A peer holding the key (rank 2's free slot) sends garbage, a wrong version and an unknown kind."""
-    cert = curve.load(cluster.config.curve_cert)
+def refusals_to_a_peer(cluster: LocalCluster, frames_to_send: list[bytes], wanted: int) -> list[dict[str, Any]]:
+    """Send frames as a peer holding the key (rank 2's free slot); the bodies of the `error`s rank 0 answers."""
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.IDENTITY, b"2")
     dealer.setsockopt(zmq.LINGER, 0)
-    curve.make_client(dealer, cert)
+    curve.make_client(dealer, curve.load(cluster.config.curve_cert))
     dealer.connect(cluster.config.endpoint_of(0))
+    answers: list[dict[str, Any]] = []
     try:
-        dealer.send(b"\xc1not msgpack")
-        dealer.send(msgpack.packb([1, "hb", "two", 0, {}]))
-        dealer.send(msgpack.packb([9, "hb", 2, 0, {}]))
-        dealer.send(envelope.encode(envelope.Message("no-such-kind", 2, 0, {})))
-        answers = []
+        for frame in frames_to_send:
+            dealer.send(frame)
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
         deadline = time.time() + 5
-        while len(answers) < 2 and time.time() < deadline:
+        while len(answers) < wanted and time.time() < deadline:
             if poller.poll(200):
                 msg = msgpack.unpackb(dealer.recv(), raw=False)
                 if msg[1] == "error":
-                    answers.append(msg[4]["code"])
-        assert sorted(answers) == ["unknown-kind", "version"]
+                    answers.append(msg[4])
     finally:
         dealer.close()
         ctx.term()
+    return answers
+
+
+def test_malformed_overlay_frames_from_an_authenticated_peer(cluster: LocalCluster) -> None:
+    """Garbage, a wrong version and an unknown kind."""
+    answers = refusals_to_a_peer(cluster, [b"\xc1not msgpack", msgpack.packb([1, "hb", "two", 0, {}]),
+                                           msgpack.packb([9, "hb", 2, 0, {}]),
+                                           envelope.encode(envelope.Message("no-such-kind", 2, 0, {}))], 2)
+    assert sorted(a["code"] for a in answers) == ["unknown-kind", "version"]
     still_serving(cluster)
     assert cluster.rank_states()[1] == "up"
+
+
+def test_overlay_bodies_are_checked_at_the_edge(cluster: LocalCluster) -> None:
+    """Typed messages (minicluster/proto/messages.py): a mistyped body is refused naming the field, before any
+    handler reads it; the peer never joins and the broker keeps serving."""
+    answers = refusals_to_a_peer(cluster, [envelope.encode(envelope.Message("join", 2, 0, body)) for body in (
+        {"pid": "me", "resources": {}}, {"pid": 1, "resources": [1, 2]})], 2)
+    assert [(a["code"], a["message"], a["ref"]) for a in answers] == [
+        ("bad-request", "join: field 'pid' has the wrong type", "join"),
+        ("bad-request", "join: field 'resources' has the wrong type", "join")]
+    still_serving(cluster)
+    with cluster.client() as c:
+        assert 2 not in {r["rank"] for r in c.resources()}
 
 
 def test_client_library_reports_errors(cluster: LocalCluster) -> None:

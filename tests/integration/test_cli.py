@@ -78,6 +78,7 @@ def wait_state(job: int, state: str, timeout: float = 15) -> None:
             time.sleep(0.05)
 
 
+@pytest.mark.smoke
 def test_mc_start_runs_a_command_across_nodes(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "MC_URI"}
     out = subprocess.run(["mc", "start", "--size", "2", "--", "mc", "run", "-N", "2", "-n", "4", "hostname"],

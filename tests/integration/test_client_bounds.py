@@ -117,3 +117,20 @@ def test_clients_parked_inside_huge_frames_do_not_grow_the_broker(cluster: Local
     finally:
         for sock in parked:
             sock.close()
+
+
+def test_unread_pipelined_output_requests_do_not_grow_the_broker(cluster: LocalCluster, client: Client) -> None:
+    chatty = client.submit(job(["sh", "-c", "head -c 16777216 /dev/zero | tr '\\0' x | fold -w 1000"]))
+    assert wait_for(client, chatty)["status"] == 0
+    broker = cluster.procs[0].pid
+    before = rss_mb(broker)
+    with connect(cluster) as sock:
+        push_all([sock], b"".join(frames.pack({"v": 1, "id": i, "op": "output", "job": chatty})
+                                  for i in range(1, 61)))
+        with connect(cluster) as other:  # once this is answered the broker has had its turn at all 60
+            send(other, 1, "hello")
+            assert receive(other)["ok"] is True
+            send(other, 2, "output", job=chatty)  # and another client still reads the output
+            assert receive(other)["chunks"]
+        grown = rss_mb(broker) - before
+        assert grown < 120, f"the broker grew {grown:.0f} MiB holding 60 unread output streams"

@@ -19,6 +19,7 @@ def _started(c, job_id: int) -> None:
             return
 
 
+@pytest.mark.smoke
 def test_broker_kill9_reattaches_running_and_keeps_everything(tmp_path) -> None:
     with LocalCluster(tmp_path, size=3, fanout=2, resources="cores=1") as cluster:
         with cluster.client() as c:

@@ -80,6 +80,7 @@ async def wait_dead(pid: int, timeout=3.0) -> bool:
     return True
 
 
+@pytest.mark.smoke
 async def test_stdout_stderr_separate_and_exit_code():
     h = Harness()
     r, out, err = await h.run("sh", "-c", "echo out; echo err >&2; exit 7")

@@ -44,6 +44,7 @@ def guest_submit(uri: str, spec: dict) -> int:
     return answer["ok"]
 
 
+@pytest.mark.smoke
 def test_a_setpriv_planted_on_the_guests_path_is_not_run(shared, guestdir: Path) -> None:  # noqa: F811
     planted = guestdir / "setpriv"
     marker = guestdir / "ran-as"
@@ -83,11 +84,20 @@ def test_guest_cannot_work_in_a_directory_closed_to_it(shared, rootdir: Path) ->
     closed = rootdir / "closed"
     closed.mkdir(mode=0o700)
     assert stat.S_IMODE(closed.stat().st_mode) == 0o700
+    (closed / "inside").mkdir()
     job_id = guest_submit(shared.uri, job(["pwd"], cwd=str(closed)))
+    inside = guest_submit(shared.uri, job(["pwd"], cwd=str(closed / "inside")))
+    absent = guest_submit(shared.uri, job(["pwd"], cwd=str(closed / "absent")))
     with shared.client() as owner:
         assert wait_for(owner, job_id)["status"] == 126
         (task,) = owner.task_results(job_id)
         assert task[6].startswith("cwd") and "Permission denied" in task[6]
+        # What is inside a directory the guest may not search, and what is not, look alike to the guest.
+        errors = []
+        for probe in (inside, absent):
+            assert wait_for(owner, probe)["status"] == 126
+            errors.append(owner.task_results(probe)[0][6].split(": ", 1)[1])
+        assert errors[0] == errors[1]
 
 
 def fs_ids() -> tuple[str, str]:

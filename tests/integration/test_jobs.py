@@ -34,6 +34,7 @@ def test_eventlog_follow_from_middle_sees_no_gap(client4: Client) -> None:
     assert event_names(client4, job_id)[-1] == "clean"
 
 
+@pytest.mark.smoke
 def test_tasks_span_nodes_and_get_their_environment(client4: Client) -> None:
     names = "('MC_JOB_ID','MC_TASK_RANK','MC_TASK_COUNT','MC_NODE_RANK')"
     code = f"import os,json;print(json.dumps({{k:os.environ[k] for k in {names}}}))"
@@ -75,6 +76,7 @@ def test_command_not_found_is_reported(client4: Client) -> None:
     assert "no-such-command-xyz" in row[6]
 
 
+@pytest.mark.smoke
 def test_cancel_running_job(client4: Client) -> None:
     job_id = client4.submit(job(["sleep", "60"]))
     names = client4.eventlog(job_id, follow=True)
@@ -137,6 +139,7 @@ def test_gang_ends_with_the_status_of_the_task_that_failed(client4: Client) -> N
     assert client4.job(job_id)["reason"] == "task 1 on rank 0 exited with status 7"
 
 
+@pytest.mark.smoke
 def test_invalid_and_infeasible_jobspecs_are_refused(client4: Client) -> None:
     with pytest.raises(ClientError) as info:
         client4.call("submit", jobspec=job(["true"], nnodes=9, ntasks=9))

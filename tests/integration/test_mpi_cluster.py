@@ -115,6 +115,7 @@ def test_rank_dying_before_mpi_init_ends_the_job(client4: Client) -> None:
     assert client4.job(job_id)["reason"] == "task 1 on rank 0 exited with status 5"
 
 
+@pytest.mark.smoke
 def test_world_of_eight_ranks_on_four_nodes(client4: Client) -> None:
     job_id = client4.submit(python_job(HELLO, nnodes=4, ntasks=8))
     assert wait_for(client4, job_id)["status"] == 0

@@ -200,6 +200,15 @@ def test_usage_and_efficiency_reports(shared: LocalCluster) -> None:
         only_guest = c.usage(user=GUEST)
         assert {r["uid"] for r in only_guest} == {GUEST}
         assert c.usage(since=time.time() + 7200) == []
+        # The same filters through the tool, as a user types them.
+        chem = json.loads(mc(shared, "usage", "--project", "chem", "--json").stdout)["usage"]
+        assert chem and {r["project"] for r in chem} == {"chem"} and {r["uid"] for r in chem} == {GUEST}
+        assert json.loads(mc(shared, "usage", "--until", "2000-01-01", "--json").stdout)["usage"] == []
+        per_queue = json.loads(mc(shared, "usage", "--by-queue", "--json").stdout)["usage"]
+        assert {r["queue"] for r in per_queue} >= {"batch"}
+        assert sum(r["jobs"] for r in per_queue) == sum(r["jobs"] for r in rows)
+        text = mc(shared, "usage", "--by-queue").stdout.splitlines()
+        assert text[0].split()[:3] == ["USER", "PROJECT", "QUEUE"] and text[-1].startswith("TOTAL")
         table = mc(shared, "jobs", "-a", "-o", "eff", str(busy)).stdout
         assert "CPU EFF" in table and "%" in table.splitlines()[1]
 
@@ -261,6 +270,11 @@ def test_metrics_show_queue_and_user_gauges(tmp_path: Any) -> None:
         assert 'minicluster_queue_pending{queue="high"} 1' in text
         assert 'minicluster_queue_open{queue="scav",switch="started"} 1' in text
         assert 'minicluster_user_pending{user="root",uid="0"} 1' in text
+        # The operator reads the same gauges as JSON from /status.
+        status = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10).read())
+        assert status["queues"]["high"]["pending"] == 1 and status["queues"]["batch"]["pending"] == 0
+        assert status["queues"]["scav"]["started"] is True and status["queues"]["scav"]["enabled"] is True
+        assert status["users"]["0"]["name"] == "root" and status["users"]["0"]["pending"] == 1
         c.undrain([0])
         wait_for(c, held)
 
@@ -309,3 +323,24 @@ def test_queue_settings_follow_the_config_file(tmp_path: Any) -> None:
         batch = next(q for q in c.queues()["queues"] if q["name"] == "batch")
         assert batch["user_limits"]["running_jobs"] == 7 and batch["max_time_limit"] == 0
         assert wait_for(c, c.submit(job(["true"], queue="night")))["status"] == 0
+
+
+def test_a_queues_default_time_limit_and_queued_jobs_limit_hold_on_a_real_broker(tmp_path: Any) -> None:
+    queues = {"short": {"default_time_limit": "1s", "user_limits": {"queued_jobs": 2}}, "long": {}}
+    with (LocalCluster(tmp_path, size=1, resources="cores=1", queues=queues, default_queue="long") as cluster,
+          cluster.client() as c):
+        # No -t: the queue's default applies (1 s), not the instance's (an hour).
+        timed = c.submit(job(["sleep", "30"], queue="short"))
+        result = wait_for(c, timed, timeout=20)
+        assert result["exception"] == "timeout"
+        assert any(e[2] == "exception" and "time limit of 1s" in e[3]["note"] for e in c.eventlog(timed))
+        # Two waiting jobs of this user in `short` at most: the core is held, so these queue up.
+        blocker = c.submit(job(["sleep", "30"], queue="long"))
+        waiting = [c.submit(job(["true"], queue="short")) for _ in range(2)]
+        refused = mc(cluster, "submit", "--queue", "short", "true")
+        assert refused.returncode != 0
+        assert "has 2 jobs waiting; 1 more would exceed the per-user limit of 2 (max queued jobs)" in refused.stderr
+        c.cancel([blocker])
+        assert [wait_for(c, j)["status"] for j in waiting] == [0, 0]
+        # Room again once they ran.
+        assert wait_for(c, c.submit(job(["true"], queue="short")))["status"] == 0

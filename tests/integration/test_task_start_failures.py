@@ -12,8 +12,9 @@ import pytest
 
 from minicluster.config import from_mapping
 from minicluster.proto.envelope import Message
-from minicluster.testing import RecordingSender
+from minicluster.testing import LocalCluster, RecordingSender
 from minicluster.testing.builders import resources
+from tests.integration.conftest import job, wait_for
 from worker.agent import WorkerAgent
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -86,3 +87,32 @@ async def test_bad_template_in_a_two_task_job_fails_both_tasks(tmp_path: Path, o
     finally:
         await agent.shutdown()
     assert sorted((row[1], row[2]) for row in seen) == [(0, 126), (1, 126)]
+
+
+def test_a_fifo_named_as_the_program_of_an_mpi_auto_job_does_not_stall_the_broker(tmp_path: Path) -> None:
+    """`--mpi auto` reads the program's ELF header on the worker: a FIFO there blocked rank 0's loop for good."""
+    fifo = tmp_path / "prog"
+    os.mkfifo(fifo)
+    os.chmod(fifo, 0o755)
+    with LocalCluster(tmp_path / "state", size=1) as cluster, cluster.client() as c:
+        # Found on the job's PATH: shutil.which takes any executable that is not a directory.
+        job_id = c.call("submit", jobspec=job(["prog"], env={"PATH": str(tmp_path)}, ntasks=2, mpi="auto"))["job"]
+        rid = c.request("wait", jobs=[job_id])
+        answer = c.next_response([rid], timeout=30)
+        assert answer is not None, "no answer in 30 s: the broker's loop is stuck"
+        assert answer[1]["status"] == 126  # execve refuses what is not a regular file
+        assert wait_for(c, c.submit(job(["true"])))["status"] == 0
+
+
+async def test_a_relative_output_path_is_relative_to_the_tasks_cwd(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    config = from_mapping({"state_dir": str(tmp_path / "state"), "resources": "cores=2"})
+    sender = RecordingSender(rank=1)
+    agent = WorkerAgent(config, 1, sender.send, resources("cores=2"), "unix:///nonexistent")
+    agent.handle(Message("run", 0, 1, {"jobs": {3: info(["echo", "here"], cwd=str(tmp_path), output="out-{id}.txt")},
+                                       "tasks": [[3, 0, 0, [0], []]]}))
+    try:
+        assert (await results_of(sender, 1))[3][2] == 0
+    finally:
+        await agent.shutdown()
+    assert (tmp_path / "out-3.txt").read_text() == "here\n"

@@ -154,3 +154,19 @@ def test_a_resource_graph_file_describes_the_machine(tmp_path_factory: pytest.Te
         job_id = submit(c, "-N", "2", "--locality", "rack", "--mpi", "none", "true")
         assert wait_for(client, job_id)["status"] == 0
         assert ranks(client, job_id) == {0, 1}
+
+
+def test_gpu_affinity_keeps_each_tasks_gpu_on_the_socket_of_its_core(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Two sockets of one core and one GPU each (GPUs are dealt to sockets in id order).
+    with LocalCluster(tmp_path_factory.mktemp("gpuaff"), size=1, resources="cores=2,gpus=2,sockets=2") as c:
+        code = ("import os; print(os.environ['CUDA_VISIBLE_DEVICES'], "
+                "open('/proc/self/status').read().split('Cpus_allowed_list:')[1].split()[0])")
+        out = mc(c, "run", "-n", "2", "-c", "1", "-g", "1", "--gpu-affinity", "-l", "python3", "-c", code)
+        assert out.returncode == 0, out.stderr
+        assert sorted(out.stdout.splitlines()) == ["0: 0 0", "1: 1 1"]
+        # Two cores and a GPU on one socket do not exist here: refused at submit, while without the
+        # affinity the same request runs.
+        refused = mc(c, "run", "-c", "2", "-g", "1", "--gpu-affinity", "true")
+        assert refused.returncode != 0 and "needs 2 cores per task on one socket, the largest socket has 1" in (
+            refused.stderr)
+        assert mc(c, "run", "-c", "2", "-g", "1", "true").returncode == 0

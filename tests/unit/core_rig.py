@@ -110,6 +110,7 @@ class Core:
     async def running(self, **fields: Any) -> Job:
         """Submit a job that starts in this scheduling pass, and wait until its `run`s went out."""
         record = self.submit(**fields)
+        await self.durable()  # a job is queued once its submission is durable
         assert record.id in {start.job_id for start in self.schedule()}, "the job should start now"
         await self.durable()
         for rank, entries in self.runs():

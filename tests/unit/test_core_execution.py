@@ -7,6 +7,7 @@ import signal
 import pytest
 
 from broker.job import State
+from minicluster.proto import messages
 from tests.unit import core_rig
 from tests.unit.core_rig import Core
 
@@ -23,6 +24,7 @@ async def core(tmp_path):
 
 async def test_run_goes_out_only_once_the_alloc_is_durable_one_to_each_rank(core: Core) -> None:
     record = core.submit(("hostname", "-s"), ntasks=2)
+    await core.durable()
     core.schedule()
     assert record.state is State.RUN and core.runs() == [], "no run before the alloc is durable"
     await core.durable()
@@ -84,7 +86,7 @@ async def test_pmi_init_after_a_failure_makes_the_job_a_gang(core: Core) -> None
     record = await core.running(ntasks=2)
     core.done(1, record, 1, 4)
     assert not record.ending
-    core.execution.on_pmi_init({"job": record.id})
+    core.execution.on_pmi_init(messages.PmiInit(record.id))
     assert record.exception == "abort" and core.kills() == [(0, [[record.id, 0]], signal.SIGTERM)]
 
 

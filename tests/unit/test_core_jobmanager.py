@@ -36,9 +36,10 @@ async def running(core: Core, **fields) -> Job:
 
 async def test_submit_queues_the_job_in_sched_once_durable(core: Core) -> None:
     record = core.submit(ntasks=2, name="two")
-    assert record.state is State.SCHED and record.id == 1 and core.manager.next_id == 2
-    assert core.scheduler.pending_job(record.id) is not None
+    assert record.id == 1 and core.manager.next_id == 2
+    assert core.scheduler.pending_job(record.id) is None, "not queued before its submission is durable"
     await core.durable()
+    assert record.state is State.SCHED and core.scheduler.pending_job(record.id) is not None
     events = core.events(record)
     assert [name for name, _ in events] == QUEUED
     assert events[0][1] == {"uid": os.getuid(), "ntasks": 2, "array": None}
@@ -115,6 +116,7 @@ async def test_cancel_of_a_running_job_kills_its_tasks_and_ends_it_when_they_end
 async def test_cancel_before_the_alloc_is_durable_sends_no_run(core: Core) -> None:
     core.add_rank(0)
     record = core.submit()
+    await core.durable()
     assert core.schedule()
     assert core.manager.cancel(os.getuid(), [record.id]) == ([record.id], {})
     assert record.state is State.INACTIVE and record.status == CANCEL_STATUS

@@ -154,6 +154,7 @@ def test_a_dependant_that_went_away_is_skipped() -> None:
     assert [v.job for v in graph.ended(1, OK)] == [3]
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 def test_release_cost_grows_with_the_dependants_not_the_queue() -> None:
     """Counted, not timed: the work is one visit per dependant edge of the target."""
     graph = DepGraph()

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import struct
+
+from worker.asuser import acting_as_user
 
 OPEN_MPI = ("libmpi.so.40", "libopen-pal.so", "libopen-rte.so")
 MPICH = ("libmpi.so.12", "libmpich.so.12", "libmpicxx.so.12", "libmpifort.so.12")
@@ -28,10 +31,18 @@ def resolve_program(argv0: str, path: str | None, cwd: str | None) -> str | None
     return shutil.which(argv0, path=path or os.defpath)
 
 
-def needed_libraries(path: str) -> list[str]:
-    """The DT_NEEDED entries of a 64-bit little-endian ELF file; [] for anything else."""
+def needed_libraries(path: str, user: tuple[int, int] | None = None) -> list[str]:
+    """The DT_NEEDED entries of a 64-bit little-endian ELF file; [] for anything else.
+
+    The job names the file: it is opened as the job's `user` (uid, gid) when that is not the worker's own,
+    without blocking (a FIFO would stall the worker's loop), and read only if it is a regular file.
+    """
     try:
-        with open(path, "rb") as f:
+        with acting_as_user(user):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
             head = f.read(64)
             if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
                 return []
@@ -58,16 +69,16 @@ def needed_libraries(path: str) -> list[str]:
                     f.seek(strtab - load[3] + load[2] + value)
                     names.append(f.read(256).split(b"\0", 1)[0].decode(errors="replace"))
             return names
-    except (OSError, struct.error):
+    except (OSError, ValueError, struct.error, ZeroDivisionError):  # a truncated or hostile header
         return []
 
 
-def pmi_for(argv0: str, path: str | None, cwd: str | None) -> str | None:
+def pmi_for(argv0: str, path: str | None, cwd: str | None, user: tuple[int, int] | None = None) -> str | None:
     """"pmix" for an Open MPI program, "pmi1" for an MPICH-family one, None when the file does not say."""
     program = resolve_program(argv0, path, cwd)
     if program is None:
         return None
-    libs = needed_libraries(program)
+    libs = needed_libraries(program, user)
     if any(lib.startswith(OPEN_MPI) for lib in libs):
         return "pmix"
     if any(lib.startswith(MPICH) for lib in libs):

@@ -4,9 +4,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "matcher.py"
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 def test_benchmark_quick_json():
     out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json"], check=True,
                          capture_output=True, text=True, timeout=90).stdout

@@ -1,6 +1,7 @@
 """Property-based tests: random graphs and random alloc/free/health sequences."""
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -195,6 +196,7 @@ def test_every_feasible_job_eventually_runs(specs, jobs):
 @given(st.lists(node_specs(), min_size=1, max_size=3),
        st.lists(st.tuples(requests(), st.sampled_from([1, 5, 20, 100]), st.integers(0, 1)),
                 min_size=2, max_size=20))
+@pytest.mark.slow  # several seconds: the slow tier
 def test_easy_backfill_never_delays_the_reserved_head(specs, jobs):
     """Jobs run exactly their time limit; the head starts no later than first promised."""
     graph = build(specs)
@@ -244,6 +246,7 @@ def slots_of(allocs):
        st.lists(st.tuples(requests(), st.sampled_from(POLICIES)), max_size=8),
        st.lists(st.integers(0, 4), max_size=2), element_requests(), st.sampled_from(POLICIES),
        st.integers(1, 40), st.integers(0, 40))
+@pytest.mark.slow  # several seconds: the slow tier
 def test_alloc_array_is_one_match_and_alloc_per_element(specs, prior, drained, req, policy,
                                                          count, split):
     """Same allocations (spread: same multiset) and state as a loop of match + alloc."""
@@ -308,6 +311,7 @@ def enqueue_all(scheds, jobs):
 @settings(SETTINGS, max_examples=80)
 @given(st.lists(node_specs(), min_size=1, max_size=4),
        st.lists(mixed_jobs(NON_SPREAD), min_size=1, max_size=10), st.data())
+@pytest.mark.slow  # several seconds: the slow tier
 def test_array_fast_path_schedules_exactly_like_one_match_per_element(specs, jobs, data):
     """Same starts (ids, elements, allocations), reservations and state, cycle by cycle,
     through limits, drains, EASY backfill and releases in random order."""

@@ -102,6 +102,7 @@ def test_gpu_limit_and_refusals():
     assert s.reason_of(3).startswith("QueueMaxGpus")
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 def test_a_held_bucket_is_skipped_whole_not_walked():
     """50,000 jobs held by a limit cost one look per cycle: the bucket is dropped from the merge."""
     s = sched_with({"q": (Limits(), Limits(running_jobs=1))}, nodes=1)

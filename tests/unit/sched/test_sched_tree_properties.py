@@ -12,6 +12,7 @@ socket-bound units, exclusive anywhere), random alloc/free/drain/down sequences:
     of the networkx containment graph chooses (treegen.reference_match);
   * the scheduler (EASY backfill, reservations) runs tree jobs without overlap, all of them.
 """
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +37,7 @@ def picks_of(alloc):
     return None if alloc is None else {r: len(ra.slots) for r, ra in alloc.items()}
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 @settings(SETTINGS, max_examples=150)
 @given(topologies(), st.data())
 def test_random_tree_sequences_keep_every_invariant(topology, data):
@@ -79,6 +81,7 @@ def _health(graph, rank, what):
      lambda: graph.set_up(rank)][what]()
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 @settings(SETTINGS, max_examples=200)
 @given(topologies(), st.data())
 def test_feasible_exactly_when_the_walk_succeeds_on_the_empty_graph(topology, data):
@@ -93,6 +96,7 @@ def test_feasible_exactly_when_the_walk_succeeds_on_the_empty_graph(topology, da
         check_accounting(graph, {"job": alloc})
 
 
+@pytest.mark.slow  # several seconds: the slow tier
 @settings(SETTINGS, max_examples=200)
 @given(topologies(), st.data())
 def test_matcher_chooses_what_a_plain_walk_of_the_graph_chooses(topology, data):

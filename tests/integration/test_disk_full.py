@@ -1,0 +1,218 @@
+"""A full disk under the journal (issue 10 item 3), on a real small tmpfs: nothing is acknowledged, visible or run
+before it is durable, refused submissions never run, ids are never reused, reads go on while the disk is full,
+and the broker recovers by itself once space returns. Needs root (mount)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.journal import Journal, JournalError, JournalUnavailable
+from minicluster.client import Client, ClientError
+from minicluster.testing import LocalCluster, temp_journal
+from tests.integration.conftest import job, output_of, started, wait_for
+from tests.integration.test_restart_output import assert_gapless
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Write a file until the filesystem is full; returns it (unlink it to free the space)."""
+    filler = directory / "filler"
+    with filler.open("wb", buffering=0) as out:
+        chunk = b"\0" * 65536
+        while True:
+            try:
+                out.write(chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                if len(chunk) == 1:
+                    return filler
+                chunk = chunk[:len(chunk) // 2] or b"\0"
+
+
+def marked(markers: Path, token: str) -> list[str]:
+    return ["sh", "-c", f'echo {token}; touch "{markers}/{token}"']
+
+
+def wait_stalled(c: Client, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stalled = c.status()["journal"]["stalled"]
+        if stalled:
+            return str(stalled)
+        time.sleep(0.05)
+    raise AssertionError(f"the journal did not report a stall in {timeout}s")
+
+
+def serves_or_exits(cluster: LocalCluster, timeout: float = 30.0) -> bool:
+    """True once the broker answers, False once it exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cluster.procs[0].poll() is not None:
+            return False
+        with contextlib.suppress(OSError, ClientError), cluster.client() as c:
+            c.hello()
+            return True
+        time.sleep(0.05)
+    raise AssertionError(f"the broker neither served nor exited in {timeout}s")
+
+
+def check_acked(c: Client, acked: dict[int, str], markers: Path) -> None:
+    """Every acknowledged job exists, ends with status 0 (it ran), kept its output and a gapless event log."""
+    for job_id, token in acked.items():
+        assert wait_for(c, job_id)["status"] == 0, (job_id, list(c.eventlog(job_id)))
+        summary = c.job(job_id)
+        assert summary["state"] == "INACTIVE" and summary["exception"] is None
+        assert output_of(c, job_id) == {0: f"{token}\n".encode()}
+        assert_gapless(c, job_id)
+        assert (markers / token).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) -> None:
+    markers = tmp_path / "ran"
+    markers.mkdir()
+    acked: dict[int, str] = {}
+    refused: list[str] = []
+    with small_tmpfs(tmp_path / "state", "3m") as state, \
+            LocalCluster(state, size=2, resources="cores=2", lost_after=30.0) as cluster:
+        with cluster.client() as c:
+            first = c.submit(job(marked(markers, "before")))
+            acked[first] = "before"
+            assert wait_for(c, first)["status"] == 0
+            c.drain([0], "the long job runs on rank 1")
+            through = c.submit(job(["sh", "-c", f'sleep 1.5; echo through; touch "{markers}/through"']))
+            acked[through] = "through"
+            started(c, through)
+            filler = fill(state)
+            # The first submission after the disk filled waits in the stalled commit: acknowledged once space is
+            # back. Those that come once the stall is known are refused at once.
+            c.submit_async(job(marked(markers, "waiting")))
+            stalled = wait_stalled(c)
+            assert "full" in stalled
+            rids = [(c.submit_async(job(marked(markers, f"full{i}"))), f"full{i}") for i in range(20)]
+            # Reads go on: the job table, a finished job's output, the status.
+            assert c.job(first)["status"] == 0 and output_of(c, first) == {0: b"before\n"}
+            assert c.status()["epoch"] == 1
+            time.sleep(2.5)  # the long job ends and reports while nothing can be written
+            assert c.status()["journal"]["stalled"] == stalled
+            filler.unlink()
+            answers = c.collect()
+            assert isinstance(answers[0], int) and answers[0] not in acked
+            acked[answers[0]] = "waiting"
+            for answer, (_, token) in zip(answers[1:], rids, strict=True):
+                assert isinstance(answer, ClientError) and answer.code == "unavailable", answer
+                refused.append(token)
+            assert c.status()["journal"]["stalled"] is None
+            # Once space is back the broker takes work again, by itself.
+            after = c.submit(job(marked(markers, "after")))
+            assert after not in acked and after > max(acked)
+            acked[after] = "after"
+            check_acked(c, acked, markers)
+            time.sleep(0.5)
+            assert [t for t in refused if (markers / t).exists()] == [], "a refused submission ran"
+        # What was acknowledged and shown finished is durable: a restart shows the same, and ids go on.
+        cluster.kill(0)
+        cluster.restart(0)
+        with cluster.client() as c:
+            check_acked(c, acked, markers)
+            assert c.submit(job(["true"])) > max(acked)
+        # A broker started on a full disk either serves reads (its epoch fit in the journal's file) or says why
+        # it cannot start, and exits.
+        cluster.kill(0)
+        filler = fill(state)
+        log = tmp_path / "broker.log"
+        with log.open("w") as err:
+            cluster.procs[0] = subprocess.Popen([sys.executable, "-m", "minicluster", "broker", "--config",
+                                                 cluster.config_path], stdin=subprocess.DEVNULL, stderr=err)
+        started_full = serves_or_exits(cluster)
+        if not started_full:
+            assert cluster.procs[0].returncode == 1
+            assert "cannot write the journal" in log.read_text() and "free space" in log.read_text()
+        else:
+            with cluster.client() as c:
+                assert c.job(first)["status"] == 0 and output_of(c, first) == {0: b"before\n"}
+                if c.status()["journal"]["stalled"]:
+                    with pytest.raises(ClientError, match="journal cannot be written"):
+                        c.submit(job(["true"]))
+        filler.unlink()
+        if not started_full:
+            cluster.restart(0)
+        with cluster.client() as c:
+            check_acked(c, acked, markers)
+            assert c.submit(job(["true"])) > max(acked)
+    print(f"disk full: {len(acked)} acknowledged, {len(refused)} refused, broker started on a full disk: "
+          f"{started_full}", file=sys.stderr)
+
+
+DRAIN = "INSERT OR REPLACE INTO drains (rank, reason) VALUES (?, ?)"
+
+
+async def test_a_commit_waits_out_a_full_disk_and_goes_through(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "state", "1m") as state:
+        async with temp_journal(state) as journal:
+            await journal.write([(DRAIN, (1, "before"))])
+            filler = fill(state)
+            pending = journal.write([(DRAIN, (2, "x" * 200_000))])
+            deadline = time.monotonic() + 10
+            while journal.stalled is None:
+                assert time.monotonic() < deadline and not pending.done()
+                await asyncio.sleep(0.02)
+            assert "full" in journal.stalled
+            later = journal.write([(DRAIN, (3, "later"))])
+            await asyncio.sleep(0.3)
+            assert not pending.done() and not later.done()  # nothing acknowledged that is not durable
+            filler.unlink()
+            await asyncio.wait_for(asyncio.gather(pending, later), 10)
+            assert journal.stalled is None
+            rows = journal.query("SELECT rank, length(reason) FROM drains ORDER BY rank")
+            assert rows == [(1, 6), (2, 200_000), (3, 5)]
+
+
+async def test_a_write_that_can_never_commit_fails_alone_and_the_writer_lives_on(tmp_path: Path) -> None:
+    async with temp_journal(tmp_path) as journal:
+        # Queued together, so they share a commit; 2**70 does not fit an sqlite integer (OverflowError).
+        first = journal.write([(DRAIN, (1, "one"))])
+        bad = journal.write([(DRAIN, (2**70, "too big"))])
+        last = journal.write([(DRAIN, (3, "three"))])
+        results = await asyncio.wait_for(asyncio.gather(first, bad, last, return_exceptions=True), 10)
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], JournalError)
+        await asyncio.wait_for(journal.write([(DRAIN, (4, "four"))]), 10)
+        assert [r for r, _ in journal.query("SELECT rank, reason FROM drains ORDER BY rank")] == [1, 3, 4]
+
+
+async def test_a_broker_that_cannot_record_its_start_says_why(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "state", "1m") as state:
+        async with temp_journal(state) as journal:
+            await journal.write([(DRAIN, (1, "ok"))])
+        # Closed cleanly (its WAL is gone): on a full disk it cannot even be opened again.
+        filler = fill(state)
+        with pytest.raises(JournalUnavailable, match=r"cannot write the journal .* free space"):
+            Journal(str(state))
+        filler.unlink()
+        opened = Journal(str(state))
+        fill(state)
+        # Opened, but the start (its epoch) cannot be recorded.
+        with pytest.raises(JournalUnavailable, match=r"cannot write the journal .* free space"):
+            opened.execute_now([(DRAIN, (2, "x" * 200_000))])

@@ -1,0 +1,125 @@
+"""A cut link (issue 10): rank 2 runs in its own network namespace behind a veth pair, over CURVE TCP. Cutting
+the link makes it `lost` and ends its job as `node-lost`; restoring it brings the same process back, which
+rejoins, has the lost job's task killed, and runs new work. Needs root and iproute2; everything it creates
+carries this run's id and is removed at the end."""
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from minicluster.client import Client
+from minicluster.testing import LocalCluster
+from tests.integration.conftest import job, output_of, wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                reason="needs root and iproute2 (network namespaces, veth pairs)")
+
+
+def ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
+    if done.returncode:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+@dataclass(frozen=True)
+class Link:
+    netns: str
+    host_side: str
+    subnet: ipaddress.IPv4Network
+
+    def address(self, rank: int) -> str:
+        """Rank r listens on .1r: ranks 0 and 1 on the host side, rank 2 inside the namespace."""
+        return str(self.subnet.network_address + 10 + rank)
+
+    def cut(self) -> None:
+        ip("link", "set", self.host_side, "down")
+
+    def restore(self) -> None:
+        ip("link", "set", self.host_side, "up")
+
+
+@pytest.fixture
+def link() -> Iterator[Link]:
+    run = f"{os.getpid() % 10000}{random.randrange(100)}"
+    routes = subprocess.run(["ip", "route", "show"], capture_output=True, text=True, timeout=10).stdout
+    subnet = next(net for net in (ipaddress.ip_network(f"10.{random.randrange(64, 128)}.{random.randrange(256)}.0/24")
+                                  for _ in range(20)) if str(net) not in routes)
+    made = Link(f"mcpart{run}", f"mcph{run}", subnet)
+    inside = f"mcpn{run}"
+    try:
+        ip("netns", "add", made.netns)
+        ip("link", "add", made.host_side, "type", "veth", "peer", "name", inside)
+        ip("link", "set", inside, "netns", made.netns)
+        for rank in (0, 1):
+            ip("addr", "add", f"{made.address(rank)}/24", "dev", made.host_side)
+        ip("link", "set", made.host_side, "up")
+        ip("-n", made.netns, "addr", "add", f"{made.address(2)}/24", "dev", inside)
+        ip("-n", made.netns, "link", "set", inside, "up")
+        ip("-n", made.netns, "link", "set", "lo", "up")
+        yield made
+    finally:
+        subprocess.run(["ip", "link", "del", made.host_side], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", made.netns], capture_output=True, timeout=10)
+
+
+def test_a_cut_link_loses_the_rank_and_a_restored_one_brings_it_back(tmp_path: Path, link: Link) -> None:
+    endpoint = f"tcp://{link.subnet.network_address.exploded.rsplit('.', 1)[0]}.1{{rank}}:{{port}}"
+    cluster = LocalCluster(tmp_path, size=3, fanout=2, transport="tcp", endpoint=endpoint, resources="cores=1",
+                           lost_after=2.0)
+    assert cluster.config.endpoint_of(2).startswith(f"tcp://{link.address(2)}:")
+    try:
+        cluster.start_rank(0)
+        cluster.start_rank(1)
+        worker = cluster.start_rank(2, env={"MC_PROPERTIES": "outside"},
+                                    wrapper=("ip", "netns", "exec", link.netns))
+        cluster.wait_up()
+        with cluster.client() as c:
+            victim = c.submit(job(["sh", "-c", "echo $$; exec sleep 120"], requires=["outside"]))
+            pid = _first_line(c, victim)
+            assert _alive(pid)
+
+            link.cut()
+            result = wait_for(c, victim, timeout=30)
+            assert result["exception"] == "node-lost" and result["status"] == 137
+            assert cluster.rank_states() == {0: "up", 1: "up", 2: "lost"}
+            assert worker.poll() is None, "the worker itself lives on behind the cut"
+            assert wait_for(c, c.submit(job(["true"], nnodes=2, ntasks=2, mpi="none")))["status"] == 0
+
+            link.restore()
+            cluster.wait_states({2: "up"}, timeout=30)
+            # The task of the job rank 0 ended is not adopted: the rejoining worker is told to kill it.
+            deadline = time.monotonic() + 15
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _alive(pid)
+            back = c.submit(job(["true"], requires=["outside"]))
+            assert wait_for(c, back, timeout=30)["status"] == 0 and c.job(back)["ranks"] == "2"
+    finally:
+        cluster.stop()
+
+
+def _first_line(client: Client, job_id: int, timeout: float = 20.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = output_of(client, job_id).get(0, b"")
+        if b"\n" in out:
+            return int(out.split(b"\n", 1)[0])
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} printed no line in {timeout}s")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
