@@ -1,4 +1,4 @@
-"""`mc-submit` is run once per job from shell loops: what its start-up imports is pinned here.
+"""`mc-submit` (and `mc submit`) is run once per job from shell loops: what its start-up imports is pinned here.
 
 Every call pays Python's start-up and these imports (issue 17 item 6; benchmarks/startup.py measures the loop).
 A fresh interpreter imports the submit path, parses typical options and builds the wire jobspec, and must not
@@ -15,6 +15,7 @@ import sys
 SUBMIT_PATH = """
 import json, sys
 before = set(sys.modules)
+import minicluster.cli.main  # `mc submit` goes through it
 from minicluster.cli.submit import _parser
 from minicluster.cli.options import command_of, jobspec_from_args, parse_job_args
 args = parse_job_args(_parser("mc-submit", "", run=False),
@@ -27,7 +28,7 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 HEAVY = ("asyncio", "zmq", "rich", "tomllib", "dataclasses", "inspect", "pathlib", "urllib", "sqlite3", "subprocess",
          "threading", "ipaddress", "typing", "shutil", "minicluster.config", "minicluster.model.jobspec",
          "minicluster.model.workflow", "minicluster.model.restree", "minicluster.model.sharing",
-         "minicluster.cli.watch", "minicluster.cli.format")
+         "minicluster.cli.watch", "minicluster.cli.format", "importlib.metadata", "email", "zipfile")
 
 
 def test_submit_path_imports_nothing_heavy() -> None:
