@@ -1,17 +1,20 @@
 """Join time and submit-loop rate (issue "Runtime core").
 
-  python benchmarks/startup.py [--json] [--runs N] [--sizes 8,128]
+  python benchmarks/startup.py [--json] [--runs N] [--sizes 8,128] [--only join|submit]
 
 join: from launching `mc start --size N` until every rank has joined (the broker runs the command only then),
 measured with the launcher's fork path (`mc start`) and with one interpreter per rank (LocalCluster, as
 pods do). submit loop: `mc-submit true` run back to back from a shell loop, the way a user script would,
-against a 2-rank instance: each call pays a Python start, so this is the per-command latency users feel.
+against a 2-rank instance: each call pays a Python start, so this is the per-command latency users feel.  With
+it, the CPU time (user + system) the loop's processes spent per call: the robust figure on a shared machine.
+`python -X importtime -c 'import minicluster.cli.submit'` shows what the import part of it is made of.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,13 +48,18 @@ def join_processes(size: int, fanout: int) -> float:
             cluster.stop()
 
 
-def submit_loop(count: int) -> float:
+def submit_loop(count: int) -> tuple[float, float]:
+    """Calls per second, and CPU ms per call of the shell loop's processes (mc-submit, sh, seq)."""
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(tmp, size=2, test_exec=True) as cluster:
         env = dict(os.environ, MC_URI=cluster.uri)
+        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.time()
         subprocess.run(["sh", "-c", f"for i in $(seq {count}); do mc-submit true >/dev/null || exit 1; done"],
                        env=env, check=True, timeout=600)
-        return count / (time.time() - t0)
+        rate = count / (time.time() - t0)
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime
+        return rate, 1000 * cpu / count
 
 
 def main() -> None:
@@ -60,17 +68,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sizes", default="8,128")
     parser.add_argument("--submits", type=int, default=50)
+    parser.add_argument("--only", choices=("join", "submit"), help="run one of the two experiments")
     args = parser.parse_args()
     results: dict[str, object] = {"load_average": os.getloadavg()[0]}
-    for size in (int(s) for s in args.sizes.split(",")):
+    sizes = [] if args.only == "submit" else [int(s) for s in args.sizes.split(",")]
+    for size in sizes:
         fanout = 2 if size <= 8 else 8
         fork = [join_mc_start(size, fanout) for _ in range(args.runs)]
         results[f"join_mc_start_{size}"] = {"median_s": statistics.median(fork), "runs": fork, "fanout": fanout}
         if size <= 8:
             procs = [join_processes(size, fanout) for _ in range(args.runs)]
             results[f"join_processes_{size}"] = {"median_s": statistics.median(procs), "runs": procs}
-    rates = [submit_loop(args.submits) for _ in range(args.runs)]
-    results["mc_submit_loop_jobs_per_s"] = {"median": statistics.median(rates), "runs": rates}
+    if args.only != "join":
+        loops = [submit_loop(args.submits) for _ in range(args.runs)]
+        rates, cpu = [rate for rate, _ in loops], [ms for _, ms in loops]
+        results["mc_submit_loop_jobs_per_s"] = {"median": statistics.median(rates), "runs": rates}
+        results["mc_submit_loop_cpu_ms_per_call"] = {"median": statistics.median(cpu), "runs": cpu}
     if args.json:
         print(json.dumps(results, indent=2))
     else:

@@ -18,8 +18,7 @@ from typing import Any
 
 from minicluster.model import restree
 from minicluster.model import sharing as sharing_mod
-
-POLICIES = ("first-fit", "pack", "spread", "low-id", "high-id", "locality-first")
+from minicluster.model.jobterms import POLICIES
 
 
 class ConfigError(ValueError):

@@ -4,10 +4,12 @@ A task leads its own process group, but a child that calls setsid() or setpgid()
 killpg() misses it. Two ways to find such children:
 
 * `CgroupTasks`, where this process may write a cgroup v2 tree (pods; hosts with a writable unified
-  hierarchy): one group per task, <our cgroup>/mc-<instance>-rank<R>/<job>/<task>. The task is spawned from
+  hierarchy): one group per running task, <our cgroup>/mc-<instance>-rank<R>/t<N>. The task is spawned from
   inside its group, so it and everything it forks is there from its first instruction; `cgroup.kill` ends them
   all, and a new process of the same rank kills whatever a crashed one left in the tree. No controller is
-  needed, only cgroup.procs and cgroup.kill (Linux 5.14).
+  needed, only cgroup.procs and cgroup.kill (Linux 5.14). Making and removing a cgroup is costly (this runs
+  once per task) and cgroup v2 cannot rename one, so groups are numbered, not named after their task: the
+  group of a task that left nothing behind serves the next task.
 * `Subreaper` elsewhere: the worker is a child subreaper (PR_SET_CHILD_SUBREAPER), so an orphaned descendant
   of a task becomes the worker's child. It still carries the task's MC_JOB_ID and MC_TASK_RANK, which tell
   whose it is; orphans of tasks that ended are killed and reaped.
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 Key = tuple[int, int]
 CGROUP_FS = Path("/sys/fs/cgroup")
 PR_SET_CHILD_SUBREAPER = 36
+# Empty task groups kept for reuse: about the tasks that end between two spawns; more are removed.
+SPARE_GROUPS = 64
 
 
 class CgroupTasks:
@@ -41,6 +45,10 @@ class CgroupTasks:
     def __init__(self, own: Path, base: Path) -> None:
         self.own = own
         self.base = base
+        self._own_procs = str(own / "cgroup.procs")
+        self._groups: dict[Key, str] = {}  # the group of each task spawned and not yet killed
+        self._spare: list[str] = []  # empty groups of ended tasks, for the next ones
+        self._made = 0
 
     @classmethod
     def at(cls, instance: str, rank: int, fs: Path = CGROUP_FS) -> CgroupTasks | None:
@@ -71,16 +79,13 @@ class CgroupTasks:
                 raise OSError(errno.ENOTSUP, "no cgroup.kill")
             with tree.spawning((0, 0)):  # spawning moves this process in and out: try it once now
                 pass
+            tree.kill((0, 0))
         except OSError as exc:
             log.warning("cannot keep tasks in cgroup %s (%s): using a subreaper", tree.base, exc)
             with contextlib.suppress(OSError):
                 write_control(own / "cgroup.procs", str(os.getpid()))
-                tree.base.rmdir()
+            tree.close()
             return None
-        finally:
-            with contextlib.suppress(OSError):
-                tree.group((0, 0)).rmdir()
-                tree.group((0, 0)).parent.rmdir()
         if killed:
             log.warning("killed %d process(es) left behind by this rank's previous run", killed)
         return tree
@@ -91,55 +96,85 @@ class CgroupTasks:
             return 0
         left = len(self._pids(self.base))
         write_control(self.base / "cgroup.kill", "1")
-        for group in sorted((p for p in self.base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            _rmdir_when_empty(group)
+        for group in reversed(_subgroups(self.base)):
+            _rmdir_when_empty(Path(group))
         _rmdir_when_empty(self.base)
         return left
 
     def close(self) -> None:
-        """Remove the tree once its tasks ended (the rank stops), groups whose removal was still pending too."""
-        for group in sorted((p for p in self.base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        """Remove the tree once its tasks ended (the rank stops): the spare groups, and those whose removal was
+        still pending."""
+        self._spare.clear()
+        for group in reversed(_subgroups(self.base)):
             with contextlib.suppress(OSError):
-                group.rmdir()
+                os.rmdir(group)
         with contextlib.suppress(OSError):
-            self.base.rmdir()
+            os.rmdir(self.base)
 
-    def group(self, key: Key) -> Path:
-        return self.base / str(key[0]) / str(key[1])
+    def group(self, key: Key) -> str | None:
+        """The group of a task spawned and not yet killed."""
+        return self._groups.get(key)
 
     @contextlib.contextmanager
     def spawning(self, key: Key) -> Iterator[None]:
-        """Create the task's group and hold this process in it while the task is spawned."""
-        group = self.group(key)
-        group.mkdir(parents=True, exist_ok=True)
-        write_control(group / "cgroup.procs", str(os.getpid()))
+        """Give the task a group and hold this process in it while the task is spawned."""
+        group = self._new_group(key)
         try:
-            yield
-        finally:
-            write_control(self.own / "cgroup.procs", str(os.getpid()))
+            write_control(os.path.join(group, "cgroup.procs"), str(os.getpid()))
+            try:
+                yield
+            finally:
+                write_control(self._own_procs, str(os.getpid()))
+        except BaseException:
+            # No task started in it. Not reused: what failed may be the group itself (a task run as root can
+            # change its group, e.g. enable controllers in it, and then no process can join it).
+            self._remove(group, tries=40)
+            raise
+        self._groups[key] = group
+
+    def _new_group(self, key: Key) -> str:
+        old = self._groups.pop(key, None)
+        if old is not None:  # a new attempt of a task whose group is still there: that one is ended now
+            self._end(old)
+        if self._spare:
+            return self._spare.pop()
+        self._made += 1
+        group = os.path.join(self.base, f"t{self._made}")
+        os.mkdir(group)
+        return group
 
     def signal(self, key: Key, sig: int) -> None:
-        for pid in self._pids(self.group(key)):
+        group = self.group(key)
+        for pid in self._pids(group) if group is not None else ():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
     def kill(self, key: Key) -> None:
-        """SIGKILL everything left in the task's group and remove it (and its job's, once empty)."""
-        group = self.group(key)
-        if not group.is_dir():
+        """SIGKILL everything left in the task's group and remove it, or keep it for the next task if empty."""
+        group = self._groups.pop(key, None)
+        if group is not None:
+            self._end(group)
+
+    def _end(self, group: str) -> None:
+        # Most tasks leave nothing behind (this runs once per task): one read says so, and the group is reused.
+        if not _populated(group):
+            if len(self._spare) < SPARE_GROUPS:  # a group the task made below it, empty too, may stay
+                self._spare.append(group)
+            else:
+                self._remove(group, tries=40)
             return
         if os.getpid() in self._pids(group):
             log.error("not killing cgroup %s: this process is in it", group)
             return
-        write_control(group / "cgroup.kill", "1")
+        write_control(Path(group) / "cgroup.kill", "1")
         self._remove(group, tries=40)
 
-    def _remove(self, group: Path, tries: int) -> None:
+    def _remove(self, group: str, tries: int) -> None:
         # cgroup.kill returns before the processes are gone; the group can be removed once they are.
         try:
-            for path in sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                path.rmdir()
-            group.rmdir()
+            for path in reversed(_subgroups(group)):
+                os.rmdir(path)
+            os.rmdir(group)
         except FileNotFoundError:
             pass
         except OSError:
@@ -147,18 +182,14 @@ class CgroupTasks:
                 asyncio.get_running_loop().call_later(0.05, self._remove, group, tries - 1)
             else:
                 log.warning("cgroup %s is still busy; left behind", group)
-            return
-        with contextlib.suppress(OSError):
-            group.parent.rmdir()  # the job's: fails while other tasks of the job have groups here
 
     @staticmethod
-    def _pids(group: Path) -> set[int]:
+    def _pids(group: Path | str) -> set[int]:
         """The processes in `group` and the groups below it (a task may make its own)."""
-        groups = [group, *(p for p in group.rglob("*") if p.is_dir())]
         pids: set[int] = set()
-        for g in groups:
-            with contextlib.suppress(OSError):
-                pids.update(int(line) for line in (g / "cgroup.procs").read_text().split())
+        for g in [str(group), *_subgroups(group)]:
+            with contextlib.suppress(OSError), open(os.path.join(g, "cgroup.procs")) as f:
+                pids.update(int(line) for line in f.read().split())
         return pids
 
 
@@ -294,6 +325,28 @@ def _task_of(pid: int) -> Key | None:
         return int(env[b"MC_JOB_ID"]), int(env[b"MC_TASK_RANK"])
     except (OSError, KeyError, ValueError):
         return None
+
+
+def _subgroups(group: Path | str) -> list[str]:
+    """The groups below `group`, parents before their children (no stat per control file: scandir's d_type)."""
+    found: list[str] = []
+    pending = [str(group)]
+    while pending:
+        with contextlib.suppress(OSError), os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    found.append(entry.path)
+                    pending.append(entry.path)
+    return found
+
+
+def _populated(group: str) -> bool:
+    """Whether any process is in `group` or below it (cgroup.events); a missing group holds none."""
+    try:
+        with open(os.path.join(group, "cgroup.events"), "rb") as f:
+            return b"populated 1" in f.read()
+    except FileNotFoundError:
+        return False
 
 
 def _rmdir_when_empty(group: Path, seconds: float = 2.0) -> None:

@@ -31,6 +31,7 @@ from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.text import cut
 from worker.asuser import acting_as_user
 from worker.containment import CgroupTasks, Subreaper, kill_orphans, starttime
+from worker.fdwatch import FdWatch
 from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup
 
@@ -159,11 +160,16 @@ class TaskExecutor(_Executor):
             killed = kill_orphans(pidfile)
             if killed:
                 log.warning("killed %d task(s) left behind by this rank's previous run", killed)
-        self._pidfile = pidfile
+        # In a cgroup tree every task is spawned inside its group, and the next run of this rank kills what the
+        # tree holds (CgroupTasks.detect): no pidfile is kept then, saving a /proc read and a write per spawn.
+        self._pidfile = None if isinstance(containment, CgroupTasks) else pidfile
         self._contained = containment
         self._pidfile_fd: int | None = None
         self._pidfile_lines = 0
         self._allowed_cores = frozenset(os.sched_getaffinity(0))
+        self._watch = FdWatch()  # every task's pidfd and output pipes
+        # The cores the loop thread is bound to while it spawns; None: all of _allowed_cores (see _bind).
+        self._bound: frozenset[int] | None = None
         self._private_cwd_threads: set[int] = set()
 
     def start(self, spec: TaskSpec) -> int | None:
@@ -178,9 +184,9 @@ class TaskExecutor(_Executor):
                      starttime(pid) if self._pidfile else None)
         task.spawner_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self._tasks[spec.key] = task
-        loop.add_reader(pidfd, self._on_pidfd, task)
+        self._watch.add(pidfd, functools.partial(self._on_pidfd, task))
         for fd in pipes:
-            loop.add_reader(fd, self._on_pipe, task, fd)
+            self._watch.add(fd, functools.partial(self._on_pipe, task, fd))
         self._record_pid(task)
         return pid
 
@@ -210,6 +216,7 @@ class TaskExecutor(_Executor):
 
     async def shutdown(self, grace: float) -> None:
         await super().shutdown(grace)
+        self._watch.close()
         self._write_pidfile()
         if isinstance(self._contained, CgroupTasks):
             self._contained.close()
@@ -230,8 +237,11 @@ class TaskExecutor(_Executor):
         pipes: dict[int, str] = {}
         child_fds: list[int] = []
         try:
-            for name, out_path in (("stdout", spec.stdout_path), ("stderr", spec.stderr_path)):
-                child_fds.append(_open_output(name, out_path, pipes, spec.user))
+            child_fds.append(_open_output("stdout", spec.stdout_path, pipes, spec.user))
+            if spec.stderr_path is not None and spec.stderr_path == spec.stdout_path:
+                child_fds.append(_dup_output(child_fds[0]))  # one file for both (--output): opened once
+            else:
+                child_fds.append(_open_output("stderr", spec.stderr_path, pipes, spec.user))
             stdin = ((os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0) if spec.stdin_fd is None
                      else (os.POSIX_SPAWN_DUP2, spec.stdin_fd, 0))
             actions = [stdin,
@@ -254,14 +264,10 @@ class TaskExecutor(_Executor):
         # posix_spawn can set neither affinity nor cwd, and the child copies
         # both from the calling thread, so the thread wears them briefly.
         # Affinity is per-thread on Linux; cwd is made per-thread by unshare.
-        # The loop thread's own mask is the worker's, restored after every spawn; a task bound to all of
-        # it needs no change (and no migration of the spawning thread).
-        bind = spec.cores and frozenset(spec.cores) != self._allowed_cores
-        saved_affinity = self._allowed_cores if bind else None
         saved_cwd = None
         try:
-            if saved_affinity is not None:
-                os.sched_setaffinity(0, spec.cores)
+            if spec.cores:
+                self._bind(frozenset(spec.cores))
             if spec.cwd is not None:
                 self._make_cwd_private()
                 saved_cwd = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
@@ -280,8 +286,26 @@ class TaskExecutor(_Executor):
             if saved_cwd is not None:
                 os.fchdir(saved_cwd)
                 os.close(saved_cwd)
-            if saved_affinity is not None:
-                os.sched_setaffinity(0, saved_affinity)
+
+    def _bind(self, cores: frozenset[int]) -> None:
+        """Bind the loop thread to `cores` for the next spawn: once per batch of spawns, not twice per task.
+
+        Every sched_setaffinity migrates the thread to another CPU.  So the mask stays on while the spawns of one
+        loop iteration (a `run` message) go on, and the worker's own mask is put back once, after them; tasks on
+        the same cores (or on all of the worker's) need no change at all.
+        """
+        current = self._bound or self._allowed_cores
+        if cores == current:
+            return
+        os.sched_setaffinity(0, cores)
+        if self._bound is None:
+            asyncio.get_running_loop().call_soon(self._unbind)
+        self._bound = cores
+
+    def _unbind(self) -> None:
+        if self._bound is not None:
+            self._bound = None
+            os.sched_setaffinity(0, self._allowed_cores)
 
     def _make_cwd_private(self) -> None:
         tid = threading.get_ident()
@@ -303,7 +327,7 @@ class TaskExecutor(_Executor):
         if pid == 0:
             return
         loop = asyncio.get_running_loop()
-        loop.remove_reader(task.pidfd)
+        self._watch.remove(task.pidfd)
         os.close(task.pidfd)
         task.ended = time.time()
         task.waitstatus = status
@@ -326,7 +350,7 @@ class TaskExecutor(_Executor):
             self._finish(task)
 
     def _close_pipe(self, task: _Task, fd: int) -> None:
-        asyncio.get_running_loop().remove_reader(fd)
+        self._watch.remove(fd)
         os.close(fd)
         del task.pipes[fd]
 
@@ -450,6 +474,13 @@ def _open_output(name: str, path: str | None, pipes: dict[int, str], user: tuple
     os.set_blocking(r, False)  # not O_NONBLOCK on pipe2: the child's end must block
     pipes[r] = name
     return w
+
+
+def _dup_output(fd: int) -> int:
+    try:
+        return os.dup(fd)  # close-on-exec, like every fd of ours: the child gets it by its file action only
+    except OSError as e:
+        raise _SpawnError(STATUS_CANNOT_RUN, f"stderr: {e.strerror}") from None
 
 
 def _pidfd_or_kill(pid: int, pipes: dict[int, str]) -> int:

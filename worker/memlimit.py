@@ -121,7 +121,7 @@ def _own_v1_group(root: Path) -> Path | None:
     return None
 
 
-def write_control(path: Path, value: str) -> None:
+def write_control(path: Path | str, value: str) -> None:
     """One write(2) to a cgroup control file (its value must arrive whole)."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:

@@ -17,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from minicluster.model.jobterms import POLICIES as POLICIES  # one list for the matcher, config and CLI
+
 from .idset import iter_ascending, iter_descending
 
 if TYPE_CHECKING:
     from .graph import ResourceGraph
 
-POLICIES = ("first-fit", "pack", "spread", "low-id", "high-id", "locality-first")
 DEFAULT_POLICY = "first-fit"
 
 

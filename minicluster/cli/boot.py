@@ -89,7 +89,8 @@ def run_worker(config_path: str, rank: int) -> int:
 
     config = config_mod.load(config_path)
     setup_logging(rank)
-    return asyncio.run(serve(config, rank, curve.load(config.curve_cert)))
+    cert = curve.load(config.curve_cert)
+    return _run_profiled(lambda: serve(config, rank, cert))
 
 
 def broker_main(argv: list[str]) -> int:

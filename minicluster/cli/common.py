@@ -5,14 +5,16 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
 
 from minicluster.cli.options import int_at_least
-from minicluster.config import ConfigError
 from minicluster.client import ClientError
 from minicluster.model.idset import IdSet, IdSetError
-from minicluster.model.jobspec import InvalidJobspec
+from minicluster.model.jobterms import InvalidJobspec
 from minicluster.proto.frames import FrameError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -33,8 +35,35 @@ class ParserBuilt(Exception):
 _capturing = False
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, told its width so that it does not import shutil (with zlib, bz2 and lzma) to ask: argparse
+    makes one per add_argument, so every command, mc-submit in shell loops too, would pay that at start-up."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
+
+
+def _columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS, else the terminal's, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (`prog: error: ...`) and exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
@@ -72,12 +101,24 @@ def guarded(prog: str, func: Callable[[], int]) -> int:
         # The reader went away (`mc jobs | head`); don't let the final flush complain again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (UsageError, InvalidJobspec, ConfigError) as exc:
+    except (UsageError, InvalidJobspec) as exc:
         _report(prog, exc)
         return EXIT_USAGE
     except (ClientError, FrameError, OSError) as exc:
         _report(prog, exc)
         return 1
+    except ValueError as exc:
+        if not _is_config_error(exc):
+            raise
+        _report(prog, exc)
+        return EXIT_USAGE
+
+
+def _is_config_error(exc: ValueError) -> bool:
+    # Looked up, not imported: a command that never loaded the config (mc-submit) cannot have raised its error,
+    # and importing it only to compare would cost every such command the import of tomllib and the config model.
+    config = sys.modules.get("minicluster.config")
+    return config is not None and isinstance(exc, config.ConfigError)
 
 
 def _report(prog: str, exc: BaseException) -> None:

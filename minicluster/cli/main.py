@@ -6,7 +6,6 @@ whose module (or its dependencies) is missing fails alone.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import sys
 from collections.abc import Callable
 
@@ -75,6 +74,8 @@ def resolve(name: str) -> Callable[[list[str]], int]:
 
 
 def version() -> str:
+    import importlib.metadata  # here: it imports email, zipfile and pathlib, which no other command needs
+
     try:
         return importlib.metadata.version("minicluster")
     except importlib.metadata.PackageNotFoundError:

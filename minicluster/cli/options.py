@@ -6,12 +6,16 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
-from minicluster.config import POLICIES
 from minicluster.model.idset import IdSet, IdSetError
-from minicluster.model import workflow
-from minicluster.model.jobspec import MPI_MODES, InvalidJobspec, from_wire
+from minicluster.model.jobterms import MPI_MODES, POLICIES, InvalidJobspec
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
+if TYPE_CHECKING:
+    from typing import Any
+
+# The jobspec and workflow models are imported where they are used, not here: `mc-submit` true, run from shell
+# loops, needs neither (tests/unit/test_client_imports.py).
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _MEM_UNITS = {"": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -162,11 +166,14 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     add_workflow_options(parser)
 
 
-def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type from a workflow parser: its error becomes a one-line usage error."""
+def _checked(parse: Callable[[Any, str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a workflow parser, called with the workflow module: its error becomes a one-line
+    usage error."""
     def check(text: str) -> Any:
+        from minicluster.model import workflow
+
         try:
-            parse(text)
+            parse(workflow, text)
         except workflow.WorkflowError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return text
@@ -174,6 +181,8 @@ def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def duration(text: str) -> float:
+    from minicluster.model import workflow
+
     try:
         return workflow.parse_duration(text)
     except workflow.WorkflowError as exc:
@@ -184,10 +193,10 @@ def add_workflow_options(parser: argparse.ArgumentParser) -> None:
     """Dependencies, failure and success policies, holds (protocol.md §3.9, docs/workflows.md)."""
     g = parser.add_argument_group("workflow")
     g.add_argument("-d", "--dependency", action="append", default=[], metavar="TYPE:ID[:ID...]",
-                   type=_checked(lambda t: workflow.parse_dependencies([t])),
+                   type=_checked(lambda workflow, t: workflow.parse_dependencies([t])),
                    help="wait for jobs: afterok, afterany, afternotok, afterstart (after), aftercorr (array "
                         "index by index), or singleton; comma-separated or repeated")
-    g.add_argument("--begin-time", metavar="TIME", type=_checked(lambda t: workflow.parse_begin_time(t, 0.0)),
+    g.add_argument("--begin-time", metavar="TIME", type=_checked(lambda workflow, t: workflow.parse_begin_time(t, 0.0)),
                    help="not before TIME: +10m, 12:30, 2025-01-31T12:00, @EPOCH")
     g.add_argument("--hold", action="store_true", help="submit held; `mc release ID` lets it run")
     g.add_argument("--retries", type=int_at_least(0, "a number of retries"), metavar="N",
@@ -195,10 +204,11 @@ def add_workflow_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--retry-delay", type=duration, metavar="TIME",
                    help="wait TIME (90s, 10m) before the first retry, doubling for each next one")
     g.add_argument("--on-exit", action="append", default=[], metavar="CODES=ACTION,...",
-                   type=_checked(workflow.parse_exit_rules),
+                   type=_checked(lambda workflow, t: workflow.parse_exit_rules(t)),
                    help="by exit code, first match wins: 42=fail-job,3-5=retry,2=fail,0=ignore")
     g.add_argument("--on-signal", action="append", default=[], metavar="SIGNALS=ACTION,...",
-                   type=_checked(workflow.parse_signal_rules), help="by signal: KILL=retry,SEGV+ABRT=fail")
+                   type=_checked(lambda workflow, t: workflow.parse_signal_rules(t)),
+                   help="by signal: KILL=retry,SEGV+ABRT=fail")
     g.add_argument("--max-retries-per-index", type=int_at_least(0, "a number of retries"), metavar="N",
                    help="arrays: retries of each index")
     g.add_argument("--max-failed-indexes", type=int_at_least(0, "a number of indexes"), metavar="N",
@@ -212,24 +222,39 @@ def add_workflow_options(parser: argparse.ArgumentParser) -> None:
 
 
 def workflow_fields(args: argparse.Namespace, now: float) -> dict[str, Any]:
-    """The jobspec's workflow fields from the parsed options (only those given)."""
+    """The jobspec's workflow fields from the parsed options (only those given).
+
+    Raises InvalidJobspec with the option's problem.
+    """
     out: dict[str, Any] = {}
-    if args.dependency:
-        out["dependencies"] = workflow.parse_dependencies(args.dependency)
-    if args.begin_time:
-        out["begin_time"] = workflow.parse_begin_time(args.begin_time, now)
+    if args.dependency or args.begin_time or args.on_exit or args.on_signal:
+        out.update(_parsed_workflow(args, now))
     if args.hold:
         out["hold"] = True
-    rules = [("on_exit", args.on_exit, workflow.parse_exit_rules),
-             ("on_signal", args.on_signal, workflow.parse_signal_rules)]
-    for name, texts, parse in rules:
-        if texts:
-            out[name] = [rule for text in texts for rule in parse(text)]
     optional = {"retries": args.retries, "retry_delay": args.retry_delay,
                 "max_retries_per_index": args.max_retries_per_index, "max_failed_indexes": args.max_failed_indexes,
                 "success_indexes": args.success_indexes, "success_count": args.success_count,
                 "success_task": args.success_task}
     out.update({k: v for k, v in optional.items() if v is not None})
+    return out
+
+
+def _parsed_workflow(args: argparse.Namespace, now: float) -> dict[str, Any]:
+    from minicluster.model import workflow
+
+    out: dict[str, Any] = {}
+    try:
+        if args.dependency:
+            out["dependencies"] = workflow.parse_dependencies(args.dependency)
+        if args.begin_time:
+            out["begin_time"] = workflow.parse_begin_time(args.begin_time, now)
+        rules = [("on_exit", args.on_exit, workflow.parse_exit_rules),
+                 ("on_signal", args.on_signal, workflow.parse_signal_rules)]
+        for name, texts, parse in rules:
+            if texts:
+                out[name] = [rule for text in texts for rule in parse(text)]
+    except workflow.WorkflowError as exc:
+        raise InvalidJobspec(str(exc)) from None
     return out
 
 
@@ -266,10 +291,11 @@ def build_env(settings: Sequence[str], clear: bool, environ: Mapping[str, str]) 
 
 def jobspec_from_args(args: argparse.Namespace, command: Sequence[str],
                       environ: Mapping[str, str] | None = None,
-                      cwd: str | None = None, stdin: str | None = None) -> dict[str, Any]:
+                      cwd: str | None = None, stdin: str | None = None, check: bool = True) -> dict[str, Any]:
     """The wire jobspec (protocol.md §3.4) for `command` with the parsed job options.
 
-    Raises InvalidJobspec with the field name when the combination is invalid.
+    Raises InvalidJobspec with the field name when the combination is invalid; with `check=False` only for what
+    the options themselves get wrong, and the rest is left to check_jobspec or the broker.
     """
     if not command:
         raise InvalidJobspec("no command given")
@@ -299,9 +325,14 @@ def jobspec_from_args(args: argparse.Namespace, command: Sequence[str],
         spec["gpu_affinity"] = True
     if args.resources is not None and not args.ntasks:
         del spec["ntasks"]  # the tree says how many tasks
-    try:
-        spec.update(workflow_fields(args, time.time()))
-    except workflow.WorkflowError as exc:
-        raise InvalidJobspec(str(exc)) from None
-    from_wire(spec)
+    spec.update(workflow_fields(args, time.time()))
+    if check:
+        check_jobspec(spec)
     return spec
+
+
+def check_jobspec(spec: dict[str, Any]) -> None:
+    """Raise InvalidJobspec, naming the field, if the broker would refuse `spec` whatever its state."""
+    from minicluster.model.jobspec import from_wire
+
+    from_wire(spec)

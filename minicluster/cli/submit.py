@@ -5,9 +5,13 @@ import argparse
 import sys
 
 from minicluster.cli.common import Parser, guarded
-from minicluster.cli.options import (add_command_argument, add_job_options, command_of, jobspec_from_args,
-                                     parse_job_args, stdin_tasks)
-from minicluster.client import Client
+from minicluster.cli.options import (add_command_argument, add_job_options, check_jobspec, command_of,
+                                     jobspec_from_args, parse_job_args, stdin_tasks)
+from minicluster.client import Client, ClientError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
+if TYPE_CHECKING:
+    from typing import Any
 
 SUBMIT_HELP = "submit a job and print its id (--wait / --watch to stay with it)"
 RUN_HELP = "run a job in the foreground: stream its output, exit with its status (Ctrl-C cancels)"
@@ -34,9 +38,9 @@ def _parser(prog: str, description: str, run: bool) -> Parser:
 
 def submit(argv: list[str], prog: str = "mc submit") -> int:
     args = parse_job_args(_parser(prog, SUBMIT_HELP, run=False), argv)
-    spec = jobspec_from_args(args, command_of(args))
+    spec = jobspec_from_args(args, command_of(args), check=False)
     with Client() as client:
-        job = client.submit(spec)
+        job = _submit_unchecked(client, spec)
         print(job, flush=True)
         if not (args.watch or args.wait):
             return 0
@@ -47,6 +51,18 @@ def submit(argv: list[str], prog: str = "mc submit") -> int:
             return follow(client, job, prog=prog, events=True, ctrl_c_cancels=False, label=args.label,
                           array=spec.get("array"))
         return wait(client, [job], progress=bool(args.cc) and sys.stderr.isatty(), prog=prog)
+
+
+def _submit_unchecked(client: Client, spec: dict[str, Any]) -> int:
+    """Submit `spec` with the broker as its only checker: checking it here too would import the jobspec model on
+    every call of a shell loop.  Only a refused one is checked here, so that a jobspec wrong on its face still
+    exits 2 with the field's message (a usage error), and a refusal by the instance (a queue, a limit) exits 1."""
+    try:
+        return client.submit(spec, check=False)
+    except ClientError as exc:
+        if exc.code == "invalid-jobspec":
+            check_jobspec(spec)
+        raise
 
 
 def run(argv: list[str]) -> int:

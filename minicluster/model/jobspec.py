@@ -7,17 +7,14 @@ from typing import Any
 
 from minicluster.model import outputpath, restree, workflow
 from minicluster.model.idset import IdSet, IdSetError
+from minicluster.model.jobterms import MPI_MODES
+from minicluster.model.jobterms import InvalidJobspec as InvalidJobspec  # where callers have always found it
 from minicluster.model.sharing import valid_name
 from minicluster.model.text import brief
 
-MPI_MODES = ("pmi1", "pmix", "auto", "none")
 MAX_ARGV_BYTES = 1 << 20
 MAX_ENV_BYTES = 1 << 20
 MAX_MESSAGE = 400
-
-
-class InvalidJobspec(ValueError):
-    """The jobspec breaks a rule; the message names the field."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,12 @@ The broker's asynchronous reader lives in broker/clientapi.py.
 from __future__ import annotations
 
 import struct
-from typing import Any
 
 import msgpack
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = 1
 MAX_FRAME = 16 * 1024 * 1024

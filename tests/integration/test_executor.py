@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-from worker.containment import kill_orphans
+from worker.containment import CgroupTasks, kill_orphans
 from worker.executor import TaskExecutor, TaskResult, TaskSpec, TestExecutor
 
 ENV = {"PATH": os.environ.get("PATH", os.defpath)}
@@ -240,6 +240,30 @@ async def test_output_files_appended(tmp_path):
     assert err_file.read_text() == "oops\n"
     r, _, _ = await h.run("true", stdout_path=str(tmp_path / "no" / "such"))
     assert r.status == 126 and r.error.startswith("stdout ")
+    # One file for both streams (--output) is opened once and shared, as with 2>&1: both land, in order.
+    both = tmp_path / "both"
+    r, out, err = await h.run("sh", "-c", "echo one; echo two >&2; echo three",
+                              stdout_path=str(both), stderr_path=str(both))
+    assert (r.status, out, err) == (0, b"", b"") and both.read_text() == "one\ntwo\nthree\n"
+
+
+async def test_cgroup_tree_is_reused_and_left_empty_even_after_spawns_that_failed(tmp_path):
+    tree = CgroupTasks.detect(str(tmp_path), 0)
+    if tree is None:
+        pytest.skip("no writable cgroup v2 tree here")
+    h = Harness(containment=tree)
+    try:
+        # A NUL byte in the environment fails posix_spawn itself, inside the task's group.
+        r, _, _ = await h.run("true", env={**ENV, "BAD": "a\0b"})
+        assert r.status == 126 and r.pid is None
+        for _ in range(3):
+            r, _, _ = await h.run("true")
+            assert r.status == 0
+        # Groups serve one task after another: not one per task.
+        assert len([e for e in os.scandir(tree.base) if e.is_dir()]) == 1
+    finally:
+        await h.ex.shutdown(0)
+    assert not tree.base.exists()  # nothing was left in it
 
 
 async def test_pass_fds_inherited_at_same_number_only():

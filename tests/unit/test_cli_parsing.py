@@ -16,6 +16,7 @@ from minicluster.cli.main import COMMANDS, main as mc_main
 from minicluster.cli.options import (add_command_argument, add_job_options, build_env, command_of,
                                      jobspec_from_args, memory_mb, parse_job_args, time_limit)
 from minicluster.client import ClientError, socket_path
+from minicluster.config import ConfigError
 from minicluster.model.jobspec import InvalidJobspec, from_wire
 
 
@@ -213,9 +214,13 @@ def test_guarded_turns_errors_into_one_line(capsys: pytest.CaptureFixture[str],
     assert guarded("mc", fail(ClientError("not-found", "job 9 not found"))) == 1
     assert guarded("mc", fail(FileNotFoundError(2, "No such file or directory", "cmds.txt"))) == 1
     assert guarded("mc", fail(InvalidJobspec("ntasks: bad"))) == 2
+    assert guarded("mc", fail(ConfigError("size: bad"))) == 2
     assert guarded("mc", fail(KeyboardInterrupt())) == 130
     assert capsys.readouterr().err.splitlines() == [
-        "mc: error: job 9 not found", "mc: error: cmds.txt: No such file or directory", "mc: error: ntasks: bad"]
+        "mc: error: job 9 not found", "mc: error: cmds.txt: No such file or directory", "mc: error: ntasks: bad",
+        "mc: error: size: bad"]
+    with pytest.raises(ValueError, match="a bug"):  # any other ValueError is a bug: its traceback is shown
+        guarded("mc", fail(ValueError("a bug")))
 
 
 def test_socket_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
