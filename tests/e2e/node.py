@@ -9,7 +9,9 @@ Each sync (every 0.2 s) reads pods, Jobs and claims from the real API server and
   `batch.kubernetes.io/job-completion-index` annotation and label, JOB_COMPLETION_INDEX, hostname
   JOB-INDEX), a replacement starting only once its predecessor is gone (podReplacementPolicy Failed),
   `successPolicy` (index 0 succeeded: Job SuccessCriteriaMet + Complete, the rest terminated) and the
-  podFailurePolicy's FailJob rule (FailureTarget + Failed, the rest terminated).  Creating replacement pods,
+  podFailurePolicy's FailJob rule (FailureTarget + Failed, the rest terminated); the verdict is written again
+  until the Job shows it, since 1.20's Job controller writes its whole status back over the node's conditions.
+  Creating replacement pods,
   counting failures against backoffLimit and plain completion stay 1.20's own.  Not emulated: the Ignore rule
   for DisruptionTarget (1.20 counts those failures too), `suspend`, elastic resizing;
 * provisions claims as a local-path provisioner would (a hostPath PersistentVolume per claim, deleted when
@@ -84,6 +86,7 @@ class Node:
         self.indexes: dict[str, int] = {}  # pod uid -> index given (before the API server shows it)
         self.deleting: set[str] = set()
         self.finished_jobs: set[str] = set()
+        self.verdicts: dict[str, tuple[str, str, str]] = {}  # Job uid -> the 1.33 verdict (kind, reason, message)
         self.provisioned: set[str] = set()
         self.ns_family: dict[str, str] = {}
         self._hosts: dict[str, list[tuple[str, str, str]]] = {}
@@ -216,16 +219,19 @@ class Node:
 
     async def _judge(self, job: Obj, pods: list[Obj]) -> None:
         uid = job["metadata"]["uid"]
-        if _finished(job) or uid in self.finished_jobs:
+        if _finished(job):
             if uid in self.finished_jobs:
                 await self._end_pods(pods)
             return
-        intended = await self.intended_job(job)
-        if intended is None:
-            return
-        verdict = _verdict(intended, pods)
+        verdict = self.verdicts.get(uid)
         if verdict is None:
-            return
+            intended = await self.intended_job(job)
+            verdict = _verdict(intended, pods) if intended is not None else None
+            if verdict is None:
+                return
+            self.verdicts[uid] = verdict
+        # Written again until the Job shows it: 1.20's Job controller puts back the whole status from its own
+        # computation (a GET, then its status over the fresh object), which can wipe these conditions.
         kind, reason, message = verdict
         stamp = now()
         first = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
