@@ -11,9 +11,9 @@ Each sync (every 0.2 s) reads pods, Jobs and claims from the real API server and
   `successPolicy` (index 0 succeeded: Job SuccessCriteriaMet + Complete, the rest terminated) and the
   podFailurePolicy's FailJob rule (FailureTarget + Failed, the rest terminated); the verdict is written again
   until the Job shows it, since 1.20's Job controller writes its whole status back over the node's conditions.
-  Creating replacement pods,
-  counting failures against backoffLimit and plain completion stay 1.20's own.  Not emulated: the Ignore rule
-  for DisruptionTarget (1.20 counts those failures too), `suspend`, elastic resizing;
+  Creating replacement pods, counting failures against backoffLimit and plain completion stay 1.20's own.
+  Not emulated: the Ignore rule for DisruptionTarget (1.20 counts those failures too), `suspend`, elastic
+  resizing;
 * provisions claims as a local-path provisioner would (a hostPath PersistentVolume per claim, deleted when
   released);
 * keeps cluster DNS as hosts entries in every pod (HOSTNAME.SUBDOMAIN.NS.svc.cluster.local).
