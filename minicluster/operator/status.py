@@ -55,7 +55,10 @@ class HttpStatusFetcher:
         if self._closed:
             return None
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            # A fresh connection and name lookup per poll: a replaced broker pod has a new IP under the same
+            # name, and a pooled connection or cached address would keep polling the old one until timeouts.
+            connector = aiohttp.TCPConnector(force_close=True, use_dns_cache=False)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         try:
             async with self._session.get(self._url_for(mc)) as resp:
                 if resp.status != 200:

@@ -1,5 +1,6 @@
-"""The pod-level tier: the real 1.20 control plane (tests/operator/k8s_control_plane.py), the operator outside it
-under its own ServiceAccount, and an emulated node (node.py) that runs the MiniClusters' pods.  Needs root
+"""The pod-level tier: the real 1.20 control plane (tests/operator/k8s_control_plane.py), an emulated node
+(node.py) that runs pods, and the operator installed as docs/operator.md#install says (install.py): its
+Deployment's pod runs on that node, in the cluster, and reaches the brokers by their DNS names.  Needs root
 (namespaces, a bridge, cgroups, mounts); skipped with the reason elsewhere, failed when CI is set."""
 from __future__ import annotations
 
@@ -18,18 +19,19 @@ from typing import Any
 
 import kopf
 import pytest
-import yaml
 
-from minicluster.operator import operate
 from minicluster.operator.kube import ApiError, Kube
-from tests.e2e import endpoints, image
+from tests.e2e import endpoints, image, install
 from tests.e2e.network import Bridge
 from tests.e2e.node import FAMILY_LABEL, Node
 from tests.e2e.podsecurity import ENFORCE_LABEL
+from tests.e2e.polling import until
 from tests.operator.k8s_control_plane import (
-    ADMIN_TOKEN, Cluster, collection_path, find_binaries, operator_token, serving_certificate,
+    ADMIN_TOKEN, Cluster, collection_path, find_binaries, serving_certificate,
 )
 import contextlib
+
+__all__ = ["until"]  # the tests' import of it
 
 REPO = Path(__file__).resolve().parents[2]
 MC_API = "/apis/minicluster.dev/v1alpha1"
@@ -85,22 +87,26 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     run_id = secrets.token_hex(3)[:5]
     workdir = tmp_path_factory.mktemp("e2e")
     t0 = time.monotonic()
-    built = image.ensure(REPO)
+    images = {recipe.name: image.ensure(REPO, recipe) for recipe in image.RECIPES}
     image_seconds = time.monotonic() - t0
-    cluster = Cluster(workdir / "k8s", find_binaries())  # type: ignore[arg-type]
-    (workdir / "k8s").mkdir()
     bridge = Bridge(run_id, int(run_id, 16))
+    # The API server listens on the bridge's own address, port 443: what pods reach as the `kubernetes` Service
+    # (no kube-proxy here to forward its ClusterIP).
+    cluster = Cluster(workdir / "k8s", find_binaries(), address=bridge.gateway("ipv4"),  # type: ignore[arg-type]
+                      port=443)
+    (workdir / "k8s").mkdir()
     stops: list[Callable[[], None]] = []
     try:
-        cluster.start()
-        stops.append(cluster.stop)
         bridge.up()
         stops.append(bridge.down)
-        node_env = _start_node(cluster, run_id, workdir, built, bridge, stops)
-        token = asyncio.run(_install(cluster, node_env))
-        _start_operator(cluster, token, stops)
+        cluster.start()
+        stops.append(cluster.stop)
+        node_env = _start_node(cluster, run_id, workdir, images, bridge, stops)
+        t1 = time.monotonic()
+        asyncio.run(_install(cluster, node_env))
         env = Env(cluster, node_env.node, run_id, cluster.admin_kubeconfig(), node_env.loop,
-                  {"image_build_or_cache_s": image_seconds, "setup_s": time.monotonic() - t0})
+                  {"image_build_or_cache_s": image_seconds, "operator_install_to_ready_s": time.monotonic() - t1,
+                   "setup_s": time.monotonic() - t0})
         yield env
         env.timings["session_s"] = time.monotonic() - t0
         (workdir / "timings.json").write_text(json.dumps(env.timings, indent=1))
@@ -143,11 +149,11 @@ class _NodeThread:
     ca_pem: bytes
 
 
-def _start_node(cluster: Cluster, run_id: str, workdir: Path, built: image.Image, bridge: Bridge,
+def _start_node(cluster: Cluster, run_id: str, workdir: Path, images: dict[str, image.Image], bridge: Bridge,
                 stops: list[Callable[[], None]]) -> _NodeThread:
     ca, cert, key = serving_certificate(workdir, "e2e-node")
     kube = Kube(_login(cluster, ADMIN_TOKEN))
-    node = Node(kube, run_id, workdir, built, REPO, bridge)
+    node = Node(kube, run_id, workdir, images, REPO, bridge, (cluster.address, cluster.port))
     stop = threading.Event()
     ready: dict[str, Any] = {}
     started = threading.Event()
@@ -183,19 +189,20 @@ def _start_node(cluster: Cluster, run_id: str, workdir: Path, built: image.Image
     return _NodeThread(node, ready["loop"], ca.read_bytes())
 
 
-async def _install(cluster: Cluster, node_env: _NodeThread) -> str:
-    """CRD, deploy/ (namespace, ServiceAccount, RBAC), the outside-the-cluster RBAC, the Pod Security webhook;
-    returns the operator's ServiceAccount token."""
-    docs = [yaml.safe_load((REPO / "crds" / "minicluster.yaml").read_text())]
-    for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "outside-cluster.yaml"):
-        docs += list(yaml.safe_load_all((REPO / "deploy" / name).read_text()))
-    docs.append(endpoints.webhook_configuration(node_env.node.port, node_env.ca_pem, node_env.node.run_id))
+async def _install(cluster: Cluster, node_env: _NodeThread) -> None:
+    """The Pod Security webhook (the node's), then `kubectl apply -k deploy/`; returns once the operator's pod
+    is running on the node.  Its namespace is dual-stack here, so it reaches brokers of either family."""
     kube = Kube(_login(cluster, ADMIN_TOKEN))
     try:
+        webhook = endpoints.webhook_configuration(node_env.node.port, node_env.ca_pem, node_env.node.run_id)
+        await kube.create(collection_path(webhook), webhook)
+        docs = install.kustomize(REPO / "deploy")
         for doc in docs:
-            await kube.create(collection_path(doc), doc)
+            if doc["kind"] == "Namespace" and doc["metadata"]["name"] == install.NAMESPACE:
+                doc["metadata"]["labels"][FAMILY_LABEL] = "dual"
+        await install.apply(kube, docs)
         await until(lambda: _established(kube), 60)
-        return await until(lambda: operator_token(kube), 60)
+        await until(lambda: install.operator_pod(kube), 60)
     finally:
         await kube.close()
 
@@ -204,36 +211,6 @@ async def _established(kube: Kube) -> bool:
     crd = await kube.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/miniclusters.minicluster.dev")
     return any(c["type"] == "Established" and c["status"] == "True"
                for c in (crd or {}).get("status", {}).get("conditions", []))
-
-
-def _start_operator(cluster: Cluster, token: str, stops: list[Callable[[], None]]) -> None:
-    stop, ready = threading.Event(), threading.Event()
-
-    async def main() -> None:
-        # The operator runs outside the cluster, as a developer's would: brokers through the pod proxy.
-        await operate(login=_login(cluster, token), registry=kopf.OperatorRegistry(), poll_interval=1.0,
-                      metrics_port=None, stop_flag=stop, ready_flag=ready, broker_access="proxy")
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), name="e2e-operator", daemon=True)
-    thread.start()
-    assert ready.wait(60), "the operator did not start"
-
-    def halt() -> None:
-        stop.set()
-        thread.join(30)
-    stops.append(halt)
-
-
-async def until(check: Callable[[], Any], timeout: float = 60.0, every: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = await check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout}s; last seen: {last!r}")
-        await asyncio.sleep(every)
 
 
 @pytest.fixture
@@ -262,7 +239,8 @@ def minicluster(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
             "spec": {"size": 3, "image": image.NAME, **spec}}
 
 
-def kubectl_exec(e2e: Env, namespace: str, pod: str, argv: list[str]) -> tuple[int, str, str]:
+def kubectl_exec(e2e: Env, namespace: str, pod: str, argv: list[str],
+                 container: str = "minicluster") -> tuple[int, str, str]:
     """What `kubectl exec POD -- ARGV` does: pods/exec through the API server, which proxies it to the node's
     kubelet API.  (exit status, stdout, stderr)"""
     from kubernetes import client, config
@@ -270,7 +248,7 @@ def kubectl_exec(e2e: Env, namespace: str, pod: str, argv: list[str]) -> tuple[i
 
     api = config.new_client_from_config(str(e2e.kubeconfig))
     try:
-        ws = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, namespace, container="minicluster",
+        ws = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, namespace, container=container,
                     command=argv, stdin=False, stdout=True, stderr=True, tty=False, _preload_content=False)
         out, err = [], []
         while ws.is_open():

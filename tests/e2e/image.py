@@ -1,11 +1,13 @@
-"""The pods' "image": what images/runtime/Dockerfile builds, as an install UID 10001 can run.
+"""The pods' "images": what images/runtime/Dockerfile and images/operator/Dockerfile build, as installs their
+users (UID 10001) can run.
 
 A pod's root filesystem is an overlay: this host's / as the read-only lower layer, a private tmpfs on top.  On it
-the pod's init replays the Dockerfile's own steps (the user `mc`, UID 10001, with its home; /var/lib/minicluster
-owned by it).  The Python environment is a venv cached outside the checkout, as .ci/apiserver.sh caches the API
-server: Debian's python3.11 with the project's dependencies and the Dockerfile's MPICH + mpi4py, every file
-readable by all.  The project itself is the checkout under test, mounted read-only at /opt/minicluster, so the
-cache only changes with the dependencies.
+the pod's init replays the Dockerfile's own steps (its user, with its home; the directories it creates, with
+their owners).  The Python environment is a venv per image cached outside the checkout, as .ci/apiserver.sh
+caches the API server: Debian's python3.11 with what the Dockerfile's pip installs (the project's dependencies
+and extras, the runtime's MPICH + mpi4py), every file readable by all.  The project itself is the checkout under
+test, mounted read-only at /opt/minicluster, so the cache only changes with the dependencies.  ENTRYPOINT, CMD,
+USER and WORKDIR are read from the Dockerfile.
 """
 from __future__ import annotations
 
@@ -18,29 +20,65 @@ import re
 import shutil
 import subprocess
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 CACHE = Path(os.environ.get("MC_E2E_CACHE", "/var/cache/minicluster"))
 PYTHON = "/usr/bin/python3.11"
 SRC_MOUNT = "/opt/minicluster"
 NAME = "ghcr.io/minicluster/runtime:0.1.0"  # the image name the examples and docs use
+OPERATOR_NAME = "ghcr.io/minicluster/operator:0.1.0"  # deploy/kustomization.yaml's `images:`
 LAYOUT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One of images/: its name, and the steps the pod's init replays that the Dockerfile does not say plainly."""
+    name: str
+    directory: str  # images/DIRECTORY/Dockerfile
+    extras: tuple[str, ...]  # pip install '.[EXTRAS]'
+    passwd: str  # the useradd line's effect
+    group: str
+    dirs: list[list[Any]] = field(default_factory=list)  # [path, uid, gid, mode] the Dockerfile creates
+
+
+RUNTIME = Recipe(NAME, "runtime", (), "mc:x:10001:10001::/home/mc:/usr/sbin/nologin", "mc:x:10001:",
+                 [["/home/mc", 10001, 10001, 0o755], ["/var/lib/minicluster", 10001, 10001, 0o755]])
+# useradd --no-create-home: the home in passwd does not exist; WORKDIR /src is emptied by `rm -rf /src` and made
+# again (root's) by the runtime as the working directory.
+OPERATOR = Recipe(OPERATOR_NAME, "operator", ("operator",), "operator:x:10001:10001::/home/operator:/usr/sbin/nologin",
+                  "operator:x:10001:", [["/src", 0, 0, 0o755]])
+RECIPES = (RUNTIME, OPERATOR)
 
 
 @dataclass(frozen=True)
 class Image:
     root: Path
+    recipe: Recipe
+    entrypoint: list[str]
+    cmd: list[str]
+    user: tuple[int, int]
+    workdir: str
 
     @property
     def venv(self) -> Path:
         return self.root / "venv"
 
     @property
+    def home(self) -> str:
+        return self.recipe.passwd.split(":")[5]
+
+    @property
     def env(self) -> dict[str, str]:
         """The image's ENV (the python base image's, with the venv first on PATH)."""
         return {"PATH": f"{self.venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "LANG": "C.UTF-8"}
+
+    @property
+    def setup(self) -> dict[str, Any]:
+        """For the pod's init (podinit.py)."""
+        return {"passwd": self.recipe.passwd, "group": self.recipe.group, "dirs": self.recipe.dirs}
 
 
 def available() -> str | None:
@@ -50,14 +88,15 @@ def available() -> str | None:
     return None
 
 
-def requirements(repo: Path) -> list[str]:
-    """The Dockerfile's pip installs: the project's dependencies plus its MPI pins, each at the version this
-    test run uses (reproducible, and served from the local pip cache)."""
+def requirements(repo: Path, recipe: Recipe) -> list[str]:
+    """The Dockerfile's pip installs: the project's dependencies and extras plus its pins, each at the version
+    this test run uses (reproducible, and served from the local pip cache)."""
     project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
-    dockerfile = (repo / "images" / "runtime" / "Dockerfile").read_text()
+    dockerfile = (repo / "images" / recipe.directory / "Dockerfile").read_text()
     pins = [r for line in re.findall(r"pip install --no-cache-dir ([^&\n]+)", dockerfile)
             for r in line.split() if "==" in r]
-    names = [re.split(r"[<>=!~ ;\[]", dep, maxsplit=1)[0] for dep in project["dependencies"]]
+    deps = [*project["dependencies"], *(d for extra in recipe.extras for d in project["optional-dependencies"][extra])]
+    names = [re.split(r"[<>=!~ ;\[]", dep, maxsplit=1)[0] for dep in deps]
     pinned = []
     for name in names:
         try:
@@ -71,11 +110,26 @@ def scripts(repo: Path) -> dict[str, str]:
     return dict(tomllib.loads((repo / "pyproject.toml").read_text())["project"]["scripts"])
 
 
-def ensure(repo: Path) -> Image:
+def instructions(repo: Path, recipe: Recipe) -> dict[str, Any]:
+    """The Dockerfile's last ENTRYPOINT, CMD (exec form), USER and WORKDIR."""
+    found: dict[str, Any] = {"ENTRYPOINT": [], "CMD": [], "USER": "0:0", "WORKDIR": "/"}
+    for line in (repo / "images" / recipe.directory / "Dockerfile").read_text().splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("ENTRYPOINT", "CMD"):
+            found[word] = json.loads(rest)
+        elif word in ("USER", "WORKDIR"):
+            found[word] = rest.strip()
+    return found
+
+
+def ensure(repo: Path, recipe: Recipe) -> Image:
     """The cached image for this checkout's dependencies, built once (about a minute) under a lock."""
-    reqs, entry_points = requirements(repo), scripts(repo)
+    reqs, entry_points = requirements(repo, recipe), scripts(repo)
     key = hashlib.sha256(json.dumps([reqs, entry_points, PYTHON, LAYOUT_VERSION]).encode()).hexdigest()[:12]
-    image = Image(CACHE / f"e2e-image-{key}")
+    said = instructions(repo, recipe)
+    uid, _, gid = said["USER"].partition(":")
+    image = Image(CACHE / f"e2e-image-{key}", recipe, said["ENTRYPOINT"], said["CMD"], (int(uid), int(gid or uid)),
+                  said["WORKDIR"])
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / f"e2e-image-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

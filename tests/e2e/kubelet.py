@@ -4,9 +4,12 @@ Emulated: the image (image.py), a network namespace on the node's bridge (networ
 the pod's volumes (volumes.py, mounted by podinit.py), the hostname, a PID namespace with the container command
 as PID 1, the user and groups from the securityContext (runAsUser/Group, fsGroup, supplementalGroups),
 `allowPrivilegeEscalation: false` as no_new_privs, `capabilities.drop: [ALL]` as an empty bounding set, the CPU
-and memory limits as cgroup v1 quotas, cluster DNS as hosts entries, the container's environment (the image's,
-the pod spec's, JOB_COMPLETION_INDEX, HOSTNAME), its log, and graceful termination (SIGTERM, the grace period,
-SIGKILL).  Not emulated: seccomp profiles, probes, restarts in place (restartPolicy is Never here), init
+and memory limits as cgroup v1 quotas, `readOnlyRootFilesystem`, cluster DNS as hosts entries, the command
+(`command`/`args` over the image's ENTRYPOINT/CMD), the container's environment (the image's, HOME, the pod
+spec's, JOB_COMPLETION_INDEX, HOSTNAME, KUBERNETES_SERVICE_HOST/PORT), its log, and graceful termination
+(SIGTERM, the grace period, SIGKILL).  The service-account token volume needs nothing here: on 1.20 the
+ServiceAccount admission plugin adds it to the pod as a Secret volume.
+Not emulated: seccomp profiles, probes, restarts in place (restartPolicy is Never here), init
 containers, sidecars, image pulls (images other than image.NAME fail as a registry without them would).
 """
 from __future__ import annotations
@@ -28,10 +31,6 @@ from tests.e2e.network import Bridge, PodNet
 import contextlib
 
 PODINIT = Path(__file__).with_name("podinit.py")
-IMAGE_USER = 10001  # images/runtime/Dockerfile: USER 10001:10001, WORKDIR /home/mc
-IMAGE_WORKDIR = "/home/mc"
-IMAGE_SETUP = {"passwd": "mc:x:10001:10001::/home/mc:/usr/sbin/nologin", "group": "mc:x:10001:",
-               "dirs": [["/home/mc", 10001, 10001, 0o755], ["/var/lib/minicluster", 10001, 10001, 0o755]]}
 CGROUP_V1 = Path("/sys/fs/cgroup")
 START_ERROR = 128  # a container that could not start, as runtimes report it
 HOSTS_LINE = 120  # fixed-width lines: rewriting in place never leaves half a line for a concurrent reader
@@ -85,21 +84,31 @@ def quantity(text: str | int | float) -> float:
     return float(text)
 
 
-def user_of(pod_spec: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, Any]:
+def user_of(pod_spec: Mapping[str, Any], container: Mapping[str, Any], image: image_mod.Image) -> dict[str, Any]:
     pod_sc = pod_spec.get("securityContext") or {}
     sc = container.get("securityContext") or {}
-    uid = sc.get("runAsUser", pod_sc.get("runAsUser", IMAGE_USER))
-    gid = sc.get("runAsGroup", pod_sc.get("runAsGroup", IMAGE_USER))
+    uid = sc.get("runAsUser", pod_sc.get("runAsUser", image.user[0]))
+    gid = sc.get("runAsGroup", pod_sc.get("runAsGroup", image.user[1]))
     if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) and uid == 0:
         raise CannotStart("CreateContainerConfigError", "container has runAsNonRoot and image will run as root")
     groups = [gid, *([pod_sc["fsGroup"]] if "fsGroup" in pod_sc else []), *(pod_sc.get("supplementalGroups") or [])]
     return {"uid": uid, "gid": gid, "groups": list(dict.fromkeys(groups)), "fs_group": pod_sc.get("fsGroup")}
 
 
+def argv_of(container: Mapping[str, Any], image: image_mod.Image) -> list[str]:
+    """The container's command line, as Kubernetes combines `command`/`args` with ENTRYPOINT/CMD."""
+    if container.get("command"):
+        return [*container["command"], *(container.get("args") or [])]
+    return [*image.entrypoint, *(container.get("args") or image.cmd)]
+
+
 def environment(pod: Mapping[str, Any], container: Mapping[str, Any], image: image_mod.Image, hostname: str,
-                lookup: volumes.Lookup) -> dict[str, str]:
-    env = {**image.env, "HOSTNAME": hostname, "HOME": IMAGE_WORKDIR,
-           "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+                lookup: volumes.Lookup, api: tuple[str, int]) -> dict[str, str]:
+    """The image's ENV, HOSTNAME, HOME (the image user's, from its passwd), the `kubernetes` Service's
+    KUBERNETES_SERVICE_HOST/PORT (here the API server's own address on the bridge: no kube-proxy runs, so
+    there is no ClusterIP to point at), JOB_COMPLETION_INDEX, then the container's `env`."""
+    env = {**image.env, "HOSTNAME": hostname, "HOME": image.home,
+           "KUBERNETES_SERVICE_HOST": api[0], "KUBERNETES_SERVICE_PORT": str(api[1])}
     index = ((pod["metadata"].get("annotations") or {}).get("batch.kubernetes.io/job-completion-index"))
     if index is not None:
         env["JOB_COMPLETION_INDEX"] = index  # what a 1.33 Job controller adds to an Indexed Job's pods
@@ -186,7 +195,7 @@ def mounts_for(pod: Mapping[str, Any], container: Mapping[str, Any], directory: 
 
 def write_hosts(path: Path, entries: list[tuple[str, str, str]]) -> None:
     lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
-             *(f"{address} {fqdn} {host}" for address, fqdn, host in entries)]
+             *(f"{address} {fqdn} {host}".rstrip() for address, fqdn, host in entries)]
     text = "".join(line.ljust(HOSTS_LINE - 1)[:HOSTS_LINE - 1] + "\n" for line in lines)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
@@ -197,11 +206,12 @@ def write_hosts(path: Path, entries: list[tuple[str, str, str]]) -> None:
 
 
 async def start(c: Container, argv: list[str], cwd: str, mounts: list[dict[str, Any]], checkout: Path,
-                pod_spec: Mapping[str, Any], container: Mapping[str, Any]) -> None:
+                image: image_mod.Image, container: Mapping[str, Any]) -> None:
     sc = container.get("securityContext") or {}
     spec = {
         "rootfs": str(c.directory / "rootfs"), "scratch": str(c.directory / "scratch"),
-        "image": IMAGE_SETUP, "checkout": str(checkout), "checkout_at": image_mod.SRC_MOUNT,
+        "image": image.setup, "checkout": str(checkout), "checkout_at": image_mod.SRC_MOUNT,
+        "read_only_root": bool(sc.get("readOnlyRootFilesystem")),
         "mounts": mounts, "hostname": c.hostname, "cgroups": [str(p) for p in c.cgroups],
         "user": {k: c.user[k] for k in ("uid", "gid", "groups")},
         "no_new_privs": sc.get("allowPrivilegeEscalation") is False,

@@ -2,8 +2,10 @@
 
 The bridge carries an IPv4 /24 and an IPv6 /64 (unique to the test run); each pod gets an address of one family
 only, so an IPv6-only namespace is exactly that: its pods have no IPv4 address but loopback, and their DNS names
-(hosts entries) resolve to IPv6 only.  The host side of the bridge is how the API server reaches pod IPs (its
-pod proxy), as a node's IP does.  Every name carries the run id: other test runs share this machine.
+(hosts entries) resolve to IPv6 only.  A "dual" pod (the operator's namespace) has one of each, IPv4 first.
+The host side of the bridge is how the API server reaches pod IPs (its pod proxy), as a node's IP does, and its
+IPv4 address is where the API server listens, for the pods.  Every name carries the run id: other test runs
+share this machine.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class PodNet:
     netns: str
     address: str
     family: str
+    addresses: tuple[str, ...] = ()  # every address, the primary `address` first
 
     @property
     def netns_path(self) -> str:
@@ -65,8 +68,8 @@ class Bridge:
             self._next += 1
         netns = f"mce-{self.run_id}-{n}"
         host, peer = f"mce{self.run_id}h{n}", f"mce{self.run_id}p{n}"
-        network = self.v4 if family == "ipv4" else self.v6
-        address = str(network.network_address + n)
+        families = ("ipv4", "ipv6") if family == "dual" else (family,)
+        addresses = tuple(str((self.v4 if f == "ipv4" else self.v6).network_address + n) for f in families)
         ip("netns", "add", netns)
         self.pods.append(netns)
         ip("link", "add", host, "type", "veth", "peer", "name", peer)
@@ -74,12 +77,13 @@ class Bridge:
         ip("link", "set", host, "master", self.name, "up")
         ip("-n", netns, "link", "set", "lo", "up")
         ip("-n", netns, "link", "set", peer, "name", "eth0")
-        if family == "ipv4":
-            ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
-        else:
-            ip("-n", netns, "-6", "addr", "add", f"{address}/64", "dev", "eth0", "nodad")
+        for f, address in zip(families, addresses, strict=True):
+            if f == "ipv4":
+                ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
+            else:
+                ip("-n", netns, "-6", "addr", "add", f"{address}/64", "dev", "eth0", "nodad")
         ip("-n", netns, "link", "set", "eth0", "up")
-        return PodNet(netns, address, family)
+        return PodNet(netns, addresses[0], family, addresses)
 
     def detach(self, pod: PodNet) -> None:
         ip("netns", "del", pod.netns, check=False)

@@ -9,9 +9,11 @@ Each sync (every 0.2 s) reads pods, Jobs and claims from the real API server and
   `batch.kubernetes.io/job-completion-index` annotation and label, JOB_COMPLETION_INDEX, hostname
   JOB-INDEX), a replacement starting only once its predecessor is gone (podReplacementPolicy Failed),
   `successPolicy` (index 0 succeeded: Job SuccessCriteriaMet + Complete, the rest terminated) and the
-  podFailurePolicy's FailJob rule (FailureTarget + Failed, the rest terminated).  Creating replacement pods,
-  counting failures against backoffLimit and plain completion stay 1.20's own.  Not emulated: the Ignore rule
-  for DisruptionTarget (1.20 counts those failures too), `suspend`, elastic resizing;
+  podFailurePolicy's FailJob rule (FailureTarget + Failed, the rest terminated); the verdict is written again
+  until the Job shows it, since 1.20's Job controller writes its whole status back over the node's conditions.
+  Creating replacement pods, counting failures against backoffLimit and plain completion stay 1.20's own.
+  Not emulated: the Ignore rule for DisruptionTarget (1.20 counts those failures too), `suspend`, elastic
+  resizing;
 * provisions claims as a local-path provisioner would (a hostPath PersistentVolume per claim, deleted when
   released);
 * keeps cluster DNS as hosts entries in every pod (HOSTNAME.SUBDOMAIN.NS.svc.cluster.local).
@@ -66,13 +68,16 @@ def exit_code(pod: Mapping[str, Any], container: str) -> int | None:
 
 
 class Node:
-    def __init__(self, kube: Kube, run_id: str, workdir: Path, image: image_mod.Image, checkout: Path,
-                 bridge: Bridge) -> None:
+    def __init__(self, kube: Kube, run_id: str, workdir: Path, images: Mapping[str, image_mod.Image], checkout: Path,
+                 bridge: Bridge, api: tuple[str, int]) -> None:
         self.kube = kube
         self.run_id = run_id
         self.name = f"e2e-node-{run_id}"
         self.workdir = workdir
-        self.image = image
+        self.images = images  # image name -> the image
+        self.api = api  # the API server's address and port as pods reach it (KUBERNETES_SERVICE_HOST/PORT)
+        self._kubernetes_service = (api[0], "kubernetes.default.svc.cluster.local",
+                                    "kubernetes.default.svc kubernetes.default")
         self.checkout = checkout
         self.bridge = bridge
         self.port = 0
@@ -81,6 +86,7 @@ class Node:
         self.indexes: dict[str, int] = {}  # pod uid -> index given (before the API server shows it)
         self.deleting: set[str] = set()
         self.finished_jobs: set[str] = set()
+        self.verdicts: dict[str, tuple[str, str, str]] = {}  # Job uid -> the 1.33 verdict (kind, reason, message)
         self.provisioned: set[str] = set()
         self.ns_family: dict[str, str] = {}
         self._hosts: dict[str, list[tuple[str, str, str]]] = {}
@@ -213,16 +219,19 @@ class Node:
 
     async def _judge(self, job: Obj, pods: list[Obj]) -> None:
         uid = job["metadata"]["uid"]
-        if _finished(job) or uid in self.finished_jobs:
+        if _finished(job):
             if uid in self.finished_jobs:
                 await self._end_pods(pods)
             return
-        intended = await self.intended_job(job)
-        if intended is None:
-            return
-        verdict = _verdict(intended, pods)
+        verdict = self.verdicts.get(uid)
         if verdict is None:
-            return
+            intended = await self.intended_job(job)
+            verdict = _verdict(intended, pods) if intended is not None else None
+            if verdict is None:
+                return
+            self.verdicts[uid] = verdict
+        # Written again until the Job shows it: 1.20's Job controller puts back the whole status from its own
+        # computation (a GET, then its status over the fresh object), which can wipe these conditions.
         kind, reason, message = verdict
         stamp = now()
         first = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
@@ -280,7 +289,7 @@ class Node:
         if pod is None or pod["metadata"]["uid"] != uid:
             return
         try:
-            c, argv, cwd, mounts, container = await self._prepare(pod)
+            c, argv, cwd, mounts, image = await self._prepare(pod)
         except kubelet.CannotStart as exc:
             await self._waiting(pod, exc)
             return
@@ -289,7 +298,7 @@ class Node:
             await self._waiting(pod, kubelet.CannotStart("RunContainerError", str(exc)))
             return
         try:
-            await kubelet.start(c, argv, cwd, mounts, self.checkout, pod["spec"], container)
+            await kubelet.start(c, argv, cwd, mounts, self.checkout, image, pod["spec"]["containers"][0])
             c.started_at = now()
             await self._patch_status(namespace, name, self._running_status(pod, c))
             code = await kubelet.wait(c)
@@ -330,14 +339,15 @@ class Node:
                 await self._finalize(current)
                 return
 
-    async def _prepare(self, pod: Obj) -> tuple[kubelet.Container, list[str], str, list[Obj], Obj]:
+    async def _prepare(self, pod: Obj) -> tuple[kubelet.Container, list[str], str, list[Obj], image_mod.Image]:
         meta, spec = pod["metadata"], pod["spec"]
         [container] = spec["containers"]
-        if container["image"] != image_mod.NAME:
+        image = self.images.get(container["image"])
+        if image is None:
             raise kubelet.CannotStart("ErrImagePull", f'rpc error: pull access denied for {container["image"]}, '
                                                       "repository does not exist or may require authorization")
         objects = await self._referenced_objects(pod)
-        user = kubelet.user_of(spec, container)
+        user = kubelet.user_of(spec, container, image)
         job_ref = owner(pod, "Job")
         index = index_of(pod)
         hostname = spec.get("hostname") or (f"{job_ref['name']}-{index}" if job_ref and index is not None
@@ -347,7 +357,7 @@ class Node:
         directory = self.workdir / "pods" / meta["uid"]
         directory.mkdir(parents=True, exist_ok=True)
         lookup = lambda kind, name: objects.get((kind, name))  # noqa: E731
-        env = kubelet.environment(pod, container, self.image, hostname, lookup)
+        env = kubelet.environment(pod, container, image, hostname, lookup, self.api)
         mounts = kubelet.mounts_for(pod, container, directory, lookup, lambda claim: objects[("Claim", claim)],
                                     user["fs_group"])
         family = await self._family(meta["namespace"])
@@ -359,8 +369,7 @@ class Node:
                                                "cluster.local\noptions ndots:5\n")
         self.containers[meta["uid"]] = c
         self._update_hosts()
-        argv = [*(container.get("command") or ["mc"]), *(container.get("args") or [])]
-        return c, argv, container.get("workingDir") or kubelet.IMAGE_WORKDIR, mounts, container
+        return c, kubelet.argv_of(container, image), container.get("workingDir") or image.workdir, mounts, image
 
     async def _referenced_objects(self, pod: Obj) -> dict[tuple[str, str], Any]:
         ns = pod["metadata"]["namespace"]
@@ -395,7 +404,8 @@ class Node:
 
     def _running_status(self, pod: Obj, c: kubelet.Container) -> Obj:
         [container] = pod["spec"]["containers"]
-        return {"phase": "Running", "hostIP": "127.0.0.1", "podIP": c.net.address, "podIPs": [{"ip": c.net.address}],
+        return {"phase": "Running", "hostIP": "127.0.0.1", "podIP": c.net.address,
+                "podIPs": [{"ip": a} for a in c.net.addresses],
                 "startTime": c.started_at,
                 "conditions": [{"type": t, "status": "True", "lastTransitionTime": c.started_at}
                                for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
@@ -419,9 +429,13 @@ class Node:
     # --- cluster DNS and storage -----------------------------------------------------------------------------
 
     def _update_hosts(self) -> None:
+        """Cluster DNS: a pod's own namespace by FQDN and short name (its search path), the others' pods with a
+        subdomain (a headless Service's records) by FQDN only, and the `kubernetes` Service (the API server)."""
         live = [c for c in self.containers.values() if c.exit_code is None]
         for c in live:
-            entries = sorted((o.net.address, o.fqdn, o.hostname) for o in live if o.namespace == c.namespace)
+            entries = sorted((o.net.address, o.fqdn, o.hostname if o.namespace == c.namespace else "")
+                             for o in live if o.namespace == c.namespace or ".svc." in o.fqdn)
+            entries.append(self._kubernetes_service)
             if self._hosts.get(c.uid) != entries:
                 self._hosts[c.uid] = entries
                 kubelet.write_hosts(c.hosts, entries)

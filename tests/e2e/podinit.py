@@ -59,8 +59,9 @@ def root_filesystem(spec: dict) -> str:
 def system_mounts(rootfs: str, spec: dict) -> None:
     mount("proc", f"{rootfs}/proc", "proc", MS_NOSUID | MS_NODEV)
     bind("/sys", f"{rootfs}/sys", recursive=True)
-    mount("tmpfs", f"{rootfs}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    mount("tmpfs", f"{rootfs}/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    if not spec["read_only_root"]:  # writable either way; with a read-only root they are its read-only dirs
+        mount("tmpfs", f"{rootfs}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+        mount("tmpfs", f"{rootfs}/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
     mount("tmpfs", f"{rootfs}/dev", "tmpfs", MS_NOSUID, "mode=0755")
     for dev in DEVICES:
         Path(f"{rootfs}/dev/{dev}").touch()
@@ -74,9 +75,32 @@ def system_mounts(rootfs: str, spec: dict) -> None:
     bind(spec["checkout"], f"{rootfs}{spec['checkout_at']}", read_only=True)
 
 
+def in_root(rootfs: str, path: str, hops: int = 40) -> str:
+    """`path` inside the container, as a host path under `rootfs`: symlinks resolved with `rootfs` as / (what
+    runtimes do with securejoin), so /var/run -> /run stays in the image instead of reaching the host's /run."""
+    done = ""
+    parts = [p for p in path.split("/") if p]
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        candidate = f"{done}/{part}"
+        if os.path.islink(f"{rootfs}{candidate}"):
+            if hops == 0:
+                raise OSError(f"too many symlinks under {path}")
+            hops -= 1
+            link = os.readlink(f"{rootfs}{candidate}")
+            parts = [p for p in link.split("/") if p] + parts
+            done = "" if link.startswith("/") else done
+            continue
+        done = candidate
+    return f"{rootfs}{done}"
+
+
 def volume_mounts(rootfs: str, mounts: list[dict]) -> None:
     for m in mounts:
-        target = f"{rootfs}{m['target']}"
+        target = in_root(rootfs, m["target"])
         if m.get("file"):
             os.makedirs(os.path.dirname(target), exist_ok=True)
             Path(target).touch()
@@ -112,11 +136,13 @@ def container(spec: dict) -> None:
         rootfs = root_filesystem(spec)
         system_mounts(rootfs, spec)
         volume_mounts(rootfs, spec["mounts"])
+        os.makedirs(f"{rootfs}{spec['cwd']}", exist_ok=True)  # the runtime makes the working directory
+        if spec["read_only_root"]:  # readOnlyRootFilesystem: the root mount only; volumes, /dev, /proc stay
+            mount(None, rootfs, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
         name = spec["hostname"].encode()
         if libc.sethostname(name, len(name)) != 0:
             raise OSError(ctypes.get_errno(), "sethostname")
         os.chroot(rootfs)
-        os.makedirs(spec["cwd"], exist_ok=True)
         os.chdir(spec["cwd"])
         become(spec["user"], spec["no_new_privs"], spec["drop_caps"])
         os.execvpe(spec["argv"][0], spec["argv"], spec["env"])

@@ -17,12 +17,17 @@ import yaml
 
 from minicluster import exitcodes
 from minicluster.operator.kube import Kube
+from minicluster.operator.spec import MiniCluster
+from minicluster.operator.status import ProxyStatusFetcher
+from tests.operator.k8s_control_plane import collection_path, operator_token
+from tests.e2e import install
 from tests.e2e.conftest import (
     ADMIN_TOKEN, MC_API, REPO, Env, _login, kubectl_exec, make_namespace, minicluster, until,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver, pytest.mark.slow, pytest.mark.timeout(300)]
 INDEX = "batch.kubernetes.io/job-completion-index"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 # --- helpers -------------------------------------------------------------------------------------------------
 
@@ -134,6 +139,38 @@ def demo(e2e: Env) -> Iterator[str]:
     yield asyncio.run(setup())
 
 
+async def test_the_operator_runs_as_its_deployments_pod_and_reaches_brokers_by_dns(
+        e2e: Env, admin: Kube, demo: str) -> None:
+    # `demo` became Ready through this operator: installed by `kubectl apply -k deploy/`, its pod made by the
+    # controller-manager (Deployment -> ReplicaSet -> Pod) and run on the node.
+    pod = await install.operator_pod(admin)
+    assert pod is not None and pod["spec"]["nodeName"] == e2e.node.name
+    [rs_ref] = pod["metadata"]["ownerReferences"]
+    rs = await admin.get(f"/apis/apps/v1/namespaces/{install.NAMESPACE}/replicasets/{rs_ref['name']}")
+    assert rs is not None and rs["metadata"]["ownerReferences"][0]["name"] == "minicluster-operator"
+    name = pod["metadata"]["name"]
+    code, out, err = await asyncio.to_thread(
+        kubectl_exec, e2e, install.NAMESPACE, name,
+        ["sh", "-c", "id -u; echo $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT; cd " + SA_DIR
+         + " && cat namespace && echo && echo $(ls) && cat token; echo; touch /written 2>&1; cat /proc/1/cmdline"],
+        container="operator")
+    assert code == 0, err
+    uid, service, namespace, files, token, touched, cmdline = out.splitlines()
+    assert uid == "10001" and service == f"{e2e.cluster.address}:{e2e.cluster.port}"
+    # The ServiceAccount admission plugin's token volume, from the token controller's Secret.
+    assert (namespace, files.split()) == (install.NAMESPACE, ["ca.crt", "namespace", "token"])
+    assert token == await operator_token(admin, install.NAMESPACE)
+    assert "Read-only file system" in touched  # readOnlyRootFilesystem
+    assert cmdline.split("\0")[:3] == ["python", "-m", "minicluster.operator"]  # the image's ENTRYPOINT is PID 1
+    # Outside-the-cluster access (the pod proxy) is not granted by deploy/, so Ready came by the brokers' DNS names.
+    review = await admin.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": f"system:serviceaccount:{install.NAMESPACE}:minicluster-operator",
+                 "resourceAttributes": {"verb": "get", "resource": "pods", "subresource": "proxy",
+                                        "namespace": demo}}})
+    assert review["status"]["allowed"] is False
+
+
 async def test_pods_pass_restricted_run_as_the_image_user_and_read_the_key(e2e: Env, admin: Kube, demo: str) -> None:
     broker = await running_pod(admin, demo, "demo", 0)
     code, out, err = await exec_in(e2e, demo, broker, "sh", "-c",
@@ -239,7 +276,9 @@ async def test_deleting_the_broker_is_a_disruption_and_without_storage_its_state
     assert not any(c["type"] == "Complete" for c in job["status"].get("conditions") or [])
     new_broker = await running_pod(admin, demo, "demo", 0)
     e2e.timings["broker_deleted_to_new_pod_running_s"] = time.monotonic() - t0
-    lost = await wait_condition(admin, demo, "demo", "StateDurable", "False", reason="StateLost")
+    # Bounded: an operator that kept a pooled connection or a cached address for the broker's name polled the
+    # old pod (3 s timeouts) for up to a minute before it noticed the new one.
+    lost = await wait_condition(admin, demo, "demo", "StateDurable", "False", reason="StateLost", timeout=30)
     assert "empty journal" in lost["message"]
     e2e.timings["broker_deleted_to_state_lost_reported_s"] = time.monotonic() - t0
     # Bounded: workers whose connect to the old broker IP hung in SYN retries rejoined only after ~70 s.
@@ -253,6 +292,29 @@ async def test_deleting_the_broker_is_a_disruption_and_without_storage_its_state
     assert code == 0 and json.loads(out)["jobs"] == [], (out, err)
     events = await admin.get(f"/api/v1/namespaces/{demo}/events?fieldSelector=involvedObject.name=demo")
     assert "StateLost" in {e["reason"] for e in events["items"]}
+
+
+async def test_outside_the_cluster_the_broker_status_comes_through_the_pod_proxy(
+        e2e: Env, admin: Kube, demo: str) -> None:
+    # docs/operator.md#outside-the-cluster: an operator outside the pod network reads /status through the API
+    # server's pod proxy once deploy/outside-cluster.yaml grants its ServiceAccount pods/proxy.
+    token = await operator_token(admin, install.NAMESPACE)
+    assert token is not None
+    outside = Kube(_login(e2e.cluster, token))
+    fetch = ProxyStatusFetcher(outside)
+    mc = MiniCluster.from_body(await get_mc(admin, demo, "demo"))
+    broker = await running_pod(admin, demo, "demo", 0)
+    granted = list(yaml.safe_load_all((REPO / "deploy" / "outside-cluster.yaml").read_text()))
+    try:
+        assert await fetch(mc, broker) is None  # deploy/ alone grants no pods/proxy (403)
+        for doc in granted:
+            await admin.create(collection_path(doc), doc)
+        status = await until(lambda: fetch(mc, broker), 30)
+        assert status["ranks"]["up"] == 3, status
+    finally:
+        for doc in reversed(granted):
+            await admin.request("DELETE", f"{collection_path(doc)}/{doc['metadata']['name']}")
+        await outside.close()
 
 
 async def test_deleting_the_minicluster_collects_everything(e2e: Env, admin: Kube, demo: str) -> None:

@@ -30,6 +30,9 @@ from cryptography.x509.oid import NameOID
 DEFAULT_BIN = "/var/cache/minicluster/k8s-v1.20.2/bin"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 ADMIN_TOKEN = "admin-token-for-tests"
+# The `kubernetes` Service's names, which in-cluster clients use (kopf: https://kubernetes.default.svc).
+KUBERNETES_SERVICE_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                            "kubernetes.default.svc.cluster.local")
 
 
 def find_binaries() -> Path | None:
@@ -53,7 +56,8 @@ def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
 
 
 def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
-          issuer_key: rsa.RSAPrivateKey, ca: bool) -> x509.Certificate:
+          issuer_key: rsa.RSAPrivateKey, ca: bool, address: str = "127.0.0.1",
+          names: tuple[str, ...] = ()) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     builder = (
@@ -68,7 +72,8 @@ def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
     )
     if not ca:
         builder = builder.add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            *(x509.DNSName(n) for n in ("localhost", *names)),
+            *(x509.IPAddress(ipaddress.ip_address(a)) for a in dict.fromkeys(("127.0.0.1", address))),
         ]), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
@@ -76,7 +81,7 @@ def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
 PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
            "ClusterRoleBinding": "clusterrolebindings", "MiniCluster": "miniclusters",
            "CustomResourceDefinition": "customresourcedefinitions",
-           "ValidatingWebhookConfiguration": "validatingwebhookconfigurations"}
+           "ValidatingWebhookConfiguration": "validatingwebhookconfigurations", "Deployment": "deployments"}
 
 
 def collection_path(obj: dict) -> str:
@@ -117,12 +122,15 @@ def serving_certificate(directory: Path, name: str) -> tuple[Path, Path, Path]:
 class Cluster:
     workdir: Path
     bin_dir: Path
+    # The one address the API server binds and advertises (the `kubernetes` Service's endpoint): loopback, or
+    # an address pods can reach (tests/e2e: the pod bridge's, port 443 as the Service's).  0: a free port.
+    address: str = "127.0.0.1"
     port: int = 0
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     @property
     def ca_path(self) -> Path:
@@ -131,7 +139,7 @@ class Cluster:
     def start(self) -> None:
         self._write_credentials()
         etcd_port = free_port()
-        self.port = free_port()
+        self.port = self.port or free_port()
         self._spawn("etcd", [
             f"--data-dir={self.workdir / 'etcd'}",
             f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
@@ -141,7 +149,7 @@ class Cluster:
         w = self.workdir
         self._spawn("kube-apiserver", [
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}",
             f"--secure-port={self.port}", "--insecure-port=0",
             f"--tls-cert-file={w / 'server.crt'}", f"--tls-private-key-file={w / 'server.key'}",
             f"--client-ca-file={self.ca_path}",
@@ -203,7 +211,8 @@ class Cluster:
         ca_key = _key()
         ca = _cert("minicluster-test-ca", ca_key, None, ca_key, ca=True)
         server_key = _key()
-        server = _cert("kube-apiserver", server_key, ca, ca_key, ca=False)
+        server = _cert("kube-apiserver", server_key, ca, ca_key, ca=False, address=self.address,
+                       names=KUBERNETES_SERVICE_NAMES)
         w = self.workdir
         (w / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
         (w / "server.crt").write_bytes(server.public_bytes(serialization.Encoding.PEM))
