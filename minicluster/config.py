@@ -130,9 +130,11 @@ class InstanceConfig:
 
     @property
     def node_properties(self) -> str:
-        """The config's properties plus this process's MC_PROPERTIES (per pod, e.g. from node labels)."""
-        extra = os.environ.get("MC_PROPERTIES", "")
-        return ",".join(p for p in (self.properties, extra) if p)
+        """The config's properties, this process's MC_PROPERTIES, and the topology levels' properties a pod was
+        given as MC_TOPOLOGY_<i> (the operator maps each level's node label there: docs/operator.md)."""
+        labelled = [f"{key}={value}" for i, (_, key) in enumerate(self.levels)
+                    if (value := os.environ.get(f"MC_TOPOLOGY_{i}", "")) and "," not in value]
+        return ",".join(p for p in (self.properties, os.environ.get("MC_PROPERTIES", ""), *labelled) if p)
 
     def endpoint_of(self, rank: int) -> str:
         return self.endpoint.replace("{rank}", str(rank)).replace("{port}", str(self.port_base + rank))

@@ -13,6 +13,7 @@ from typing import Any
 
 from minicluster.config import InstanceConfig
 from minicluster import exitcodes
+from minicluster.model.restree import parse_levels
 from minicluster.operator.spec import (
     API_VERSION, CONTAINER, KIND, MANAGER, NAME_LABEL, OVERLAY_PORT, QUEUE_LABEL, ROLE_LABEL, RUNTIME_UID,
     STATUS_PORT, MiniCluster,
@@ -122,6 +123,7 @@ def instance_config(mc: MiniCluster, cluster_domain: str = "cluster.local") -> I
         listen="*",
         policy=mc.policy,
         broker_runs_tasks=mc.broker_runs_tasks,
+        topology=mc.topology,
         queues=dict(mc.queues),
         default_queue=mc.default_queue,
     )
@@ -224,6 +226,13 @@ def pod_failure_rules() -> list[dict[str, Any]]:
     ]
 
 
+def topology_env(topology: str) -> list[Manifest]:
+    """Each topology level's node label, read from the pod's own labels (copied there from its node at binding
+    by the PodTopologyLabels admission plugin, Kubernetes 1.33+; empty where absent: the level is skipped)."""
+    return [{"name": f"MC_TOPOLOGY_{i}", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+            for i, (_, label) in enumerate(parse_levels(topology))]
+
+
 def pod_template(mc: MiniCluster, role: str = "ranks") -> Manifest:
     """The pods of the ranks' Indexed Job, or (role "broker") of rank 0's own Job with `spec.storage`."""
     spec: dict[str, Any] = {
@@ -277,7 +286,8 @@ def container(mc: MiniCluster, role: str = "ranks") -> Manifest:
         "name": CONTAINER,
         "image": mc.image,
         "command": command,
-        "env": [*mc.env, {"name": "MC_LOG_LEVEL", "value": mc.log_level}, {"name": "MC_URI", "value": BROKER_URI}],
+        "env": [*mc.env, {"name": "MC_LOG_LEVEL", "value": mc.log_level}, {"name": "MC_URI", "value": BROKER_URI},
+                *topology_env(mc.topology)],
         "ports": [
             {"name": "overlay", "containerPort": OVERLAY_PORT},
             {"name": "status", "containerPort": STATUS_PORT},

@@ -69,6 +69,8 @@ class MiniCluster:
     command: tuple[str, ...] = ()
     policy: str = "first-fit"
     broker_runs_tasks: bool = True
+    # Levels above the node from node labels, in the config's form: "zone=topology.kubernetes.io/zone,rack=...".
+    topology: str = ""
     log_level: str = "info"
     suspend: bool = False
     queue_name: str = ""
@@ -104,6 +106,7 @@ class MiniCluster:
             command=tuple(spec.get("command") or ()),
             policy=spec.get("policy", "first-fit"),
             broker_runs_tasks=bool(spec.get("brokerRunsTasks", True)),
+            topology=spec.get("topology", "") or "",
             log_level=(spec.get("logging") or {}).get("level", "info"),
             suspend=bool(spec.get("suspend", False)),
             queue_name=spec.get("queueName", "") or "",
@@ -208,6 +211,7 @@ def _config_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
             fanout=int(spec.get("fanout", 32)),
             policy=spec.get("policy", "first-fit"),
             broker_runs_tasks=bool(spec.get("brokerRunsTasks", True)),
+            topology=spec.get("topology", "") or "",
             queues=queues_config(spec.get("queues") or {}),
             default_queue=spec.get("defaultQueue", "") or "",
         )

@@ -187,7 +187,7 @@ async def test_operator_creates_owned_children_and_reports_status(operator: None
                                 "ranks": {"up": 2, "unresponsive": 0, "lost": 0, "expected": 2},
                                 "jobs": {"queued": 0, "running": 1, "finished": 5, "failed": 0},
                                 "command": None}
-    mc = await admin.create(MC_PATH.format(ns="default"), body("alpha"))
+    mc = await admin.create(MC_PATH.format(ns="default"), body("alpha", topology="zone=topology.kubernetes.io/zone"))
     job = await until(lambda: admin.get("/apis/batch/v1/namespaces/default/jobs/alpha"))
     for path in ("/api/v1/namespaces/default/secrets/alpha-curve",
                  "/api/v1/namespaces/default/configmaps/alpha-config",
@@ -199,6 +199,10 @@ async def test_operator_creates_owned_children_and_reports_status(operator: None
     assert job["spec"]["parallelism"] == job["spec"]["completions"] == 2
     assert job["spec"]["template"]["spec"]["subdomain"] == "alpha"
     assert "completionMode" not in job["spec"]
+    # spec.topology survives the CRD's pruning, and the API server takes the pod's own label as a rank's level.
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    assert {"name": "MC_TOPOLOGY_0", "valueFrom": {"fieldRef": {
+        "apiVersion": "v1", "fieldPath": "metadata.labels['topology.kubernetes.io/zone']"}}} in container["env"]
 
     async def running() -> dict[str, Any] | None:
         obj = await admin.get(f"{MC_PATH.format(ns='default')}/alpha")

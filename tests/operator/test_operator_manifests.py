@@ -49,6 +49,7 @@ def render(body: dict[str, Any]) -> list[dict[str, Any]]:
         "serviceAccountName": "runner",
     },
     {"storage": {"size": "2Gi", "storageClassName": "fast"}, "command": ["mc", "run", "true"]},
+    {"topology": "zone=topology.kubernetes.io/zone,rack=example.com/rack", "brokerRunsTasks": False},
 ])
 def test_every_child_validates_strictly(make_body: Any, spec: dict[str, Any]) -> None:
     for obj in render(make_body(**spec)):
@@ -111,6 +112,18 @@ def test_pods_find_the_broker_without_being_told(body: dict[str, Any]) -> None:
 def test_broker_runs_tasks_reaches_the_brokers_config(make_body: Any, given: dict[str, Any], runs: bool) -> None:
     config_map = manifests.config_map(MiniCluster.from_body(make_body(**given)))
     assert from_mapping(tomllib.loads(config_map["data"]["config.toml"])).broker_runs_tasks is runs
+
+
+def test_topology_levels_come_from_the_pods_own_labels(make_body: Any) -> None:
+    mc = MiniCluster.from_body(make_body(topology="zone=topology.kubernetes.io/zone,rack=example.com/rack"))
+    [container] = manifests.job(mc)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert env["MC_TOPOLOGY_0"] == {"fieldRef": {"fieldPath": "metadata.labels['topology.kubernetes.io/zone']"}}
+    assert env["MC_TOPOLOGY_1"] == {"fieldRef": {"fieldPath": "metadata.labels['example.com/rack']"}}
+    config = from_mapping(tomllib.loads(manifests.config_map(mc)["data"]["config.toml"]))
+    assert config.levels == (("zone", "topology.kubernetes.io/zone"), ("rack", "example.com/rack"))
+    plain = manifests.job(MiniCluster.from_body(make_body()))["spec"]["template"]["spec"]["containers"][0]
+    assert not any(e["name"].startswith("MC_TOPOLOGY_") for e in plain["env"])
 
 
 def test_storage_gives_rank_0_a_job_and_a_claim_of_its_own(make_body: Any) -> None:
@@ -193,6 +206,7 @@ def test_config_and_key_share_one_projected_directory(body: dict[str, Any]) -> N
     ({"storage": {"size": "1Gi"}, "size": 1}, "at least 2"),
     ({"storage": {"size": "1Gi"}, "size": 1, "maxSize": 1}, ""),
     ({"brokerRunsTasks": False, "size": 1, "maxSize": 1}, "broker_runs_tasks = false leaves no rank"),
+    ({"topology": "zone=a b"}, "bad property name"),
 ])
 def test_problems(make_body: Any, spec: dict[str, Any], message: str) -> None:
     found = problems(make_body(**spec))

@@ -60,3 +60,13 @@ def test_broker_runs_tasks_false_needs_a_worker() -> None:
         InstanceConfig(size=1, broker_runs_tasks=False)
     assert InstanceConfig(size=1, max_size=4, broker_runs_tasks=False).tree_size == 4
     assert "broker_runs_tasks = false" in InstanceConfig(size=2, broker_runs_tasks=False).to_toml()
+
+
+def test_a_pods_topology_labels_become_the_levels_properties(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = InstanceConfig(size=2, properties="ssd", topology="zone=topology.kubernetes.io/zone,rack=example.com/rack")
+    monkeypatch.setenv("MC_PROPERTIES", "gpu")
+    monkeypatch.setenv("MC_TOPOLOGY_0", "eu-1a")
+    monkeypatch.setenv("MC_TOPOLOGY_1", "")  # the pod lacks the rack label: that level is skipped
+    assert config.node_properties == "ssd,gpu,topology.kubernetes.io/zone=eu-1a"
+    monkeypatch.setenv("MC_TOPOLOGY_1", "r7")
+    assert config.node_properties.endswith(",example.com/rack=r7")
