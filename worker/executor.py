@@ -164,6 +164,7 @@ class TaskExecutor(_Executor):
         # tree holds (CgroupTasks.detect): no pidfile is kept then, saving a /proc read and a write per spawn.
         self._pidfile = None if isinstance(containment, CgroupTasks) else pidfile
         self._contained = containment
+        self._next_sweep: asyncio.TimerHandle | None = None
         self._pidfile_fd: int | None = None
         self._pidfile_lines = 0
         self._allowed_cores = frozenset(os.sched_getaffinity(0))
@@ -216,6 +217,8 @@ class TaskExecutor(_Executor):
 
     async def shutdown(self, grace: float) -> None:
         await super().shutdown(grace)
+        if self._next_sweep is not None:
+            self._next_sweep.cancel()
         self._watch.close()
         self._write_pidfile()
         if isinstance(self._contained, CgroupTasks):
@@ -384,9 +387,12 @@ class TaskExecutor(_Executor):
 
     def _sweep_orphans(self) -> None:
         assert isinstance(self._contained, Subreaper)
-        # A killed orphan's own children are orphaned in turn: sweep again until nothing is left to kill.
-        if self._contained.sweep(set(self._tasks), {t.pid for t in self._tasks.values()}):
-            asyncio.get_running_loop().call_later(0.05, self._sweep_orphans)
+        if self._next_sweep is not None:
+            self._next_sweep.cancel()
+        killed = self._contained.sweep(set(self._tasks), {t.pid for t in self._tasks.values()})
+        # A killed orphan's own children are orphaned in turn: sweep again soon. Otherwise once a second: an orphan
+        # killed with its task's group may only become ours, a zombie to reap, after the sweep at the task's end.
+        self._next_sweep = asyncio.get_running_loop().call_later(0.05 if killed else 1.0, self._sweep_orphans)
 
     def _record_pid(self, task: _Task) -> None:
         """Append the new task to the pidfile: one write(2) per spawn.

@@ -131,7 +131,7 @@ SUBREAPER = textwrap.dedent("""
         env = {**env, "MC_TASK_RANK": "1"}
         ex.start(TaskSpec((7, 1), ("sh", "-c", "sleep 30 & sleep 0.3; exit 0"), env))
         await both
-        await asyncio.sleep(1.0)  # sweeps run after the tasks' end
+        await asyncio.sleep(2.5)  # sweeps run at a task's end, and once a second
         zombies = 0
         for tid in os.listdir("/proc/self/task"):
             for pid in open(f"/proc/self/task/{tid}/children").read().split():
