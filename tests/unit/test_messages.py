@@ -45,7 +45,7 @@ REFUSED = [
     ("out", {"chunks": None}, "out: missing field 'chunks'"),
     ("pmi-put", {"job": 1, "seq": 0}, "pmi-put: exactly one of 'kvs' and 'data' is expected"),
     ("pmi-put", {"job": 1, "seq": 0, "kvs": {}, "data": b""}, "pmi-put: exactly one of 'kvs' and 'data' is expected"),
-    ("pmi-put", {"job": 1, "seq": 0, "kvs": {"k": 1}}, "pmi-put: 'kvs' maps strings to strings"),
+    ("pmi-put", {"job": 1, "seq": 0, "kvs": {"k": 1}}, "pmi-put: field 'kvs' has the wrong type"),
     ("pmi-put", {"seq": 0, "kvs": {}}, "pmi-put: missing field 'job'"),
     ("pmi-init", {"job": 1.5}, "pmi-init: field 'job' has the wrong type"),
     ("stdin-ack", {"job": 1, "seq": 0, "open": 1}, "stdin-ack: field 'open' has the wrong type"),
