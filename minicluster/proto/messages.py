@@ -104,8 +104,8 @@ class PmiPut(WireMessage):
     kvs: dict[str, str] | None = None
     data: bytes | None = None
 
-    def check(self) -> None:
-        _one_of_kvs_and_data(self.KIND, self.kvs, self.data)
+    def check(self, kind: str) -> None:
+        _one_of_kvs_and_data(kind, self.kvs, self.data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,11 +180,11 @@ class JobInfo(WireMessage):
     stdin: list[int] = field(default_factory=list)
     mem_per_task: int = 0
 
-    def check(self) -> None:
+    def check(self, kind: str) -> None:
         if not self.argv:
-            raise BadMessage(f"{self.KIND}: 'argv' is empty", "bad-request")
+            raise BadMessage(f"{kind}: 'argv' is empty", "bad-request")
         if not all(isinstance(r, list) and len(r) == 2 and is_int(r[0]) and is_int(r[1]) for r in self.layout):
-            raise BadMessage(f"{self.KIND}: field 'layout' has the wrong type", "bad-request")
+            raise BadMessage(f"{kind}: field 'layout' has the wrong type", "bad-request")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,8 +223,8 @@ class PmiKvs(WireMessage):
     kvs: dict[str, str] | None = None
     data: bytes | None = None
 
-    def check(self) -> None:
-        _one_of_kvs_and_data(self.KIND, self.kvs, self.data)
+    def check(self, kind: str) -> None:
+        _one_of_kvs_and_data(kind, self.kvs, self.data)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ schema: a field without a default is required, one with a default may be absent 
 another message class decodes each value as a `C`. Field metadata adds what annotations cannot say:
 `wire(name)` for a body key that is not a Python name (`from`), `rows(check)` for a list whose rows are checked
 one by one (a bad row is dropped and counted in the class's `dropped` field, the rest still counts), and
-`LOCAL` for a field that never travels (`dropped` itself). A class may add `check()` for rules across fields.
+`LOCAL` for a field that never travels (`dropped` itself). A class may add `check(kind)` for rules across fields.
 
 A missing or mistyped field raises BadMessage with code `bad-request` naming the kind and the field, the form
 protocol.md §2.5 gives (`join: field 'pid' has the wrong type`).
@@ -49,8 +49,8 @@ class WireMessage:
     def dropped(self) -> int:
         return 0
 
-    def check(self) -> None:
-        """Rules across fields; raises BadMessage. Most kinds have none."""
+    def check(self, kind: str) -> None:
+        """Rules across fields; raises BadMessage starting with `kind`. Most kinds have none."""
 
 
 M = TypeVar("M", bound=WireMessage)
@@ -105,7 +105,7 @@ def _runtime(hint: Any) -> tuple[tuple[type, ...], bool, tuple[type, ...] | None
     return (origin,), False, None, None
 
 
-def _table(cls: type) -> _Table:
+def field_table(cls: type) -> _Table:
     table = _TABLES.get(cls)
     if table is not None:
         return table
@@ -129,7 +129,7 @@ def _wrong(kind: str, name: str) -> BadMessage:
     return BadMessage(f"{kind}: field {name!r} has the wrong type", "bad-request")
 
 
-def _type_ok(value: Any, accepted: tuple[type, ...]) -> bool:
+def type_ok(value: Any, accepted: tuple[type, ...]) -> bool:
     return isinstance(value, accepted) and (bool in accepted or not isinstance(value, bool))
 
 
@@ -145,7 +145,7 @@ def _elements_ok(value: Any, element: tuple[type, ...]) -> bool:
 def decode_as(cls: type[M], body: Mapping[str, Any], kind: str | None = None) -> M:
     """`body` as a `cls`, checked field by field; BadMessage (`bad-request`) names the first bad field."""
     kind = kind or cls.KIND
-    table = _table(cls)
+    table = field_table(cls)
     values: dict[str, Any] = {}
     dropped = 0
     for f in table.fields:
@@ -155,7 +155,7 @@ def decode_as(cls: type[M], body: Mapping[str, Any], kind: str | None = None) ->
                 raise BadMessage(f"{kind}: missing field {f.key!r}", "bad-request")
             values[f.attr] = f.factory() if f.factory is not None else f.default
             continue
-        if not _type_ok(value, f.types):
+        if not type_ok(value, f.types):
             raise _wrong(kind, f.key)
         if f.rows is not None:
             kept = [row for row in value if f.rows(row)]
@@ -173,14 +173,14 @@ def decode_as(cls: type[M], body: Mapping[str, Any], kind: str | None = None) ->
     if dropped and table.counts_rows:
         values["dropped"] = dropped
     message = cls(**values)
-    message.check()
+    message.check(kind)
     return message
 
 
 def encode(message: WireMessage) -> dict[str, Any]:
     """The wire body; optional fields left unset (nil) are not sent. Rows and maps are not copied."""
     body: dict[str, Any] = {}
-    for attr, key, nested in _table(type(message)).sent:
+    for attr, key, nested in field_table(type(message)).sent:
         value = getattr(message, attr)
         if value is not None:
             body[key] = {k: encode(v) for k, v in value.items()} if nested else value
