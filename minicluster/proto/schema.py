@@ -9,7 +9,10 @@ one by one (a bad row is dropped and counted in the class's `dropped` field, the
 `LOCAL` for a field that never travels (`dropped` itself). A class may add `check(kind)` for rules across fields.
 
 A missing or mistyped field raises BadMessage with code `bad-request` naming the kind and the field, the form
-protocol.md §2.5 gives (`join: field 'pid' has the wrong type`).
+protocol.md §2.5 gives (`join: field 'pid' has the wrong type`). Client requests (minicluster/proto/requests.py)
+speak the client protocol's dialect (§3.2), set by `STRICT_NIL` and `INT64` on the class: their messages name
+only the field, a nil is a wrong type rather than an absent field, and integers must fit in 64 signed bits;
+`rest()` there gathers the body's other keys (`update`'s changes).
 """
 from __future__ import annotations
 
@@ -30,6 +33,11 @@ def wire(name: str) -> Mapping[str, Any]:
     return {"wire": name}
 
 
+def rest(*ignored: str) -> Mapping[str, Any]:
+    """Field metadata: a dict of every body key no other field reads, except `ignored`."""
+    return {"rest": frozenset(ignored)}
+
+
 def rows(check: RowCheck) -> Mapping[str, Any]:
     """Field metadata: a list whose rows are checked one by one with `check`; bad ones are dropped."""
     return {"rows": check}
@@ -44,6 +52,8 @@ class WireMessage:
 
     __slots__ = ()
     KIND: ClassVar[str] = ""
+    STRICT_NIL: ClassVar[bool] = False  # a nil value is a wrong type, not an absent field
+    INT64: ClassVar[bool] = False  # integers out of the signed 64-bit range are refused
 
     @property
     def dropped(self) -> int:
@@ -75,6 +85,7 @@ class _Table:
     fields: tuple[_Field, ...]
     sent: tuple[tuple[str, str, bool], ...]  # (attr, key, holds nested messages) of the fields that travel
     counts_rows: bool
+    rest: tuple[str, frozenset[str]] | None  # (attr, keys it leaves out) of a rest() field
 
 
 _TABLES: dict[type, _Table] = {}
@@ -111,8 +122,11 @@ def field_table(cls: type) -> _Table:
         return table
     hints = typing.get_type_hints(cls)
     built = []
+    rest = None
     for f in dataclasses.fields(cls):
-        if f.metadata.get("local"):
+        if "rest" in f.metadata:
+            rest = (f.name, f.metadata["rest"])
+        if f.metadata.get("local") or "rest" in f.metadata:
             continue
         accepted, _optional, element, nested = _runtime(hints[f.name])
         factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
@@ -121,12 +135,12 @@ def field_table(cls: type) -> _Table:
                             nested, f.metadata.get("rows"), hints[f.name] in (float, float | None)))
     counts_rows = any(f.name == "dropped" for f in dataclasses.fields(cls))
     table = _TABLES[cls] = _Table(tuple(built), tuple((f.attr, f.key, f.nested is not None) for f in built),
-                                 counts_rows)
+                                 counts_rows, rest)
     return table
 
 
-def _wrong(kind: str, name: str) -> BadMessage:
-    return BadMessage(f"{kind}: field {name!r} has the wrong type", "bad-request")
+def _wrong(where: str, name: str) -> BadMessage:
+    return BadMessage(f"{where}field {name!r} has the wrong type", "bad-request")
 
 
 def type_ok(value: Any, accepted: tuple[type, ...]) -> bool:
@@ -144,36 +158,42 @@ def _elements_ok(value: Any, element: tuple[type, ...]) -> bool:
 
 def decode_as(cls: type[M], body: Mapping[str, Any], kind: str | None = None) -> M:
     """`body` as a `cls`, checked field by field; BadMessage (`bad-request`) names the first bad field."""
-    kind = kind or cls.KIND
+    name = kind or cls.KIND
+    where = f"{name}: " if name else ""  # client requests name only the field (protocol.md §3.2)
     table = field_table(cls)
     values: dict[str, Any] = {}
     dropped = 0
     for f in table.fields:
-        value = body.get(f.key)
-        if value is None:
+        value: Any = body.get(f.key)
+        if value is None and not (cls.STRICT_NIL and f.key in body):
             if f.required:
-                raise BadMessage(f"{kind}: missing field {f.key!r}", "bad-request")
+                raise BadMessage(f"{where}missing field {f.key!r}", "bad-request")
             values[f.attr] = f.factory() if f.factory is not None else f.default
             continue
         if not type_ok(value, f.types):
-            raise _wrong(kind, f.key)
+            raise _wrong(where, f.key)
+        if cls.INT64 and is_int(value) and not -(1 << 63) <= value < 1 << 63:
+            raise BadMessage(f"{where}field {f.key!r} is out of range (a signed 64-bit integer)", "bad-request")
         if f.rows is not None:
             kept = [row for row in value if f.rows(row)]
             dropped += len(value) - len(kept)
             value = kept
         elif f.nested is not None:
             if not all(is_int(k) for k in value) or not all(isinstance(v, dict) for v in value.values()):
-                raise _wrong(kind, f.key)
-            value = {k: decode_as(f.nested, v, f"{kind}: {f.key}[{k}]") for k, v in value.items()}
+                raise _wrong(where, f.key)
+            value = {k: decode_as(f.nested, v, f"{where}{f.key}[{k}]") for k, v in value.items()}
         elif f.element is not None and not _elements_ok(value, f.element):
-            raise _wrong(kind, f.key)
+            raise _wrong(where, f.key)
         elif f.as_float:
             value = float(value)
         values[f.attr] = value
     if dropped and table.counts_rows:
         values["dropped"] = dropped
+    if table.rest is not None:
+        known = {f.key for f in table.fields} | table.rest[1]
+        values[table.rest[0]] = {k: v for k, v in body.items() if k not in known}
     message = cls(**values)
-    message.check(kind)
+    message.check(name)
     return message
 
 
