@@ -119,7 +119,9 @@ class Execution:
             self.manager.post(job, "alloc", {"ranks": str(rank)})
             self.manager.post(job, "start")
         self._track(job, task, rank, st.element, now)
-        batch = batches.setdefault(rank, messages.Run())
+        batch = batches.get(rank)
+        if batch is None:
+            batch = batches[rank] = messages.Run()
         if job.id not in batch.jobs:
             batch.jobs[job.id] = self._jobinfo(job, [[rank, 1]])
         entry = [job.id, task, job.index_of(task), list(slot.cores), list(slot.gpus)]
@@ -153,7 +155,9 @@ class Execution:
             self._undispatched.discard(job.id)
             attempt = [job.flow.attempt] if job.flow is not None and job.flow.attempt else []
             for task, (rank, slot) in enumerate(slots):
-                run = per_rank.setdefault(rank, messages.Run())
+                run = per_rank.get(rank)
+                if run is None:
+                    run = per_rank[rank] = messages.Run()
                 run.jobs[job.id] = info
                 run.tasks.append([job.id, task, task, list(slot.cores), list(slot.gpus), *attempt])
             if info.stdin:
