@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker import sched
-from broker.job import Job, State
+from broker.job import Event, Job, State
 from broker.journal import Journal
 from broker.jobmanager import JobManager, request_of, unpack
 from broker.taskmap import TaskMap
@@ -74,8 +74,9 @@ def _restore(row: tuple[Any, ...]) -> Job:
 
 
 def _replay_events(journal: Journal, active: dict[int, Job]) -> None:
-    """An active job's state, next sequence number and the counters its events carry come from its event log,
-    not its row."""
+    """An active job's state, next sequence number and what its events carry come from its event log, not its
+    row: each event is applied as it was when posted (broker/job.py). Their effects are dropped: what they did
+    happened before the crash, and what is still to do the reattach window's settlement decides."""
     if not active:
         return
     marks = ",".join("?" * len(active))
@@ -84,29 +85,7 @@ def _replay_events(journal: Journal, active: dict[int, Job]) -> None:
     for job in active.values():
         job.state = State.NEW
     for job_id, seq, ts, name, context in rows:
-        job = active[job_id]
-        job.apply(name)
-        job.seq = seq + 1
-        if name == "start" and job.t_run is None:
-            job.t_run = ts
-        elif name == "exception" and unpack(context).get("severity") == 0:
-            ctx = unpack(context)
-            job.exception = ctx.get("type")
-            job.cause_status = ctx.get("status")
-            job.reason = ctx.get("note") or job.reason
-            job.ending = True
-        elif name == "output-truncated":
-            job.truncated = True
-        elif name == "finish":
-            # A job caught in CLEANUP: its counts include the tasks its ending exception cancelled.
-            _restore_finish(job, unpack(context))
-
-
-def _restore_finish(job: Job, ctx: dict[str, Any]) -> None:
-    counts = ctx.get("counts") or {}
-    job.status = ctx.get("status", job.status)
-    job.restore_counts([counts.get("succeeded", 0), counts.get("failed", 0), counts.get("cancelled", 0)])
-    job.tasks_left = 0
+        active[job_id].apply(Event(name, unpack(context), seq, ts))
 
 
 def _restore_results(journal: Journal, active: dict[int, Job]) -> None:

@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from broker.job import PLAIN_TRANSITIONS, TRANSITIONS, State, TransitionError
+from broker.job import PLAIN_TRANSITIONS, TRANSITIONS, Event, State, TransitionError
 from minicluster.testing import job
 
 S = State
@@ -55,10 +55,10 @@ def test_plain_job_takes_each_allowed_event_and_refuses_the_rest(event: str, sta
     target = EXPECTED.get((event, state)) or EXPECTED_PLAIN.get((event, state))
     if target is None:
         with pytest.raises(TransitionError, match=f"event {event} not allowed in state {state.value}"):
-            record.apply(event)
+            record.apply(Event(event))
         assert record.state is state, "a refused event leaves the state alone"
     else:
-        record.apply(event)
+        record.apply(Event(event))
         assert record.state is target
 
 
@@ -67,14 +67,14 @@ def test_plain_job_takes_each_allowed_event_and_refuses_the_rest(event: str, sta
 def test_array_job_ignores_retry_and_requeue_and_follows_the_common_table(event: str, state: State) -> None:
     record = record_in(state, array=True)
     if (event, state) in EXPECTED:
-        record.apply(event)
+        record.apply(Event(event))
         assert record.state is EXPECTED[(event, state)]
     elif event in PLAIN_TRANSITIONS:
-        record.apply(event)
+        record.apply(Event(event))
         assert record.state is state, f"{event} must not move an array job"
     else:
         with pytest.raises(TransitionError):
-            record.apply(event)
+            record.apply(Event(event))
         assert record.state is state
 
 
@@ -82,7 +82,7 @@ def test_array_job_ignores_retry_and_requeue_and_follows_the_common_table(event:
 @pytest.mark.parametrize("state", list(State), ids=lambda s: s.value)
 def test_events_that_are_not_transitions_never_move_a_job(event: str, state: State) -> None:
     record = record_in(state)
-    record.apply(event)
+    record.apply(Event(event))
     assert record.state is state
 
 
@@ -91,9 +91,9 @@ def test_the_whole_life_of_a_plain_job_in_order() -> None:
     seen = [record.state]
     for event in ("submit", "depend", "priority", "alloc", "start", "retry", "alloc", "finish", "release",
                   "clean"):
-        record.apply(event)
+        record.apply(Event(event))
         seen.append(record.state)
     assert seen == [S.NEW, S.DEPEND, S.PRIORITY, S.SCHED, S.RUN, S.RUN, S.SCHED, S.RUN, S.CLEANUP, S.CLEANUP,
                     S.INACTIVE]
     with pytest.raises(TransitionError):
-        record.apply("submit")
+        record.apply(Event("submit"))
