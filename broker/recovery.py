@@ -98,12 +98,12 @@ def _restore_results(journal: Journal, active: dict[int, Job]) -> None:
         job = active[job_id]
         if job.state in (State.RUN, State.CLEANUP):
             job.ranks.add(rank)  # where it ran, for `mc jobs`: those of its tasks that still run add theirs
-        if job.state == State.CLEANUP:
-            continue  # counted by its `finish` event
-        if job.mark_done(task):
+        # A job in CLEANUP has its counts from its `finish` event; the reason it failed for is in its results.
+        counted = job.state == State.CLEANUP or job.mark_done(task)
+        if counted and job.state != State.CLEANUP:
             job.record_result(status, was_running=False)
-            if error and job.reason is None:
-                job.reason = job.failure_note(task, rank, status, error)
+        if counted and error and job.reason is None:
+            job.reason = job.failure_note(task, rank, status, error)
 
 
 def _restore_output(journal: Journal, active: dict[int, Job], cap: int) -> None:

@@ -1,4 +1,5 @@
-"""Every RFC 21 transition of broker/job.py, table-driven: each event from each state is taken or refused.
+"""Every RFC 21 transition of broker/job.py, table-driven: each event from each state is taken or refused, and
+what each taken event records on the job and returns as effects (`Job.apply`, docs/architecture.md#job-states).
 
 The tables below restate protocol.md §3.6 and RFC 21 independently of TRANSITIONS, so a change to the
 machine's table must be made here too, on purpose.
@@ -6,10 +7,13 @@ machine's table must be made here too, on purpose.
 from __future__ import annotations
 
 import itertools
+import signal
+from typing import Any
 
 import pytest
 
-from broker.job import PLAIN_TRANSITIONS, TRANSITIONS, Event, State, TransitionError
+from broker.job import (PLAIN_TRANSITIONS, TRANSITIONS, Clean, Closed, Event, Finish, KillTasks, NotifyWorkflow,
+                        Release, State, TasksOver, TransitionError, Unqueue, WakeScheduler)
 from minicluster.testing import job
 
 S = State
@@ -97,3 +101,97 @@ def test_the_whole_life_of_a_plain_job_in_order() -> None:
                     S.INACTIVE]
     with pytest.raises(TransitionError):
         record.apply(Event("submit"))
+
+
+# --- effects ---------------------------------------------------------------------------------------------------
+
+ENDING = {"type": "cancel", "severity": 0, "note": "cancelled by uid 7", "status": 143}
+# (event, context, running tasks) -> the effects, in order. Every other event, in any state, has none.
+EFFECTS: list[tuple[str, dict[str, Any], int, tuple[Any, ...]]] = [
+    ("start", {}, 2, (NotifyWorkflow("start"),)),
+    ("exception", ENDING, 0, (Unqueue(), Finish())),
+    ("exception", ENDING, 2, (Unqueue(), KillTasks(signal.SIGTERM))),
+    ("exception", {"type": "preempt", "severity": 1, "note": "index 3 preempted"}, 2, ()),
+    ("success", {"note": "success_count 2 met"}, 0, (Unqueue(), Finish())),
+    ("success", {"note": "success_count 2 met"}, 1, (Unqueue(), KillTasks(signal.SIGTERM))),
+    ("finish", {"status": 0, "counts": {"succeeded": 3, "failed": 0, "cancelled": 0}}, 0,
+     (Release(), TasksOver(), Clean())),
+    ("clean", {}, 0, (NotifyWorkflow("clean"), Closed(), WakeScheduler())),
+]
+# The state each of those events is posted in, in its table row above.
+POSTED_IN = {"start": S.RUN, "exception": S.RUN, "success": S.RUN, "finish": S.RUN, "clean": S.CLEANUP}
+WITH_EFFECTS = {event for event, *_ in EFFECTS}
+
+
+@pytest.mark.parametrize(("event", "context", "running", "effects"), EFFECTS,
+                         ids=[f"{e}-{c.get('severity', '')}-running{r}" for e, c, r, _ in EFFECTS])
+def test_each_event_returns_its_effects_in_order(event: str, context: dict[str, Any], running: int,
+                                                 effects: tuple[Any, ...]) -> None:
+    record = record_in(POSTED_IN[event])
+    record.running = running
+    assert record.apply(Event(event, context, seq=7, ts=2000.0)) == effects
+    assert record.seq == 8, "the next event is numbered after this one"
+
+
+@pytest.mark.parametrize("event", sorted(set(STATE_EVENTS + OTHER_EVENTS) - WITH_EFFECTS))
+@pytest.mark.parametrize("state", list(State), ids=lambda s: s.value)
+def test_every_other_event_has_no_effects(event: str, state: State) -> None:
+    record = record_in(state)
+    record.running = 1
+    try:
+        effects = record.apply(Event(event, {"severity": 0, "status": 1}))
+    except TransitionError:
+        return  # refused: covered above
+    assert effects == ()
+    assert not record.ending
+
+
+def test_an_ending_exception_records_its_cause() -> None:
+    record = record_in(S.RUN)
+    record.apply(Event("exception", ENDING))
+    assert record.ending and record.state is S.RUN, "it ends when its tasks do, through finish"
+    assert (record.exception, record.cause_status, record.reason) == ("cancel", 143, "cancelled by uid 7")
+    assert record.outcome() == {"status": 143, "counts": {"succeeded": 0, "failed": 0, "cancelled": 1}}
+
+
+def test_a_warning_exception_records_nothing() -> None:
+    record = record_in(S.RUN)
+    record.apply(Event("exception", {"type": "preempt", "severity": 1, "note": "preempted"}))
+    assert not record.ending and record.exception is None and record.reason is None
+
+
+def test_success_ends_the_job_with_status_zero() -> None:
+    record = record_in(S.RUN, array=True)
+    record.record_result(1, was_running=False)
+    record.apply(Event("success", {"note": "met"}))
+    assert record.ending and record.status == 0
+    assert record.outcome() == {"status": 0, "counts": {"succeeded": 0, "failed": 1, "cancelled": 3}}
+
+
+def test_start_sets_the_run_time_once() -> None:
+    record = record_in(S.RUN)
+    record.apply(Event("start", ts=10.0))
+    record.apply(Event("start", ts=20.0))
+    assert record.t_run == 10.0, "a retried job's replay keeps its first start"
+
+
+def test_finish_records_the_status_and_counts_it_carries_and_keeps_the_reason() -> None:
+    record = record_in(S.RUN)
+    record.reason = "task 1 on rank 0: no such file"
+    record.apply(Event("finish", {"status": 2, "counts": {"succeeded": 1, "failed": 1, "cancelled": 1}}))
+    assert (record.status, record.succeeded, record.failed, record.cancelled) == (2, 1, 1, 1)
+    assert record.tasks_left == 0 and record.state is S.CLEANUP and record.reason == "task 1 on rank 0: no such file"
+
+
+def test_clean_retires_the_record_and_no_result_counts_after() -> None:
+    record = record_in(S.CLEANUP)
+    record.ranks = {0, 1}
+    record.apply(Event("clean"))
+    assert record.state is S.INACTIVE and record.spec is None and record.ranks_text == "0-1"
+    assert not record.mark_done(0) and not record.is_done(0)
+
+
+def test_output_truncated_is_recorded() -> None:
+    record = record_in(S.RUN)
+    assert record.apply(Event("output-truncated", {"cap": 10})) == ()
+    assert record.truncated
