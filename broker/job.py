@@ -12,7 +12,6 @@ Records are slotted objects with counters, not dicts: an inactive job drops its 
 from __future__ import annotations
 
 import enum
-import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,56 +62,18 @@ class Event:
     ts: float = 0.0
 
 
-# --- effects: what an applied event asks of the job manager, in the order given ------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Unqueue:
-    """Take the job's pending work out of the scheduler's queue."""
-
-
-@dataclass(frozen=True, slots=True)
-class KillTasks:
-    """End the job's running tasks with `signal` (the kill grace follows a SIGTERM)."""
-    signal: int
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """Nothing of the job runs: post its `finish`."""
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """Post `release`: the job's resources are free (its allocation went back as its tasks ended)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TasksOver:
-    """Tell execution the job is over (its stdin relay closes)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Clean:
-    """Post `clean` with the job's final row: the last step."""
-
-
-@dataclass(frozen=True, slots=True)
-class NotifyWorkflow:
-    """The workflow follows this event: a start satisfies `afterstart`, a clean decides the job's dependants."""
-    event: str
-
-
-@dataclass(frozen=True, slots=True)
-class Closed:
-    """Once the event is durable: the job is inactive for everyone (followers, purge, `mc jobs`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WakeScheduler:
-    """Resources or queue positions may have freed up."""
-
-
-Effect = Unqueue | KillTasks | Finish | Release | TasksOver | Clean | NotifyWorkflow | Closed | WakeScheduler
+class Effect(enum.Enum):
+    """What an applied event asks of the job manager, which carries it out (broker/jobmanager.py)."""
+    UNQUEUE = "take the job's pending work out of the scheduler's queue"
+    KILL_TASKS = "end the job's running tasks: SIGTERM, then SIGKILL after the kill grace"
+    POST_FINISH = "nothing of the job runs: post its `finish`"
+    POST_RELEASE = "post `release`: its resources are free (its allocation went back as its tasks ended)"
+    TASKS_OVER = "tell execution the job is over (its stdin relay closes)"
+    POST_CLEAN = "post `clean` with the job's final row: the last step"
+    STARTED = "tell the workflow the job started (`afterstart` dependants)"
+    ENDED = "tell the workflow the job ended (its dependants are judged)"
+    CLOSE = "once the event is durable: the job is inactive for everyone (followers, purge)"
+    WAKE_SCHEDULER = "resources or queue positions may have freed up"
 
 
 class Job:
@@ -281,7 +242,7 @@ class Job:
     def _started(self, event: Event) -> tuple[Effect, ...]:
         if self.t_run is None:  # the first start; a live post has set it already (broker/execution.py)
             self.t_run = event.ts
-        return (NotifyWorkflow("start"),)
+        return (Effect.STARTED,)
 
     def _exception(self, event: Event) -> tuple[Effect, ...]:
         ctx = event.context
@@ -298,7 +259,7 @@ class Job:
 
     def _ending(self) -> tuple[Effect, ...]:
         """The end is decided: nothing more starts; what runs is ended, or the job finishes now."""
-        return (Unqueue(), KillTasks(signal.SIGTERM) if self.running else Finish())
+        return (Effect.UNQUEUE, Effect.KILL_TASKS if self.running else Effect.POST_FINISH)
 
     def _truncated(self, event: Event) -> tuple[Effect, ...]:
         self.truncated = True
@@ -311,11 +272,11 @@ class Job:
         self.succeeded, self.failed = counts.get("succeeded", 0), counts.get("failed", 0)
         self.cancelled = counts.get("cancelled", 0)
         self.tasks_left = 0
-        return (Release(), TasksOver(), Clean())
+        return (Effect.POST_RELEASE, Effect.TASKS_OVER, Effect.POST_CLEAN)
 
     def _cleaned(self, event: Event) -> tuple[Effect, ...]:
         self.retire()
-        return (NotifyWorkflow("clean"), Closed(), WakeScheduler())
+        return (Effect.ENDED, Effect.CLOSE, Effect.WAKE_SCHEDULER)
 
     def outcome(self) -> dict[str, Any]:
         """The `finish` event's context: the status the job ends with and its counts, the tasks an ending event

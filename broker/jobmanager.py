@@ -17,8 +17,7 @@ from typing import Any
 import msgpack
 
 from broker import sched
-from broker.job import (Clean, Closed, Effect, Event, Finish, Job, KillTasks, NotifyWorkflow, Release, State,
-                        TasksOver, Unqueue, WakeScheduler)
+from broker.job import Effect, Event, Job, State
 from broker.journal import Journal, Statement, when_durable
 from broker.watchers import Watchers
 from broker.workflow import Workflow, WorkflowRefusal
@@ -257,27 +256,30 @@ class JobManager:
         return fut
 
     def _carry_out(self, job: Job, effect: Effect, durable: asyncio.Future[None] | None) -> None:
-        """Do what an applied event asks (broker/job.py lists the effects); `durable` is its write's future."""
-        if isinstance(effect, Unqueue):
-            self.scheduler.cancel(job.id)
-        elif isinstance(effect, KillTasks):
-            self.kill_tasks(job, effect.signal)
-        elif isinstance(effect, Finish):
-            self.finish(job)
-        elif isinstance(effect, Release):
-            self.post(job, "release")
-        elif isinstance(effect, TasksOver):
-            self.job_finished(job)
-        elif isinstance(effect, Clean):
-            self.clean(job)
-        elif isinstance(effect, NotifyWorkflow):
-            self.workflow.observe(job, effect.event)
-        elif isinstance(effect, Closed):
-            assert durable is not None, "a clean is posted durable"
-            result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
-            when_durable(durable, lambda: self._closed(job, result))
-        elif isinstance(effect, WakeScheduler):
-            self.wake_scheduler()
+        """Do what an applied event asks (broker/job.py); `durable` is the future of the event's write."""
+        match effect:
+            case Effect.UNQUEUE:
+                self.scheduler.cancel(job.id)
+            case Effect.KILL_TASKS:
+                self.kill_tasks(job, signal.SIGTERM)
+            case Effect.POST_FINISH:
+                self.finish(job)
+            case Effect.POST_RELEASE:
+                self.post(job, "release")
+            case Effect.TASKS_OVER:
+                self.job_finished(job)
+            case Effect.POST_CLEAN:
+                self.clean(job)
+            case Effect.STARTED:
+                self.workflow.observe(job, "start")
+            case Effect.ENDED:
+                self.workflow.observe(job, "clean")
+            case Effect.CLOSE:
+                assert durable is not None, "a clean is posted durable"
+                result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
+                when_durable(durable, lambda: self._closed(job, result))
+            case Effect.WAKE_SCHEDULER:
+                self.wake_scheduler()
 
     def raise_exception(self, job: Job, kind: str, note: str, severity: int = 0, status: int | None = None) -> None:
         """Post an exception; severity 0 ends the job, with `status` (default: by kind, EXCEPTION_STATUS)."""

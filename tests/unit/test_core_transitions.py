@@ -7,13 +7,11 @@ machine's table must be made here too, on purpose.
 from __future__ import annotations
 
 import itertools
-import signal
 from typing import Any
 
 import pytest
 
-from broker.job import (PLAIN_TRANSITIONS, TRANSITIONS, Clean, Closed, Event, Finish, KillTasks, NotifyWorkflow,
-                        Release, State, TasksOver, TransitionError, Unqueue, WakeScheduler)
+from broker.job import PLAIN_TRANSITIONS, TRANSITIONS, Effect, Event, State, TransitionError
 from minicluster.testing import job
 
 S = State
@@ -107,16 +105,17 @@ def test_the_whole_life_of_a_plain_job_in_order() -> None:
 
 ENDING = {"type": "cancel", "severity": 0, "note": "cancelled by uid 7", "status": 143}
 # (event, context, running tasks) -> the effects, in order. Every other event, in any state, has none.
-EFFECTS: list[tuple[str, dict[str, Any], int, tuple[Any, ...]]] = [
-    ("start", {}, 2, (NotifyWorkflow("start"),)),
-    ("exception", ENDING, 0, (Unqueue(), Finish())),
-    ("exception", ENDING, 2, (Unqueue(), KillTasks(signal.SIGTERM))),
+E = Effect
+EFFECTS: list[tuple[str, dict[str, Any], int, tuple[Effect, ...]]] = [
+    ("start", {}, 2, (E.STARTED,)),
+    ("exception", ENDING, 0, (E.UNQUEUE, E.POST_FINISH)),
+    ("exception", ENDING, 2, (E.UNQUEUE, E.KILL_TASKS)),
     ("exception", {"type": "preempt", "severity": 1, "note": "index 3 preempted"}, 2, ()),
-    ("success", {"note": "success_count 2 met"}, 0, (Unqueue(), Finish())),
-    ("success", {"note": "success_count 2 met"}, 1, (Unqueue(), KillTasks(signal.SIGTERM))),
+    ("success", {"note": "success_count 2 met"}, 0, (E.UNQUEUE, E.POST_FINISH)),
+    ("success", {"note": "success_count 2 met"}, 1, (E.UNQUEUE, E.KILL_TASKS)),
     ("finish", {"status": 0, "counts": {"succeeded": 3, "failed": 0, "cancelled": 0}}, 0,
-     (Release(), TasksOver(), Clean())),
-    ("clean", {}, 0, (NotifyWorkflow("clean"), Closed(), WakeScheduler())),
+     (E.POST_RELEASE, E.TASKS_OVER, E.POST_CLEAN)),
+    ("clean", {}, 0, (E.ENDED, E.CLOSE, E.WAKE_SCHEDULER)),
 ]
 # The state each of those events is posted in, in its table row above.
 POSTED_IN = {"start": S.RUN, "exception": S.RUN, "success": S.RUN, "finish": S.RUN, "clean": S.CLEANUP}
@@ -126,7 +125,7 @@ WITH_EFFECTS = {event for event, *_ in EFFECTS}
 @pytest.mark.parametrize(("event", "context", "running", "effects"), EFFECTS,
                          ids=[f"{e}-{c.get('severity', '')}-running{r}" for e, c, r, _ in EFFECTS])
 def test_each_event_returns_its_effects_in_order(event: str, context: dict[str, Any], running: int,
-                                                 effects: tuple[Any, ...]) -> None:
+                                                 effects: tuple[Effect, ...]) -> None:
     record = record_in(POSTED_IN[event])
     record.running = running
     assert record.apply(Event(event, context, seq=7, ts=2000.0)) == effects
