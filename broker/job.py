@@ -241,8 +241,7 @@ class Job:
         self.state = target
 
     def _started(self, event: Event) -> tuple[Effect, ...]:
-        if self.t_run is None:  # the first start; a live post has set it already (broker/execution.py)
-            self.t_run = event.ts
+        self.t_run = event.ts  # an array starts once; a plain job once per attempt: the current one's
         return (Effect.STARTED,)
 
     def _exception(self, event: Event) -> tuple[Effect, ...]:

@@ -58,9 +58,18 @@ async def timed_out(core: Core) -> Job:
     return record
 
 
+async def retried(core: Core) -> Job:
+    """Its second attempt runs: the job's run time is that attempt's start."""
+    record = await core.running(retries=1)
+    core.done(0, record, 0, 1)
+    core.clock.advance(30.0)
+    assert record.state is State.SCHED and core.schedule()
+    return record
+
+
 SCENARIOS: list[Callable[[Core], Awaitable[Job]]] = [
     running_two, cancelled_while_running, one_task_failed_with_an_error, array_success_met, output_cut_at_the_cap,
-    timed_out,
+    timed_out, retried,
 ]
 
 

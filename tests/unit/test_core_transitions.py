@@ -167,11 +167,11 @@ def test_success_ends_the_job_with_status_zero() -> None:
     assert record.outcome() == {"status": 0, "counts": {"succeeded": 0, "failed": 1, "cancelled": 3}}
 
 
-def test_start_sets_the_run_time_once() -> None:
+def test_start_sets_the_run_time_to_the_current_attempts() -> None:
     record = record_in(S.RUN)
     record.apply(Event("start", ts=10.0))
     record.apply(Event("start", ts=20.0))
-    assert record.t_run == 10.0, "a retried job's replay keeps its first start"
+    assert record.t_run == 20.0, "a retried job runs since its latest start, live and replayed alike"
 
 
 def test_finish_records_the_status_and_counts_it_carries_and_keeps_the_reason() -> None:
