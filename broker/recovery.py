@@ -24,6 +24,7 @@ from broker.journal import Journal
 from broker.jobmanager import JobManager, request_of, unpack
 from broker.taskmap import TaskMap
 from minicluster.model import jobspec as jobspec_model
+from minicluster.proto import messages
 
 log = logging.getLogger(__name__)
 
@@ -168,14 +169,14 @@ class Reattach:
         for rank, job_id, task in self.stale:
             strays[rank].append([job_id, task])
         for rank, keys in strays.items():
-            execution.send("kill", rank, {"keys": keys, "signal": 9, "grace": 0.0})
+            messages.send(execution.send, rank, messages.Kill(keys, 9))
 
     def _settle_job(self, job: Job, execution: Any, now: float) -> None:
         entries = [e for e in self.reports.get(job.id, []) if not job.is_done(e[1])]
         if job.ending:
             # An exception had already ended the job: finish it, and its surviving tasks with it.
             for rank, task, _, _ in entries:
-                execution.send("kill", rank, {"keys": [[job.id, task]], "signal": 9, "grace": 0.0})
+                messages.send(execution.send, rank, messages.Kill([[job.id, task]], 9))
             self.manager.finish(job)
             return
         spec = job.spec
@@ -212,7 +213,7 @@ class Reattach:
             log.info("job %d reattached on ranks %s", job.id, sorted(ranks))
             return
         for rank, task, _, _ in entries:
-            execution.send("kill", rank, {"keys": [[job.id, task]], "signal": 9, "grace": 0.0})
+            messages.send(execution.send, rank, messages.Kill([[job.id, task]], 9))
         self.manager.raise_exception(
             job, "broker-restart",
             f"{len(entries)} of {job.tasks_left} unfinished tasks were reclaimed after a restart")
