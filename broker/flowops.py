@@ -12,8 +12,6 @@ from broker.jobmanager import JobError
 from broker.ops import _field, _readable, _task_of_index, _then, once_durable, op
 from broker.workflow import WorkflowRefusal
 
-ATTEMPT_COLUMNS = "task, idx, attempt, rank, status, exit_code, signal, error, started, ended, outcome"
-
 
 def _each(broker: BrokerView, peer: Peer, req: dict[str, Any],
           action: Callable[[Job], Any]) -> tuple[list[int], dict[str, str], list[Any]]:
@@ -72,26 +70,14 @@ def attempts(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     only_failed = _field(req, "failed", bool, False)
     task = _task_of_index(record, index) if index is not None else None
 
-    def query(c: Any) -> list[list[Any]]:
-        where, params = "job=? AND task>=?", [record.id, start]
-        if task is not None:
-            where += " AND task=?"
-            params.append(task)
-        earlier = [list(r) for r in c.execute(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {where} ORDER BY task, attempt", params)]
+    async def answer() -> dict[str, Any]:
+        earlier, final = await broker.manager.store.attempts(record.id, start, task)
         retried = {r[0] for r in earlier}
-        final = [list(r) for r in c.execute(
-            f"SELECT task, idx, (SELECT COUNT(*) FROM attempts a WHERE a.job=t.job AND a.task=t.task), rank, "
-            f"status, exit_code, signal, error, started, ended, 'final' FROM tasks t WHERE {where} ORDER BY task",
-            params)]
         if only_failed:
             final = [r for r in final if r[4] != 0 or r[0] in retried]
             failed = {r[0] for r in final}
             earlier = [r for r in earlier if r[0] in failed or r[0] in retried]
         rows = sorted(earlier + final, key=lambda r: (r[0], r[2]))
-        return rows[:limit]
-
-    async def answer() -> dict[str, Any]:
-        return {"attempts": await broker.journal.read(query)}
+        return {"attempts": rows[:limit]}
 
     return asyncio.ensure_future(answer())

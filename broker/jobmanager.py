@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from broker import sched
+from broker import sched, store
 from broker.job import Job, State
 from broker.journal import Journal, Statement, when_durable
 from broker.watchers import Watchers
@@ -83,6 +83,7 @@ class JobManager:
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.journal = journal
+        self.store = store.JobStore(journal)
         self.scheduler = scheduler
         self.watchers = watchers
         self.owner_uid = owner_uid
@@ -162,11 +163,8 @@ class JobManager:
         self.next_id += 1
         self.jobs[job.id] = job
         self.unacknowledged.add(job.id)
-        statements: list[Statement] = [
-            ("INSERT INTO jobs (id, uid, gid, state, spec, t_submit) VALUES (?,?,?,?,?,?)",
-             (job.id, uid, gid, job.state.value, pack(spec.to_wire()), now)),
-            ("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self.next_id,)),
-        ]
+        statements = store.job_submitted(job.id, uid, gid, job.state.value, pack(spec.to_wire()), now,
+                                         self.next_id)
         submitted = ("submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array})
         if spec.workflow:
             self.post(job, *submitted, extra=statements)
@@ -240,7 +238,7 @@ class JobManager:
             seq = job.seq
             job.seq += 1
             job.apply(name)
-            statements.append(("INSERT INTO events VALUES (?,?,?,?,?)", (job.id, seq, ts, name, pack(context))))
+            statements.append(store.event(job.id, seq, ts, name, pack(context)))
             published.append([seq, ts, name, context])
         job_id, watchers = job.id, self.watchers
 
@@ -307,9 +305,8 @@ class JobManager:
     def clean(self, job: Job) -> None:
         """The last step, also taken alone for a job a restart found in CLEANUP."""
         job.t_inactive = job.t_inactive or self.clock()
-        row = ("UPDATE jobs SET state='INACTIVE', seq=?, status=?, exception=?, t_run=?, t_inactive=?, counts=? "
-               "WHERE id=?",
-               (job.seq + 1, job.status, job.exception, job.t_run, job.t_inactive, pack(job.counts_wire()), job.id))
+        row = store.job_closed(job.id, job.seq + 1, job.status, job.exception, job.t_run, job.t_inactive,
+                               pack(job.counts_wire()))
         fut = self.post(job, "clean", extra=[row], durable=True)
         assert fut is not None
         job.retire()
@@ -398,10 +395,5 @@ class JobManager:
                 del self.jobs[job.id]
                 doomed.append(job.id)
         if doomed:
-            statements: list[Statement] = []
-            for table, column in (("jobs", "id"), ("events", "job"), ("tasks", "job"), ("output", "job"),
-                                  ("attempts", "job"), ("output_attempts", "job"), ("task_usage", "job"),
-                                  ("job_usage", "job")):
-                statements.extend((f"DELETE FROM {table} WHERE {column}=?", (j,)) for j in doomed)
-            self.journal.write(statements)
+            self.journal.write(store.jobs_purged(doomed))
         return len(doomed)

@@ -81,7 +81,7 @@ class Broker:
         self.reattach: Reattach | None = Reattach(self.manager, recovered.active)
         self.workflows = recover_workflows(self.manager.workflow, self.journal, recovered.active)
         # Drains outlive restarts: applied as each rank's resources are added.
-        self.drains = dict(self.journal.query("SELECT rank, reason FROM drains"))
+        self.drains = self.manager.store.drains()
         for rank in self.described & self.drains.keys():
             self.graph.drain(rank, self.drains[rank])
         self.known_ranks: set[int] = set()

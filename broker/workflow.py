@@ -17,6 +17,7 @@ from typing import Any
 
 import msgpack
 
+from broker import store
 from broker.attempts import Attempts
 from broker.depgraph import BEGIN, SINGLETON, DepGraph, DependencyError, TargetState, Verdict
 from broker.flowstate import Corr, Flow
@@ -207,9 +208,7 @@ class Workflow:
     async def _load_corr(self, job: Job, target_id: int) -> None:
         # Everything the broker counted before now is committed once this empty write is.
         await self.manager.journal.write([])
-        rows = await self.manager.journal.read(lambda c: c.execute(
-            "SELECT t.idx, t.status, t.exit_code, t.signal, j.spec FROM tasks t JOIN jobs j ON j.id = t.job "
-            "WHERE t.job=?", (target_id,)).fetchall())
+        rows = await self.manager.store.index_results_now(target_id)
         corr = job.flow.corr if job.flow is not None else None
         if corr is None:
             return
@@ -357,7 +356,7 @@ class Workflow:
         job.spec = new
         job.urgency = new.urgency
         job.name = new.name
-        row = ("UPDATE jobs SET spec=? WHERE id=?", (_packed(new), job.id))
+        row = store.spec_updated(job.id, _packed(new))
         self.manager.post(job, "update", {"uid": uid, **changes}, extra=[row])
         if "urgency" in changes or "time_limit" in changes:
             self._requeue_entry(job)
