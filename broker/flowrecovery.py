@@ -38,11 +38,7 @@ class Recovered:
 
 def recover(workflow: Workflow, journal: Journal, active: list[Job]) -> Recovered:
     out = Recovered()
-    jobs = workflow.manager.jobs
     store = JobStore(journal)
-    for job_id, count in store.retries_by_job():
-        if job_id in jobs and jobs[job_id].state == State.INACTIVE:
-            jobs[job_id].retries = count
     if not active:
         return out
     workflow.recovering = True
@@ -70,7 +66,7 @@ def recover(workflow: Workflow, journal: Journal, active: list[Job]) -> Recovere
         if job.state not in (State.DEPEND, State.PRIORITY):
             deps = [d for d in deps if d[0] == "aftercorr"]
             singleton, begin = False, None
-        deps = [d for d in deps if d[1] in workflow.manager.jobs or _lost(out, job, d)]
+        deps = [d for d in deps if workflow.manager.find(d[1]) is not None or _lost(out, job, d)]
         _, decided = workflow.graph.add(job.id, deps, workflow.lookup, key=(job.uid, job.name),
                                         singleton=singleton, begin_time=begin, now=now)
         out.verdicts.extend(decided)
@@ -178,7 +174,8 @@ def _restore_corr(workflow: Workflow, store: JobStore, job: Job, target_id: int,
     """Which indexes of `job` its aftercorr target already released, or can never release."""
     flow = job.flow
     corr = flow.corr = Corr(target_id)
-    target = workflow.manager.jobs[target_id]
+    target = workflow.manager.find(target_id)
+    assert target is not None, "a purged target's dependency was lost above"
     if target.state != State.INACTIVE:
         if target.flow is None:
             target.flow = Flow(target.spec)

@@ -10,13 +10,13 @@ import asyncio
 import logging
 import signal
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
 
 from broker import sched, store
+from broker.history import History
 from broker.job import Job, State
 from broker.journal import Journal, Statement, when_durable
 from broker.watchers import Watchers
@@ -65,6 +65,8 @@ def request_of(spec: Jobspec) -> sched.Request:
     )
 
 
+# The most finished jobs one purge pass forgets: one journal write of bounded size.
+PURGE_BATCH = 50_000
 # Events the workflow follows: a start satisfies `afterstart`, a job's end decides its dependants.
 _OBSERVED = frozenset(("start", "clean"))
 
@@ -102,8 +104,8 @@ class JobManager:
         # Set by the broker: queues, banks, priorities and accounting (broker/share/service.py).
         self.sharing: Any = None
         self._feasible: dict[sched.Request, str] = {}
-        # Inactive job ids in the order they became inactive: purge takes from the front.
-        self.inactive_order: deque[int] = deque()
+        # Finished jobs: in the journal, a bounded cache of them in memory (broker/history.py).
+        self.history = History(self.store, config.finished_cache)
         # Set by the broker: a running job's time limit changed (execution.retime), and which tasks of a job
         # run now (their task numbers).
         self.retime: Callable[[Job], None] = lambda job: None
@@ -316,7 +318,9 @@ class JobManager:
 
     def _closed(self, job: Job, result: dict[str, Any]) -> None:
         job.closed = True
-        self.inactive_order.append(job.id)
+        if self.jobs.get(job.id) is job:
+            del self.jobs[job.id]
+            self.history.add(job)
         self.watchers.inactive(job.id, result)
 
     # --- client operations ---------------------------------------------------------------------------------
@@ -324,10 +328,14 @@ class JobManager:
     def get(self, job_id: Any) -> Job:
         if isinstance(job_id, bool) or not isinstance(job_id, int):
             raise JobError("bad-request", f"job id must be an integer, got {job_id!r}")
-        job = self.jobs.get(job_id)
+        job = self.find(job_id)
         if job is None or job_id in self.unacknowledged:
             raise JobError("not-found", f"job {job_id} does not exist (or was purged)")
         return job
+
+    def find(self, job_id: int) -> Job | None:
+        """An active job, or a finished one (from the cache, else read from the journal)."""
+        return self.jobs.get(job_id) or self.history.get(job_id)
 
     def cancel(self, uid: int, job_ids: list[Any]) -> tuple[list[int], dict[str, str]]:
         cancelled, errors = [], {}
@@ -374,26 +382,24 @@ class JobManager:
         return res.start
 
     def queue_counts(self) -> dict[str, int]:
+        """Jobs per state: the active ones counted, the finished ones as the history keeps count of them."""
         counts = {s.value: 0 for s in State}
         for job in self.jobs.values():
             counts[job.state.value] += 1
+        counts[State.INACTIVE.value] += self.history.count
         return counts
 
     # --- purge ---------------------------------------------------------------------------------------------
 
-    def purge(self) -> int:
-        """Forget inactive jobs beyond the configured count and age limits, oldest first."""
-        now = self.clock()
-        doomed = []
-        while self.inactive_order:
-            job = self.jobs.get(self.inactive_order[0])
-            too_many = len(self.inactive_order) > self.config.purge_max_count
-            if job is not None and not too_many and now - (job.t_inactive or now) <= self.config.purge_max_age:
-                break
-            self.inactive_order.popleft()
-            if job is not None:
-                del self.jobs[job.id]
-                doomed.append(job.id)
+    async def purge(self) -> int:
+        """Forget finished jobs beyond the configured count and age limits, oldest first (at most PURGE_BATCH
+        a pass)."""
+        rows = await self.store.purgeable(self.clock() - self.config.purge_max_age, self.config.purge_max_count,
+                                          PURGE_BATCH)
+        # A job whose `clean` commit the read saw but whose close has not run yet goes in a later pass.
+        doomed = [(job_id, status) for job_id, status in rows if job_id not in self.jobs]
         if doomed:
-            self.journal.write(store.jobs_purged(doomed))
+            # Awaited: the next pass must not read (and count off) these rows again.
+            await self.journal.write(store.jobs_purged(job_id for job_id, _ in doomed))
+            self.history.forget(doomed)
         return len(doomed)

@@ -13,6 +13,7 @@ from broker import store
 from broker.brokerview import BrokerView
 from broker.access import check_readable, listed
 from broker.clientapi import MAX_ERROR_MESSAGE, Peer
+from broker.history import finished_record_of
 from broker.job import State
 from broker.jobmanager import JobError, unpack
 from minicluster.model import jobspec as jobspec_model
@@ -139,25 +140,50 @@ def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dic
 
 
 @op("jobs")
-def jobs(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
-    show_all = _field(req, "all", bool, False)
-    ids = _field(req, "ids", list, None)
-    limit = _field(req, "limit", int, 1000)
-    alloc = _field(req, "alloc", bool, False)
-    with_priority = _field(req, "priority", bool, False)
+def jobs(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
+    """Newest first, a page at a time (protocol.md §3.3): finished jobs are read from the journal."""
+    limit = max(_field(req, "limit", int, 1000), 1)
+    before = _field(req, "before", int, None)
     manager = broker.manager
-    if ids is not None:
-        selected = [manager.get(i) for i in ids]
-    else:
-        hidden = manager.unacknowledged  # submissions not durable yet
-        selected = [j for j in reversed(manager.jobs.values())
-                    if (show_all or j.state != State.INACTIVE) and (not hidden or j.id not in hidden)]
-    summaries = [listed(broker, peer, manager.summary(j, alloc)) for j in selected[:limit]]
-    if with_priority:
+    if _field(req, "ids", list, None) is not None:
+        return _listing(broker, peer, req, [manager.get(i) for i in req["ids"]][:limit], None)
+    if _field(req, "all", bool, False):
+        return asyncio.ensure_future(_all_jobs(broker, peer, req, before, limit))
+    hidden = manager.unacknowledged  # submissions not durable yet
+    selected = []
+    for j in reversed(manager.jobs.values()):  # the active jobs, in id order
+        if j.state != State.INACTIVE and (before is None or j.id < before) and j.id not in hidden:
+            selected.append(j)
+            if len(selected) > limit:
+                break
+    more = len(selected) > limit
+    return _listing(broker, peer, req, selected[:limit], selected[limit - 1].id if more else None)
+
+
+async def _all_jobs(broker: BrokerView, peer: Peer, req: dict[str, Any], before: int | None,
+                    limit: int) -> dict[str, Any]:
+    manager = broker.manager
+    rows = await manager.store.finished_jobs_before(before, limit)
+    selected = []
+    for row in rows:
+        job = manager.jobs.get(row[0])
+        if job is not None:
+            if job.id not in manager.unacknowledged:
+                selected.append(job)  # its record in memory says more than its row
+        elif row[3] == State.INACTIVE.value:
+            selected.append(manager.history.cached(row[0]) or finished_record_of(row))
+    return _listing(broker, peer, req, selected, rows[-1][0] if len(rows) == limit else None)
+
+
+def _listing(broker: BrokerView, peer: Peer, req: dict[str, Any], selected: list[Any],
+             next_before: int | None) -> dict[str, Any]:
+    manager = broker.manager
+    summaries = [listed(broker, peer, manager.summary(j, _field(req, "alloc", bool, False))) for j in selected]
+    if _field(req, "priority", bool, False):
         now = manager.clock()
-        for summary, record in zip(summaries, selected[:limit], strict=True):
+        for summary, record in zip(summaries, selected, strict=True):
             summary["priority_components"] = broker.sharing.components(record, now)
-    return {"jobs": summaries}
+    return {"jobs": summaries, "next": next_before}
 
 
 def _readable(broker: BrokerView, peer: Peer, job_id: Any) -> Any:

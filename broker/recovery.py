@@ -20,11 +20,10 @@ from typing import Any
 
 from broker import sched
 from broker.job import Job, State
-from broker.journal import Journal
+from broker.history import record_of
 from broker.store import JobStore
 from broker.jobmanager import JobManager, request_of, unpack
 from broker.taskmap import TaskMap
-from minicluster.model import jobspec as jobspec_model
 
 log = logging.getLogger(__name__)
 
@@ -36,38 +35,22 @@ class Recovered:
     active: list[Job] = field(default_factory=list)
 
 
-def load(journal: Journal, manager: JobManager) -> Recovered:
-    """Read the journal into `manager.jobs`; returns the jobs that were queued or running."""
-    store = JobStore(journal)
+def load(manager: JobManager) -> Recovered:
+    """Read the jobs that were queued or running into `manager.jobs`, and the counts of finished ones: the
+    history itself stays in the journal (broker/history.py)."""
+    store = manager.store
     epoch, next_id = store.next_epoch()
     out = Recovered(next_id=next_id, epoch=epoch)
-    for row in store.job_rows():
-        job = _restore(row)
+    for row in store.active_job_rows():
+        job = record_of(row)
         manager.jobs[job.id] = job
-        if job.state != State.INACTIVE:
-            out.active.append(job)
-    inactive = sorted((j for j in manager.jobs.values() if j.closed), key=lambda j: j.t_inactive or 0.0)
-    manager.inactive_order.extend(j.id for j in inactive)
+        out.active.append(job)
+    manager.history.load_counts()
     by_id = {j.id: j for j in out.active}
     _replay_events(store, by_id)
     _restore_results(store, by_id)
     _restore_output(store, by_id, manager.config.output_cap)
     return out
-
-
-def _restore(row: tuple[Any, ...]) -> Job:
-    job_id, uid, gid, state, spec_blob, t_submit, t_run, t_inactive, status, exception, seq, counts = row
-    spec = jobspec_model.from_wire(unpack(spec_blob))
-    job = Job(job_id, uid, spec, t_submit, gid)
-    job.state = State(state)
-    job.t_run, job.t_inactive, job.status, job.exception, job.seq = t_run, t_inactive, status, exception, seq
-    if job.state == State.INACTIVE:
-        if counts is not None:
-            job.restore_counts(unpack(counts))
-        job.tasks_left = 0
-        job.closed = True
-        job.retire()
-    return job
 
 
 def _replay_events(store: JobStore, active: dict[int, Job]) -> None:

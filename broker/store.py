@@ -113,10 +113,21 @@ class JobStore:
         max_id = self.journal.query("SELECT COALESCE(MAX(id), 0) FROM jobs")[0][0]
         return epoch, max(int(meta.get("next_id", 1)), max_id + 1)
 
-    def job_rows(self) -> list[Row]:
-        """(id, uid, gid, state, spec, t_submit, t_run, t_inactive, status, exception, seq, counts) by id."""
-        return self.journal.query("SELECT id, uid, gid, state, spec, t_submit, t_run, t_inactive, status, "
-                                  "exception, seq, counts FROM jobs ORDER BY id")
+    def active_job_rows(self) -> list[Row]:
+        """JOB_COLUMNS of the jobs not yet inactive, by id (through the state index: the history is not read)."""
+        return self.journal.query(f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ({_in(_ACTIVE_STATES)}) "
+                                  "ORDER BY id", _ACTIVE_STATES)
+
+    def inactive_counts(self) -> tuple[int, int]:
+        """(inactive jobs that ended with status 0 or none, those that did not), from the state index alone."""
+        counts = dict(self.journal.query("SELECT COALESCE(status, 0) != 0, COUNT(*) FROM jobs "
+                                         "WHERE state='INACTIVE' GROUP BY 1"))
+        return counts.get(0, 0), counts.get(1, 0)
+
+    def finished_job(self, job_id: int) -> Row | None:
+        """A FINISHED_COLUMNS row of an inactive job, read now on the calling thread (a cache miss)."""
+        rows = self.journal.lookup(_FINISHED + " WHERE j.id=? AND j.state='INACTIVE'", (job_id,))
+        return rows[0] if rows else None
 
     def events_of(self, job_ids: Sequence[int], names: Sequence[str] | None = None) -> list[Row]:
         """(job, seq, ts, name, context) of the jobs' events (only those named, if given), in order."""
@@ -139,10 +150,6 @@ class JobStore:
         return self.journal.query(f"SELECT job, task, attempt, outcome, not_before FROM attempts WHERE job IN "
                                   f"({_in(job_ids)}) ORDER BY job, task, attempt", list(job_ids))
 
-    def retries_by_job(self) -> list[Row]:
-        """(job, how many retries) of every job with one."""
-        return self.journal.query("SELECT job, COUNT(*) FROM attempts WHERE outcome='retry' GROUP BY job")
-
     def index_results(self, job_id: int) -> list[Row]:
         """(idx, status, exit_code, signal, spec) of the job's final results (broker/workflow.py's aftercorr)."""
         return self.journal.query(_INDEX_RESULTS, (job_id,))
@@ -151,6 +158,20 @@ class JobStore:
         return dict(self.journal.query("SELECT rank, reason FROM drains"))
 
     # --- while serving (on the reader thread) --------------------------------------------------------------
+
+    async def finished_jobs_before(self, before: int | None, limit: int) -> list[Row]:
+        """FINISHED_COLUMNS rows of the jobs with ids below `before`, highest first, up to `limit` (keyset
+        pagination): every state, so that the caller lists its in-memory record of a job still active in place."""
+        upper = before if before is not None else 1 << 62
+        return await self.journal.read(lambda c: c.execute(
+            _FINISHED + " WHERE j.id < ? ORDER BY j.id DESC LIMIT ?", (upper, limit)).fetchall())
+
+    async def purgeable(self, ended_before: float, keep: int, at_most: int) -> list[Row]:
+        """(id, status) of inactive jobs that ended before `ended_before`, or beyond the `keep` most recent."""
+        return await self.journal.read(lambda c: c.execute(
+            "SELECT id, status FROM jobs WHERE state='INACTIVE' AND t_inactive < ? UNION "
+            "SELECT id, status FROM (SELECT id, status FROM jobs WHERE state='INACTIVE' ORDER BY t_inactive DESC "
+            "LIMIT -1 OFFSET ?) LIMIT ?", (ended_before, keep, at_most)).fetchall())
 
     async def index_results_now(self, job_id: int) -> list[Row]:
         return await self.journal.read(lambda c: c.execute(_INDEX_RESULTS, (job_id,)).fetchall())
@@ -207,6 +228,14 @@ class JobStore:
         return await self.journal.read(query)
 
 
+JOB_COLUMNS = "id, uid, gid, state, spec, t_submit, t_run, t_inactive, status, exception, seq, counts"
+_ACTIVE_STATES = ("NEW", "DEPEND", "PRIORITY", "SCHED", "RUN", "CLEANUP")
+# A finished job as `mc jobs` lists it: its row, its retries and its usage record (None without sharing).
+FINISHED_COLUMNS = (", ".join(f"j.{c.strip()}" for c in JOB_COLUMNS.split(",")) +
+                    ", (SELECT COUNT(*) FROM attempts a WHERE a.job = j.id AND a.outcome = 'retry'), "
+                    "u.t_start, u.t_end, u.ntasks, u.cores, u.gpus, u.mem_mb, u.wall, u.core_seconds, "
+                    "u.gpu_seconds, u.cpu_seconds, u.max_rss")
+_FINISHED = f"SELECT {FINISHED_COLUMNS} FROM jobs j LEFT JOIN job_usage u ON u.job = j.id"
 _INDEX_RESULTS = ("SELECT t.idx, t.status, t.exit_code, t.signal, j.spec FROM tasks t JOIN jobs j ON j.id = t.job "
                   "WHERE t.job=?")
 

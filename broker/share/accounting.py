@@ -143,11 +143,15 @@ def efficiencies(usage: UsageRecord) -> tuple[float | None, float | None]:
     return (usage.cpu_efficiency, usage.memory_efficiency)
 
 
-def load_records(journal: Journal, jobs: dict[int, Any]) -> None:
-    """The efficiencies of finished jobs still listed (for `mc jobs -o eff` after a restart)."""
-    for row in store.job_usages(journal):
-        job = jobs.get(row[0])
-        if job is not None and job.acct is None:
+def load_records(journal: Journal, active: Iterable[Any]) -> None:
+    """The efficiencies of the jobs a restart found ending (in CLEANUP: their usage row is written); a finished
+    job's come with it from the journal (broker/history.py)."""
+    jobs = {job.id: job for job in active}
+    if not jobs:
+        return
+    for row in store.job_usages(journal, list(jobs)):
+        job = jobs[row[0]]
+        if job.acct is None:
             job.acct = efficiencies(UsageRecord(*row[1:]))
 
 

@@ -103,9 +103,10 @@ def task_usages(journal: Journal, job_ids: Sequence[int]) -> list[Row]:
     return journal.query(f"SELECT job, cpu, rss FROM task_usage WHERE job IN ({_in(job_ids)})", list(job_ids))
 
 
-def job_usages(journal: Journal) -> list[Row]:
-    """(job, *UsageRecord) of every finished job still in the journal."""
-    return journal.query(f"SELECT job, {_USAGE_COLUMNS} FROM job_usage")
+def job_usages(journal: Journal, job_ids: Sequence[int]) -> list[Row]:
+    """(job, *UsageRecord) of those of the jobs that have a usage record."""
+    return journal.query(f"SELECT job, {_USAGE_COLUMNS} FROM job_usage WHERE job IN ({_in(job_ids)})",
+                         list(job_ids))
 
 
 def _in(ids: Sequence[int]) -> str:
