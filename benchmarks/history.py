@@ -1,6 +1,6 @@
 """Broker memory and restart time with a long history of finished jobs (issue 17 item 4; not a timed test).
 
-    python benchmarks/history.py [--jobs N] [--runs R]      (prints JSON)
+    python benchmarks/history.py [--jobs N] [--runs R] [--checkout DIR]      (prints JSON)
 
 A journal is filled with N finished jobs (default 1,000,000) through the store's statements (broker/store.py),
 as the broker writes them: the job row, its `submit`, `finish` and `clean` events, and the row's close. Then a
@@ -72,9 +72,9 @@ def rss_after(pid: int, pause: float = 1.0) -> float:
     return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
 
 
-def one_life(cluster: LocalCluster, jobs: int) -> dict[str, float]:
+def one_life(cluster: LocalCluster, jobs: int, checkout: str | None) -> dict[str, float]:
     t0 = time.monotonic()
-    proc = cluster.start_rank(0)
+    proc = cluster.start_rank(0, env={"PYTHONPATH": checkout} if checkout else None)
     cluster.wait_up(timeout=120)
     ready = time.monotonic() - t0
     rss = rss_after(proc.pid)
@@ -83,7 +83,7 @@ def one_life(cluster: LocalCluster, jobs: int) -> dict[str, float]:
         before = None
         for _ in range(5):
             page = c.call("jobs", all=True, limit=1000, **({"before": before} if before else {}))
-            before = page["next"]
+            before = page.get("next")  # a checkout from before paging has none: the same first page again
         for job_id in range(1, min(jobs, 2000) + 1, 10):
             assert c.job(job_id)["state"] == "INACTIVE"
     used = rss_after(proc.pid)
@@ -95,6 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--checkout", help="run the broker from this source tree (e.g. `git archive main`)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mc-history-") as tmp:
         full_dir, empty_dir = Path(tmp, "full"), Path(tmp, "empty")
@@ -105,16 +106,18 @@ def main() -> None:
         runs: dict[str, list[dict[str, float]]] = {"empty": [], "full": []}
         for _ in range(args.runs):
             for name, cluster in clusters.items():
-                runs[name].append(one_life(cluster, args.jobs if name == "full" else 0))
+                runs[name].append(one_life(cluster, args.jobs if name == "full" else 0, args.checkout))
     growth = [f["rss_mb"] - e["rss_mb"] for f, e in zip(runs["full"], runs["empty"], strict=True)]
     growth_after = [f["rss_after_reads_mb"] - e["rss_after_reads_mb"]
                     for f, e in zip(runs["full"], runs["empty"], strict=True)]
     result: dict[str, Any] = {
-        "jobs": args.jobs, "runs": args.runs, "fill_s": round(fill_s, 1), "journal_mb": round(size_mb),
+        "jobs": args.jobs, "runs": args.runs, "checkout": args.checkout or "this one", "fill_s": round(fill_s, 1),
+        "journal_mb": round(size_mb),
         "median": {
             name: {key: round(statistics.median(r[key] for r in rows), 3) for key in rows[0]}
             for name, rows in runs.items()
         },
+        "runs_full": runs["full"],
         "rss_growth_mb": round(statistics.median(growth), 1),
         "rss_growth_after_reads_mb": round(statistics.median(growth_after), 1),
         "loadavg": [round(x, 2) for x in os.getloadavg()],
