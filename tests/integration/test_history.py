@@ -14,11 +14,12 @@ TIMEOUT = 60.0
 
 
 def finish(c: Client, count: int, start: int = 0) -> list[int]:
-    """`count` jobs that each print their number; every third one exits 1."""
-    ids = [c.submit(job(["sh", "-c", f"echo job-{start + i}; exit {int((start + i) % 3 == 2)}"]))
-           for i in range(count)]
-    for result in c.wait(ids):
-        assert result["state"] == "INACTIVE"
+    """`count` jobs that each print their number, one after the other (so they end in id order, which the purge
+    follows); every third one exits 1."""
+    ids = []
+    for i in range(start, start + count):
+        ids.append(c.submit(job(["sh", "-c", f"echo job-{i}; exit {int(i % 3 == 2)}"])))
+        assert next(c.wait(ids[-1:]))["state"] == "INACTIVE"
     return ids
 
 
