@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--checkout", help="run the broker from this source tree (e.g. `git archive main`)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mc-history-") as tmp:
+        # A broker started with `python -m` puts its working directory first on its path: not this checkout's.
+        os.chdir(tmp)
         full_dir, empty_dir = Path(tmp, "full"), Path(tmp, "empty")
         fill_s = fill(full_dir, args.jobs)
         size_mb = os.path.getsize(full_dir / "journal.sqlite") / MB
