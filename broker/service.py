@@ -298,6 +298,9 @@ class Broker:
     def _on_done(self, rank: int, done: messages.Done) -> None:
         self.execution.on_done(rank, done.results)
 
+    def _on_returned(self, rank: int, returned: messages.Returned) -> None:
+        self.execution.on_returned(rank, returned.keys)
+
     def _on_out(self, _rank: int, out: messages.Output) -> None:
         self.execution.on_output(out.chunks)
 
@@ -445,6 +448,7 @@ _HANDLERS: dict[str, Callable[[Broker, int, Any], None]] = {
     "hb": Broker._on_hb,
     "done": Broker._on_done,
     "out": Broker._on_out,
+    "returned": Broker._on_returned,
     "pmi-put": Broker._on_pmi_put,
     "pmi-init": Broker._on_pmi_init,
     "stdin-ack": Broker._on_stdin_ack,

@@ -64,6 +64,8 @@ class InstanceConfig:
     test_exec: bool = False
     # Whether rank 0 offers its node to jobs (Flux's default) or keeps it for the broker alone.
     broker_runs_tasks: bool = True
+    # Array elements rank 0 sends each worker ahead of every busy one-slot core (protocol.md §2.10); 0: none.
+    dispatch_window: int = 4
     # Properties and resource override for workers, "k=v,k2" / "cores=64,gpus=4".
     properties: str = ""
     resources: str = ""
@@ -91,6 +93,8 @@ class InstanceConfig:
             raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.mpi_default not in ("pmi1", "pmix", "auto"):
             raise ConfigError(f"mpi_default must be pmi1, pmix or auto, got {self.mpi_default!r}")
+        if self.dispatch_window < 0:
+            raise ConfigError(f"dispatch_window must be >= 0, got {self.dispatch_window}")
         if not self.broker_runs_tasks and self.tree_size == 1:
             raise ConfigError("broker_runs_tasks = false leaves no rank to run tasks: size (or max_size) must be >= 2")
         if not self.endpoint.startswith(("tcp://", "ipc://")):

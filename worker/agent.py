@@ -39,6 +39,8 @@ OUTPUT_FLUSH_BYTES = 256 * 1024
 TRUSTED_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # Unacknowledged results carried by a `join`; any beyond follow in `done` messages.
 JOIN_RESULTS = 10_000
+# Entries sent ahead (protocol.md §2.10) a worker holds at most; any more are returned at once.
+WINDOW_LIMIT = 4096
 
 
 class _CannotStart(Exception):
@@ -82,6 +84,10 @@ class WorkerAgent:
         # attempt that wait for the older one, which rank 0 killed, to exit: key -> (entry, jobinfo).
         self.attempts: dict[Key, int] = {}
         self._after_exit: dict[Key, tuple[list[Any], dict[str, Any]]] = {}
+        # The dispatch window (protocol.md §2.10): task -> (run entry, jobinfo) of the element that starts when it
+        # ends, and each waiting element -> the task it follows.
+        self._next: dict[Key, tuple[list[Any], dict[str, Any]]] = {}
+        self._waits_for: dict[Key, Key] = {}
         self.job_running: dict[int, int] = {}
         self.output_sent: dict[int, int] = {}
         self.unacked: dict[Key, list[Any]] = {}
@@ -113,6 +119,9 @@ class WorkerAgent:
                 pass
 
     def join(self) -> None:
+        # Rank 0 counts what waited in the window as not started (protocol.md §2.10): it must not start now.
+        self._next.clear()
+        self._waits_for.clear()
         running = [[job, task, cores, gpus, *self._attempt_list((job, task))]
                    for (job, task), (cores, gpus) in self.running.items()]
         # Results travel with the join, so a restarted rank 0 knows what ended before it settles reattachment.
@@ -122,6 +131,8 @@ class WorkerAgent:
                               "epoch": self.epoch})
 
     async def shutdown(self) -> None:
+        self._next.clear()
+        self._waits_for.clear()
         await self.executor.shutdown(self.config.kill_grace)
         self.stdin.close_all()
         self.lines.close()
@@ -182,6 +193,42 @@ class WorkerAgent:
                     self._fail_unstarted(job, [task], f"cannot start: {cut(str(exc))}")
             if pmi_env is not None:
                 self.pmi.spawned(job_id)
+
+    def _on_ahead(self, body: dict[str, Any]) -> None:
+        """Elements to start each when the task it follows ends here (protocol.md §2.10)."""
+        if not self.welcomed.is_set():
+            return  # sent before our join: rank 0 counts them as returned
+        jobs = {int(job_id): info for job_id, info in body.get("jobs", {}).items()}
+        returned = []
+        for entry in body.get("tasks", []):
+            job, task, after = int(entry[0]), int(entry[1]), (int(entry[0]), int(entry[6]))
+            info = jobs.get(job)
+            if info is None or len(self._waits_for) >= WINDOW_LIMIT or after in self._next:
+                returned.append([job, task])
+            elif after in self.running or after in self._waits_for:
+                self._next[after] = (entry[:6], info)
+                self._waits_for[(job, task)] = after
+            else:  # the task it follows has ended already
+                self._on_run({"jobs": {job: info}, "tasks": [entry[:6]]})
+        if returned:
+            self.send("returned", 0, {"keys": returned})
+
+    def _on_recall(self, body: dict[str, Any]) -> None:
+        """Drop these entries if they wait still; a successor of one follows its predecessor instead."""
+        returned = []
+        for job, task in body.get("keys", []):
+            key = (int(job), int(task))
+            after = self._waits_for.pop(key, None)
+            if after is None:
+                continue  # started already: rank 0 learns so from its predecessor's result
+            del self._next[after]
+            following = self._next.pop(key, None)
+            if following is not None:
+                self._next[after] = following
+                self._waits_for[(key[0], int(following[0][1]))] = after
+            returned.append(list(key))
+        if returned:
+            self.send("returned", 0, {"keys": returned})
 
     def _fresh(self, job_id: int, entries: list[list[Any]], info: dict[str, Any]) -> list[list[Any]]:
         """The entries to start now: not a repeat of a run this rank has (running or ended, not yet
@@ -375,6 +422,11 @@ class WorkerAgent:
         if waiting is not None:
             entry, info = waiting
             self._on_run({"jobs": {key[0]: info}, "tasks": [entry]})
+        following = self._next.pop(key, None)
+        if following is not None:  # the next element of the window starts on the cores this one freed
+            entry, info = following
+            del self._waits_for[(key[0], int(entry[1]))]
+            self._on_run({"jobs": {key[0]: info}, "tasks": [entry]})
 
     def _forget_job(self, job: int) -> None:
         """The job's last task here ended: drop its info (every `run` carries it) and PMI server."""
@@ -432,6 +484,8 @@ _HANDLERS: dict[str, Callable[[WorkerAgent, dict[str, Any]], None]] = {
     "welcome": WorkerAgent._on_welcome,
     "rejoin": WorkerAgent._on_rejoin,
     "run": WorkerAgent._on_run,
+    "ahead": WorkerAgent._on_ahead,
+    "recall": WorkerAgent._on_recall,
     "kill": WorkerAgent._on_kill,
     "done-ack": WorkerAgent._on_done_ack,
     "pmi-kvs": WorkerAgent._on_pmi_kvs,

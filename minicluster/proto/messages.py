@@ -179,12 +179,57 @@ class Refusal:
                    _get(body, "error", "ref", str, ""))
 
 
-WorkerMessage = Heartbeat | Join | Done | Output | PmiPut | PmiInit | StdinAck | Abort | Refusal
+def _key_row(row: Any) -> bool:
+    """[job, task] (§2.10 `recall`, `returned`)."""
+    return isinstance(row, list) and len(row) == 2 and _is_int(row[0]) and _is_int(row[1])
+
+
+def _ahead_row(row: Any) -> bool:
+    """[job, task, index, cores, gpus, attempt, after] (§2.10 `ahead`)."""
+    return (isinstance(row, list) and len(row) == 7 and _is_int(row[0]) and _is_int(row[1]) and _is_int(row[2])
+            and isinstance(row[3], list) and isinstance(row[4], list) and _is_int(row[5]) and _is_int(row[6]))
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """`returned` (§2.10): entries sent ahead that the worker dropped unstarted."""
+    keys: list[Any]
+    dropped: int = 0
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Returned:
+        return cls(*_rows(_get(body, "returned", "keys", list), _key_row))
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """`ahead` (§2.10, rank 0 -> worker): elements to start when the task each follows (`after`) ends."""
+    jobs: dict[Any, Any]
+    tasks: list[Any]
+    dropped: int = 0
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Ahead:
+        return cls(_get(body, "ahead", "jobs", dict), *_rows(_get(body, "ahead", "tasks", list), _ahead_row))
+
+
+@dataclass(frozen=True, slots=True)
+class Recall:
+    """`recall` (§2.10, rank 0 -> worker): drop these entries sent ahead if they have not started."""
+    keys: list[Any]
+    dropped: int = 0
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Recall:
+        return cls(*_rows(_get(body, "recall", "keys", list), _key_row))
+
+
+WorkerMessage = Heartbeat | Join | Done | Output | PmiPut | PmiInit | StdinAck | Abort | Refusal | Returned
 
 TO_RANK0: dict[str, Callable[[dict[str, Any]], WorkerMessage]] = {
     "hb": Heartbeat.from_body, "join": Join.from_body, "done": Done.from_body, "out": Output.from_body,
     "pmi-put": PmiPut.from_body, "pmi-init": PmiInit.from_body, "stdin-ack": StdinAck.from_body,
-    "abort": Abort.from_body, "error": Refusal.from_body,
+    "abort": Abort.from_body, "error": Refusal.from_body, "returned": Returned.from_body,
 }
 
 

@@ -77,4 +77,4 @@ def test_malformed_rows_are_dropped_and_counted_the_rest_kept() -> None:
 def test_every_kind_a_worker_sends_rank_0_has_a_message() -> None:
     # protocol.md §2.5, "Worker → rank 0", plus `error` (any → any).
     assert set(messages.TO_RANK0) == {"hb", "join", "out", "done", "pmi-put", "pmi-init", "stdin-ack", "abort",
-                                      "error"}
+                                      "error", "returned"}
