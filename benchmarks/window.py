@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmarks.throughput import IN_FLIGHT, local_cluster, loadavg, progress, run_all, spawn_raw, spec
+from throughput import IN_FLIGHT, local_cluster, loadavg, progress, run_all, spawn_raw, spec
 
 
 def slots8(n: int, window: int) -> float:
