@@ -39,8 +39,9 @@ class DispatchWindow:
         self.by_rank: dict[int, set[Key]] = defaultdict(set)
         self.by_job: dict[int, set[Key]] = defaultdict(set)
         self.recalling: set[Key] = set()
-        # Ranks that returned entries unasked (more than they hold): no top-up until their window drained.
-        self.pressured: set[int] = set()
+        # Ranks that returned entries unasked (more than they hold): how many may wait there at most, half of
+        # what waited then, until the rank joins again.
+        self.limit: dict[int, int] = {}
         self.unrecorded = 0
 
     # --- sending ahead -------------------------------------------------------------------------------------
@@ -53,8 +54,10 @@ class DispatchWindow:
         tail, length = head, 0
         while (following := self.next_of.get(tail)) is not None:
             tail, length = following, length + 1
-        elements = self.execution.manager.scheduler.take_ahead(job.id, self.depth - length) \
-            if length < self.depth else range(0)
+        room = self.depth - length
+        if rank in self.limit:
+            room = min(room, self.limit[rank] - len(self.by_rank.get(rank, ())))
+        elements = self.execution.manager.scheduler.take_ahead(job.id, room) if room > 0 else range(0)
         if not elements:
             return
         body = out.setdefault(rank, {"jobs": {}, "tasks": []})
@@ -76,7 +79,7 @@ class DispatchWindow:
         spec = job.spec
         if not self.depth or spec is None or not job.is_array or job.ending or spec.stdin_tasks:
             return False
-        if rank in self.pressured or self.unrecorded > LAG_RESULTS:
+        if self.unrecorded > LAG_RESULTS:
             return False
         node = self.execution.manager.scheduler.graph.nodes.get(rank)
         return node is not None and node.up and node.drain_reason is None
@@ -109,13 +112,14 @@ class DispatchWindow:
                 self.ahead[following] = self.ahead[following]._replace(after=ahead.after)
             self._forget(key)
             out[job_id].append(task)
-        if unasked and self.by_rank.get(rank):
-            self.pressured.add(rank)
+        if unasked:
+            self.limit[rank] = len(self.by_rank.get(rank, ())) // 2
         return out
 
     def drop_rank(self, rank: int) -> dict[int, list[int]]:
         """The rank lost its window (node loss, a new join): every entry of it, as job -> tasks."""
         out: dict[int, list[int]] = defaultdict(list)
+        self.limit.pop(rank, None)
         for key in list(self.by_rank.get(rank, ())):
             ahead = self._forget(key)
             before = (key[0], ahead.after)
@@ -133,8 +137,6 @@ class DispatchWindow:
             keys.discard(key)
             if not keys:
                 del index[group]
-                if index is self.by_rank:
-                    self.pressured.discard(ahead.rank)
         return ahead
 
     # --- recalling -----------------------------------------------------------------------------------------
