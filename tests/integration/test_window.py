@@ -134,13 +134,12 @@ def test_kill9_of_the_broker_with_full_windows_runs_every_element_once(tmp_path:
 def test_kill9_of_a_worker_returns_its_window_and_each_element_is_recorded_once(tmp_path: Path) -> None:
     record = tmp_path / "ran"
     with LocalCluster(tmp_path / "mc", size=3, resources="cores=2", broker_runs_tasks=False,
-                      dispatch_window=4) as cluster:
-        with cluster.client() as c:
-            array = c.submit(job(appending(record, 0.05), array="0-199"))
-            progressed(c, array, 30)
-            cluster.kill(2)
-            result = wait_for(c, array, timeout=120)
-            rows = each_once(c, array, 200)
+                      dispatch_window=4) as cluster, cluster.client() as c:
+        array = c.submit(job(appending(record, 0.05), array="0-199"))
+        progressed(c, array, 30)
+        cluster.kill(2)
+        result = wait_for(c, array, timeout=120)
+        rows = each_once(c, array, 200)
     lost = {row[1] for row in rows if row[6] == "node-lost"}
     assert result["status"] != 0 and 1 <= len(lost) <= 2, "what rank 2 ran when it died, nothing it held ahead"
     assert {row[1] for row in rows if row[3] != 0} == lost
@@ -174,14 +173,13 @@ def test_cancelling_an_array_with_full_windows_ends_every_element(tmp_path: Path
 def test_draining_a_rank_returns_its_window(tmp_path: Path) -> None:
     record = tmp_path / "ran"
     with LocalCluster(tmp_path / "mc", size=3, resources="cores=2", broker_runs_tasks=False,
-                      dispatch_window=4) as cluster:
-        with cluster.client() as c:
-            array = c.submit(job(appending(record, 0.4), array="0-59"))
-            progressed(c, array, 4)
-            drained_at = time.time()
-            c.drain([2], "maintenance")
-            result = wait_for(c, array, timeout=120)
-            assert result["status"] == 0
-            each_once(c, array, 60)
+                      dispatch_window=4) as cluster, cluster.client() as c:
+        array = c.submit(job(appending(record, 0.4), array="0-59"))
+        progressed(c, array, 4)
+        drained_at = time.time()
+        c.drain([2], "maintenance")
+        result = wait_for(c, array, timeout=120)
+        assert result["status"] == 0
+        each_once(c, array, 60)
     late = [(index, when - drained_at) for index, rank, when in lines(record) if rank == 2 and when > drained_at + 0.3]
     assert late == [], "rank 2 started nothing after the drain but what its running tasks' ends had started"
