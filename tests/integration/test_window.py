@@ -149,22 +149,21 @@ def test_kill9_of_a_worker_returns_its_window_and_each_element_is_recorded_once(
 
 def test_cancelling_an_array_with_full_windows_ends_every_element(tmp_path: Path) -> None:
     record = tmp_path / "ran"
-    with LocalCluster(tmp_path / "mc", size=2, resources="cores=2", dispatch_window=4, kill_grace=0.5) as cluster:
-        with cluster.client() as c:
-            array = c.submit(job(appending(record, 0.5), array="0-99"))
-            progressed(c, array, 0)
-            while c.job(array)["counts"]["running"] < 4:
-                time.sleep(0.05)
-            time.sleep(0.1)  # the windows behind the 4 cores are on their way
-            c.cancel([array])
-            result = wait_for(c, array, timeout=30)
-            counts = c.job(array)["counts"]
-            assert result["exception"] == "cancel" and counts["running"] == 0
-            assert counts["succeeded"] + counts["failed"] + counts["cancelled"] == 100
-            ended = {row[1] for row in c.task_results(array)}
-            assert len(ended) <= 12, "only what ran when the cancel came (and the next of a chain that ended)"
-            time.sleep(1.0)
-            assert c.job(array)["counts"]["running"] == 0
+    with (LocalCluster(tmp_path / "mc", size=2, resources="cores=2", dispatch_window=4, kill_grace=0.5) as cluster,
+          cluster.client() as c):
+        array = c.submit(job(appending(record, 0.5), array="0-99"))
+        while c.job(array)["counts"]["running"] < 4:
+            time.sleep(0.05)
+        time.sleep(0.1)  # the windows behind the 4 cores are on their way
+        c.cancel([array])
+        result = wait_for(c, array, timeout=30)
+        counts = c.job(array)["counts"]
+        assert result["exception"] == "cancel" and counts["running"] == 0
+        assert counts["succeeded"] + counts["failed"] + counts["cancelled"] == 100
+        ended = {row[1] for row in c.task_results(array)}
+        assert len(ended) <= 12, "only what ran when the cancel came (and the next of a chain that ended)"
+        time.sleep(1.0)
+        assert c.job(array)["counts"]["running"] == 0
     started = [index for index, _, _ in lines(record)]
     assert set(started) <= ended and len(started) == len(set(started)), "nothing started after the job ended"
 
