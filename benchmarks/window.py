@@ -25,17 +25,24 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import IN_FLIGHT, local_cluster, loadavg, progress, run_all, spawn_raw, spec
+from throughput import IN_FLIGHT, cpu_seconds, local_cluster, loadavg, progress, run_all, spawn_raw, spec
 
 
-def slots8(n: int, window: int) -> float:
-    """Tasks/s of an n-element test-executor array on 4 ranks x 2 cores."""
+def slots8(n: int, window: int, cpu: dict[str, list[float]]) -> float:
+    """Tasks/s of an n-element test-executor array on 4 ranks x 2 cores; appends the broker's and all ranks' CPU
+    time per task (µs, utime + stime: little affected by the machine's load) to `cpu`."""
     with (local_cluster(4, test_exec=True, resources="cores=2", dispatch_window=window) as cluster,
           cluster.client() as client):
         run_all(client, [client.submit(spec(["true"], array="1-200"))])  # warm-up
+        pids = [p.pid for p in cluster.procs.values()]
+        broker0, all0 = cpu_seconds(pids[0]), sum(map(cpu_seconds, pids))
         start = time.perf_counter()
         run_all(client, [client.submit(spec(["true", "{cc}"], array=f"1-{n}"))])
-        return n / (time.perf_counter() - start)
+        rate = n / (time.perf_counter() - start)
+        cpu.setdefault(f"window{window}_broker_cpu_us_per_task", []).append((cpu_seconds(pids[0]) - broker0) / n * 1e6)
+        cpu.setdefault(f"window{window}_all_ranks_cpu_us_per_task", []).append(
+            (sum(map(cpu_seconds, pids)) - all0) / n * 1e6)
+        return rate
 
 
 def real(n: int, window: int) -> float:
@@ -78,8 +85,10 @@ def main() -> None:
     n8, nreal = (5_000, 500) if args.quick else (40_000, 4_000)
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "loadavg_start": loadavg(), "runs": args.runs}}
     if args.only in (None, "slots8"):
-        rates = interleaved(args.runs, {f"window{w}": (lambda w=w: slots8(n8, w)) for w in windows})
-        results["slots8"] = {"tasks": n8, **report(rates, f"window{windows[0]}")}
+        cpu: dict[str, list[float]] = {}
+        rates = interleaved(args.runs, {f"window{w}": (lambda w=w: slots8(n8, w, cpu)) for w in windows})
+        results["slots8"] = {"tasks": n8, **report(rates, f"window{windows[0]}"),
+                             "cpu": {name: {"runs": r, "median": statistics.median(r)} for name, r in cpu.items()}}
     if args.only in (None, "real"):
         contenders: dict[str, Any] = {f"window{w}": (lambda w=w: real(nreal, w)) for w in windows}
         contenders["raw_posix_spawn"] = lambda: spawn_raw(nreal)

@@ -162,3 +162,21 @@ async def test_the_window_is_off_with_dispatch_window_0(tmp_path: Any) -> None:
         rig.add_rank(0, "cores=1,memory=1024")
         await rig.running(array="0-9")
         assert rig.sender.take("ahead") == []
+
+
+async def test_a_hold_takes_the_window_back_and_a_release_runs_it(core: Core) -> None:
+    record = await core.running(array="0-9")
+    aheads(core)
+    core.manager.workflow.hold(record, os.getuid())
+    recalls = core.sender.take("recall")
+    assert sorted(k[1] for m in recalls for k in m.body["keys"]) == [2, 3, 4, 5]
+    for m in recalls:
+        core.execution.on_returned(m.dst, m.body["keys"])
+    core.done(rank_of(core, record, 0), record, 0)
+    core.done(rank_of(core, record, 1), record, 1)
+    core.schedule()
+    assert running(core, record) == [] and aheads(core) == {}, "held: nothing more starts"
+    core.manager.workflow.release(record, os.getuid())
+    await drive(core, record)
+    assert record.succeeded == 10 and core.execution.tasks_started == 10
+    assert await recorded(core, record) == list(range(10))
