@@ -89,6 +89,12 @@ def appending(record: Path, seconds: float) -> list[str]:
     return ["sh", "-c", f'echo "{{cc}} $MC_NODE_RANK $(date +%s.%N)" >> {record}; sleep {seconds}']
 
 
+def two_workers(tmp_path: Path, window: int = 4) -> LocalCluster:
+    """Ranks 1 and 2 of 2 cores each run the tasks; rank 0, whose own tasks would die with a killed broker (and
+    run again, which is not the window's doing), runs none."""
+    return LocalCluster(tmp_path / "mc", size=3, resources="cores=2", broker_runs_tasks=False, dispatch_window=window)
+
+
 def lines(record: Path) -> list[tuple[int, int, float]]:
     out = []
     for line in record.read_text().splitlines():
@@ -113,10 +119,8 @@ def progressed(client: Client, array: int, succeeded: int, timeout: float = 60.0
 @pytest.mark.slow
 def test_kill9_of_the_broker_with_full_windows_runs_every_element_once(tmp_path: Path) -> None:
     record = tmp_path / "ran"
-    # Rank 0 runs no task: its own would die with it (and run again), which is not the window's doing.
     # Chains of 8 elements of 0.4 s outlast the restart: the workers still hold entries when they join.
-    with LocalCluster(tmp_path / "mc", size=3, resources="cores=2", broker_runs_tasks=False,
-                      dispatch_window=8) as cluster:
+    with two_workers(tmp_path, window=8) as cluster:
         with cluster.client() as c:
             array = c.submit(job(appending(record, 0.4), array="0-79"))
             progressed(c, array, 4)
@@ -133,8 +137,7 @@ def test_kill9_of_the_broker_with_full_windows_runs_every_element_once(tmp_path:
 @pytest.mark.slow
 def test_kill9_of_a_worker_returns_its_window_and_each_element_is_recorded_once(tmp_path: Path) -> None:
     record = tmp_path / "ran"
-    with LocalCluster(tmp_path / "mc", size=3, resources="cores=2", broker_runs_tasks=False,
-                      dispatch_window=4) as cluster, cluster.client() as c:
+    with two_workers(tmp_path) as cluster, cluster.client() as c:
         array = c.submit(job(appending(record, 0.05), array="0-199"))
         progressed(c, array, 30)
         cluster.kill(2)
@@ -171,8 +174,7 @@ def test_cancelling_an_array_with_full_windows_ends_every_element(tmp_path: Path
 @pytest.mark.slow
 def test_draining_a_rank_returns_its_window(tmp_path: Path) -> None:
     record = tmp_path / "ran"
-    with LocalCluster(tmp_path / "mc", size=3, resources="cores=2", broker_runs_tasks=False,
-                      dispatch_window=4) as cluster, cluster.client() as c:
+    with two_workers(tmp_path) as cluster, cluster.client() as c:
         array = c.submit(job(appending(record, 0.4), array="0-59"))
         progressed(c, array, 4)
         drained_at = time.time()
