@@ -31,9 +31,10 @@ class Ahead(NamedTuple):
 
 
 class DispatchWindow:
-    def __init__(self, execution: Execution, depth: int) -> None:
+    def __init__(self, execution: Execution, depth: int, seconds: float) -> None:
         self.execution = execution
         self.depth = depth
+        self.seconds = seconds
         self.ahead: dict[Key, Ahead] = {}
         self.next_of: dict[Key, Key] = {}  # a task (running or ahead) -> the element sent to follow it
         self.by_rank: dict[int, set[Key]] = defaultdict(set)
@@ -54,7 +55,7 @@ class DispatchWindow:
         tail, length = head, 0
         while (following := self.next_of.get(tail)) is not None:
             tail, length = following, length + 1
-        room = self.depth - length
+        room = self.depth_of(job) - length
         if rank in self.limit:
             room = min(room, self.limit[rank] - len(self.by_rank.get(rank, ())))
         elements = self.execution.manager.scheduler.take_ahead(job.id, room) if room > 0 else range(0)
@@ -74,6 +75,17 @@ class DispatchWindow:
             attempt = attempts.get(task, 0) if attempts else 0
             body["tasks"].append([job.id, task, job.index_of(task), cores, gpus, attempt, tail[1]])
             tail = key
+
+    def depth_of(self, job: Job) -> int:
+        """How many elements may wait behind one of the job's cores: as many as run in about `seconds` by its
+        results so far, at most `depth`; one until the first results say how long an element takes."""
+        ended = job.succeeded + job.failed + job.cancelled
+        if not ended or job.acct is None:
+            return 1
+        per_element = job.acct.element_seconds / ended
+        if per_element * self.depth <= self.seconds:
+            return self.depth
+        return max(1, int(self.seconds / per_element))
 
     def _open(self, job: Job, rank: int) -> bool:
         spec = job.spec

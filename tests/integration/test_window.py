@@ -89,10 +89,15 @@ def appending(record: Path, seconds: float) -> list[str]:
     return ["sh", "-c", f'echo "{{cc}} $MC_NODE_RANK $(date +%s.%N)" >> {record}; sleep {seconds}']
 
 
+# Chains as long as `dispatch_window` however long the tasks run (by default they hold about 0.05 s of work).
+LONG_CHAINS = {"dispatch_window_seconds": 3600.0}
+
+
 def two_workers(tmp_path: Path, window: int = 4) -> LocalCluster:
     """Ranks 1 and 2 of 2 cores each run the tasks; rank 0, whose own tasks would die with a killed broker (and
     run again, which is not the window's doing), runs none."""
-    return LocalCluster(tmp_path / "mc", size=3, resources="cores=2", broker_runs_tasks=False, dispatch_window=window)
+    return LocalCluster(tmp_path / "mc", size=3, resources="cores=2", broker_runs_tasks=False, dispatch_window=window,
+                        **LONG_CHAINS)
 
 
 def lines(record: Path) -> list[tuple[int, int, float]]:
@@ -152,8 +157,8 @@ def test_kill9_of_a_worker_returns_its_window_and_each_element_is_recorded_once(
 
 def test_cancelling_an_array_with_full_windows_ends_every_element(tmp_path: Path) -> None:
     record = tmp_path / "ran"
-    with (LocalCluster(tmp_path / "mc", size=2, resources="cores=2", dispatch_window=4, kill_grace=0.5) as cluster,
-          cluster.client() as c):
+    with (LocalCluster(tmp_path / "mc", size=2, resources="cores=2", dispatch_window=4, kill_grace=0.5,
+                       **LONG_CHAINS) as cluster, cluster.client() as c):
         array = c.submit(job(appending(record, 0.5), array="0-99"))
         while c.job(array)["counts"]["running"] < 4:
             time.sleep(0.05)

@@ -16,9 +16,14 @@ from tests.unit.core_rig import Core
 TERM = 128 + signal.SIGTERM
 
 
+# The rig's tasks run 1 s each: a window measured in time would hold one element per core. These tests look at
+# chains of 2 (`dispatch_window`), so the time bound is lifted, but for the last test.
+WINDOW = {"dispatch_window": 2, "dispatch_window_seconds": 1e9}
+
+
 @pytest.fixture
 async def core(tmp_path):
-    async with core_rig.started(tmp_path, dispatch_window=2) as rig:
+    async with core_rig.started(tmp_path, **WINDOW) as rig:
         rig.add_rank(0, "cores=1,memory=1024")
         rig.add_rank(1, "cores=1,memory=1024")
         yield rig
@@ -49,13 +54,13 @@ async def test_each_busy_core_gets_a_chain_and_the_next_element_takes_over_its_c
     record = await core.running(array="0-9")
     sent = aheads(core)
     first = rank_of(core, record, 0)
-    assert sent[first] == [(2, 0), (3, 2)] and sent[1 - first] == [(4, 1), (5, 4)]
+    assert sent == {first: [(2, 0)], 1 - first: [(3, 1)]}, "one behind each core until results say how long"
     assert running(core, record) == [0, 1], "an element sent ahead is not running yet"
     core.done(first, record, 0)
     assert running(core, record) == [1, 2] and rank_of(core, record, 2) == first
     scheduler = core.manager.scheduler
     assert scheduler.holds(record.id, 2) and not scheduler.holds(record.id, 0), "the core went on to element 2"
-    assert aheads(core) == {first: [(6, 3)]}, "the chain is topped up to the window"
+    assert aheads(core) == {first: [(4, 2), (5, 4)]}, "the chain is topped up to the window"
     assert core.schedule() == [], "no core was freed"
 
 
@@ -67,13 +72,13 @@ async def test_cancel_recalls_the_window_before_the_kill_and_ends_every_element(
     assert kinds.index("recall") < kinds.index("kill")
     recalls = {m.dst: sorted(k[1] for k in m.body["keys"]) for m in core.sender.take("recall")}
     first = rank_of(core, record, 0)
-    assert recalls == {first: [2, 3], 1 - first: [4, 5]}
-    # Rank `first` ran 0 to its end before the recall came: 2 started, only 3 comes back.
+    assert recalls == {first: [2], 1 - first: [3]}
+    # Rank `first` ran 0 to its end before the recall came: 2 started there; the other rank returns 3.
     core.done(first, record, 0)
     assert rank_of(core, record, 2) == first
     assert (first, [[record.id, 2]], signal.SIGTERM) in core.kills(), "started behind a cancelled job: killed"
-    core.execution.on_returned(first, [[record.id, 3]])
-    core.execution.on_returned(1 - first, [[record.id, 4], [record.id, 5]])
+    assert aheads(core) == {}, "nothing more goes ahead for a job that ends"
+    core.execution.on_returned(1 - first, [[record.id, 3]])
     core.done(1 - first, record, 1, TERM)
     assert record.state is State.RUN, "task 2 still runs"
     core.done(first, record, 2, TERM)
@@ -99,7 +104,7 @@ async def test_a_lost_rank_returns_its_window_to_the_queue_and_each_element_runs
     record = await core.running(array="0-5")
     sent = aheads(core)
     lost = rank_of(core, record, 1)
-    assert [task for task, _ in sent[lost]] == [4, 5]
+    assert sent[lost] == [(3, 1)]
     core.graph.set_down(lost)
     core.execution.rank_lost(lost)
     assert record.failed == 1 and not core.execution.window.by_rank.get(lost)
@@ -116,7 +121,7 @@ async def test_a_drained_rank_gives_its_window_back_and_gets_no_more(core: Core)
     core.graph.drain(drained, "maintenance")
     core.execution.window.recall_rank(drained)
     (recall,) = core.sender.take("recall")
-    assert recall.dst == drained and sorted(k[1] for k in recall.body["keys"]) == [4, 5]
+    assert recall.dst == drained and recall.body["keys"] == [[record.id, 3]]
     core.execution.on_returned(drained, recall.body["keys"])
     core.done(drained, record, 1)
     assert aheads(core) == {} and running(core, record) == [0], "the drained rank's core is not reused"
@@ -126,17 +131,17 @@ async def test_a_drained_rank_gives_its_window_back_and_gets_no_more(core: Core)
 
 
 async def test_a_worker_that_returns_entries_unasked_gets_half_as_many_until_it_joins_again(tmp_path: Any) -> None:
-    async with core_rig.started(tmp_path, dispatch_window=2) as core:
+    async with core_rig.started(tmp_path, **WINDOW) as core:
         core.add_rank(0, "cores=4,memory=1024")
         record = await core.running(array="0-39")
-        assert sum(len(entries) for entries in aheads(core).values()) == 8, "2 behind each of 4 cores"
+        assert sum(len(entries) for entries in aheads(core).values()) == 4, "one behind each of 4 cores"
         window = core.execution.window
-        # More than the worker holds: 5 of its 8 come back unasked; 3 still wait, so at most 1 may from now on.
-        core.execution.on_returned(0, [[record.id, task] for task in (5, 7, 9, 10, 11)])
-        assert window.limit == {0: 1} and sorted(window.by_rank[0]) == [(record.id, t) for t in (4, 6, 8)]
+        # More than the worker holds: 2 of its 4 come back unasked; 2 still wait, so at most 1 may from now on.
+        core.execution.on_returned(0, [[record.id, 5], [record.id, 7]])
+        assert window.limit == {0: 1} and sorted(window.by_rank[0]) == [(record.id, 4), (record.id, 6)]
         core.done(0, record, 0)
         core.done(0, record, 1)
-        assert running(core, record) == [2, 3, 4, 6] and aheads(core) == {}, "no top-up above the limit"
+        assert running(core, record) == [2, 3, 4] and aheads(core) == {}, "no top-up above the limit"
         core.done(0, record, 2)
         assert [len(entries) for entries in aheads(core).values()] == [1], "below the limit: one more waits"
         core.execution.reconcile(0, [[record.id, task, [0], []] for task in running(core, record)])
@@ -157,6 +162,15 @@ async def test_nothing_goes_ahead_while_another_job_waits(core: Core) -> None:
     assert record.succeeded == 10 and other.state is State.RUN
 
 
+async def test_elements_that_take_long_wait_one_behind_each_core(tmp_path: Any) -> None:
+    async with core_rig.started(tmp_path, dispatch_window=8, dispatch_window_seconds=0.05) as rig:
+        rig.add_rank(0, "cores=1,memory=1024")
+        record = await rig.running(array="0-9")
+        assert aheads(rig) == {0: [(1, 0)]}
+        rig.done(0, record, 0)  # 1 s: one element is more than 0.05 s of work
+        assert aheads(rig) == {0: [(2, 1)]} and rig.execution.window.depth_of(record) == 1
+
+
 async def test_the_window_is_off_with_dispatch_window_0(tmp_path: Any) -> None:
     async with core_rig.started(tmp_path, dispatch_window=0) as rig:
         rig.add_rank(0, "cores=1,memory=1024")
@@ -169,7 +183,7 @@ async def test_a_hold_takes_the_window_back_and_a_release_runs_it(core: Core) ->
     aheads(core)
     core.manager.workflow.hold(record, os.getuid())
     recalls = core.sender.take("recall")
-    assert sorted(k[1] for m in recalls for k in m.body["keys"]) == [2, 3, 4, 5]
+    assert sorted(k[1] for m in recalls for k in m.body["keys"]) == [2, 3]
     for m in recalls:
         core.execution.on_returned(m.dst, m.body["keys"])
     core.done(rank_of(core, record, 0), record, 0)
