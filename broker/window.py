@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.job import Job
+from minicluster.proto import messages
 
 if TYPE_CHECKING:
     from broker.execution import Execution
@@ -48,7 +49,7 @@ class DispatchWindow:
     # --- sending ahead -------------------------------------------------------------------------------------
 
     def fill(self, job: Job, head: Key, rank: int, cores: list[int], gpus: list[int],
-             out: dict[int, dict[str, Any]]) -> None:
+             out: dict[int, messages.Ahead]) -> None:
         """Top up the chain behind `head` (running on `rank`) to `depth` entries, into `out`'s `ahead` bodies."""
         if not self._open(job, rank):
             return
@@ -61,9 +62,11 @@ class DispatchWindow:
         elements = self.execution.manager.scheduler.take_ahead(job.id, room) if room > 0 else range(0)
         if not elements:
             return
-        body = out.setdefault(rank, {"jobs": {}, "tasks": []})
-        if job.id not in body["jobs"]:
-            body["jobs"][job.id] = self.execution.jobinfo(job, [[rank, 1]])
+        ahead_message = out.get(rank)
+        if ahead_message is None:
+            ahead_message = out[rank] = messages.Ahead()
+        if job.id not in ahead_message.jobs:
+            ahead_message.jobs[job.id] = self.execution.jobinfo(job, [[rank, 1]])
         attempts = job.flow.attempts if job.flow is not None else None
         for element in elements:
             task = job.pending_map[element] if job.pending_map is not None else element
@@ -73,7 +76,7 @@ class DispatchWindow:
             self.by_rank[rank].add(key)
             self.by_job[job.id].add(key)
             attempt = attempts.get(task, 0) if attempts else 0
-            body["tasks"].append([job.id, task, job.index_of(task), cores, gpus, attempt, tail[1]])
+            ahead_message.tasks.append([job.id, task, job.index_of(task), cores, gpus, attempt, tail[1]])
             tail = key
 
     def depth_of(self, job: Job) -> int:
@@ -175,4 +178,4 @@ class DispatchWindow:
                 self.recalling.add(key)
                 per_rank[self.ahead[key].rank].append(list(key))
         for rank, group in per_rank.items():
-            self.execution.send("recall", rank, {"keys": group})
+            messages.send(self.execution.send, rank, messages.Recall(group))
