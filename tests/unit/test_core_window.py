@@ -194,3 +194,17 @@ async def test_a_hold_takes_the_window_back_and_a_release_runs_it(core: Core) ->
     await drive(core, record)
     assert record.succeeded == 10 and core.execution.tasks_started == 10
     assert await recorded(core, record) == list(range(10))
+
+
+async def test_an_element_sent_ahead_is_timed_from_when_it_starts_not_from_when_it_was_sent(core: Core) -> None:
+    record = await core.running(array="0-9", time_limit=10.0)
+    first = rank_of(core, record, 0)
+    assert aheads(core)[first] == [(2, 0)]
+    core.clock.advance(8.0)
+    core.done(first, record, 0)  # element 2 starts now, 8 s after it was sent
+    core.clock.advance(9.0)
+    core.execution.check_deadlines(core.clock())
+    assert [keys for _, keys, _ in core.kills()] == [[[record.id, 1]]], "only element 1 is past its 10 s"
+    core.clock.advance(1.5)
+    core.execution.check_deadlines(core.clock())
+    assert core.kills() == [(first, [[record.id, 2]], signal.SIGTERM)]
