@@ -50,7 +50,7 @@ class DispatchWindow:
 
     def fill(self, job: Job, head: Key, rank: int, cores: list[int], gpus: list[int],
              out: dict[int, messages.Ahead]) -> None:
-        """Top up the chain behind `head` (running on `rank`) to `depth` entries, into `out`'s `ahead` bodies."""
+        """Top up the chain behind `head` (running on `rank`) to `depth_of(job)` entries, into `out`'s `ahead`s."""
         if not self._open(job, rank):
             return
         tail, length = head, 0
