@@ -1,6 +1,7 @@
 """Broker CPU per task of two checkouts, interleaved run by run (not a timed test).
 
-    python benchmarks/trees_cpu.py --trees base=/path/to/old/checkout,new=. [--runs N] [--profile DIR]
+    python benchmarks/trees_cpu.py --trees base=/path/to/old/checkout,new=. [--runs N] [--cases array0,jobs]
+                                   [--profile DIR]
 
 Three cases on fresh `LocalCluster`s of 4 ranks x 2 cores with the test executor (a task ends as soon as it
 starts), 8 slots:
@@ -82,7 +83,7 @@ def interleaved(args: argparse.Namespace) -> dict[str, Any]:
         for name in names[i % len(names):] + names[:i % len(names)]:
             env = dict(os.environ, PYTHONPATH=os.path.abspath(trees[name]))
             argv = [sys.executable, os.path.abspath(__file__), "--one", "--array-tasks", str(args.array_tasks),
-                    "--jobs", str(args.jobs)]
+                    "--jobs", str(args.jobs), "--cases", args.cases]
             if args.profile and i == args.runs - 1:
                 argv += ["--profile", os.path.join(os.path.abspath(args.profile), name)]
             out = subprocess.run(argv, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True)
@@ -90,15 +91,16 @@ def interleaved(args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
             runs[name].append(json.loads(out.stdout))
             print(f"run {i + 1}/{args.runs} {name}: {json.dumps(runs[name][-1])}", file=sys.stderr, flush=True)
+    cases = args.cases.split(",")
     result: dict[str, Any] = {"trees": trees, "runs": runs, "median": {}}
     for name in names:
         result["median"][name] = {case: {k: statistics.median(r[case][k] for r in runs[name])
-                                         for k in runs[name][0][case]} for case in CASES}
+                                         for k in runs[name][0][case]} for case in cases}
     first = names[0]
     for name in names[1:]:
         result[f"ratio_{name}_over_{first}"] = {case: {k: statistics.median(
             b[case][k] / a[case][k] for a, b in zip(runs[first], runs[name], strict=True))
-            for k in runs[first][0][case]} for case in CASES}
+            for k in runs[first][0][case]} for case in cases}
     return result
 
 
@@ -108,12 +110,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--array-tasks", type=int, default=10_000)
     parser.add_argument("--jobs", type=int, default=2_000)
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of " + ", ".join(CASES))
     parser.add_argument("--profile", help="a directory for the cProfiles of the last run")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps({case: measure(case, args.jobs if case == "jobs" else args.array_tasks,
-                                        f"{args.profile}-{case}" if args.profile else None) for case in CASES}))
+                                        f"{args.profile}-{case}" if args.profile else None)
+                          for case in args.cases.split(",")}))
         return
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
