@@ -49,7 +49,9 @@ def _task_row(row: Any) -> bool:
 
 def _key_row(row: Any) -> bool:
     """[job, task, (attempt)] (§2.5 `kill`, `done-ack`)."""
-    return type(row) is list and 2 <= len(row) <= 3 and all(type(v) is int for v in row)
+    # No generator over the row: a `done-ack` carries a key per task.
+    return (type(row) is list and 2 <= len(row) <= 3 and type(row[0]) is int and type(row[1]) is int
+            and (len(row) < 3 or type(row[2]) is int))
 
 
 # --- worker → rank 0 ---------------------------------------------------------------------------------------
