@@ -110,6 +110,19 @@ class JobManager:
         self.running_tasks: Callable[[Job], list[int]] = lambda job: []
         # Dependencies, failure and success policies, holds, updates and requeues (protocol.md §3.9).
         self.workflow = Workflow(self)
+        # How each effect of an applied event (broker/job.py) is carried out, given the job and its write's future.
+        self._actions: dict[Effect, Callable[[Job, asyncio.Future[None] | None], object]] = {
+            Effect.UNQUEUE: lambda job, _: self.scheduler.cancel(job.id),
+            Effect.KILL_TASKS: lambda job, _: self.kill_tasks(job, signal.SIGTERM),
+            Effect.POST_FINISH: lambda job, _: self.finish(job),
+            Effect.POST_RELEASE: lambda job, _: self.post(job, "release"),
+            Effect.TASKS_OVER: lambda job, _: self.job_finished(job),
+            Effect.POST_CLEAN: lambda job, _: self.clean(job),
+            Effect.STARTED: lambda job, _: self.workflow.observe(job, "start"),
+            Effect.ENDED: lambda job, _: self.workflow.observe(job, "clean"),
+            Effect.CLOSE: self._close_when_durable,
+            Effect.WAKE_SCHEDULER: lambda job, _: self.wake_scheduler(),
+        }
 
     # --- submit --------------------------------------------------------------------------------------------
 
@@ -258,29 +271,12 @@ class JobManager:
 
     def _carry_out(self, job: Job, effect: Effect, durable: asyncio.Future[None] | None) -> None:
         """Do what an applied event asks (broker/job.py); `durable` is the future of the event's write."""
-        match effect:
-            case Effect.UNQUEUE:
-                self.scheduler.cancel(job.id)
-            case Effect.KILL_TASKS:
-                self.kill_tasks(job, signal.SIGTERM)
-            case Effect.POST_FINISH:
-                self.finish(job)
-            case Effect.POST_RELEASE:
-                self.post(job, "release")
-            case Effect.TASKS_OVER:
-                self.job_finished(job)
-            case Effect.POST_CLEAN:
-                self.clean(job)
-            case Effect.STARTED:
-                self.workflow.observe(job, "start")
-            case Effect.ENDED:
-                self.workflow.observe(job, "clean")
-            case Effect.CLOSE:
-                assert durable is not None, "a clean is posted durable"
-                result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
-                when_durable(durable, lambda: self._closed(job, result))
-            case Effect.WAKE_SCHEDULER:
-                self.wake_scheduler()
+        self._actions[effect](job, durable)
+
+    def _close_when_durable(self, job: Job, durable: asyncio.Future[None] | None) -> None:
+        assert durable is not None, "a clean is posted durable"
+        result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
+        when_durable(durable, lambda: self._closed(job, result))
 
     def raise_exception(self, job: Job, kind: str, note: str, severity: int = 0, status: int | None = None) -> None:
         """Post an exception; severity 0 ends the job, with `status` (default: by kind, EXCEPTION_STATUS)."""
