@@ -93,22 +93,23 @@ class Output(WireMessage):
     dropped: int = field(default=0, metadata=LOCAL)
 
 
-def _one_of_kvs_and_data(kind: str, kvs: dict[str, str] | None, data: bytes | None) -> None:
-    if (kvs is None) == (data is None):
-        raise BadMessage(f"{kind}: exactly one of 'kvs' and 'data' is expected", "bad-request")
-
-
 @dataclass(frozen=True, slots=True)
-class PmiPut(WireMessage):
-    """`pmi-put` (§2.8): a PMI-1 barrier's `kvs`, or a PMIx fence's `data`."""
-    KIND: ClassVar[str] = "pmi-put"
+class _Exchange(WireMessage):
+    """A PMI exchange's body (§2.8): a PMI-1 barrier's `kvs`, or a PMIx fence's `data`, never both."""
     job: int
     seq: int
     kvs: dict[str, str] | None = None
     data: bytes | None = None
 
     def check(self, kind: str) -> None:
-        _one_of_kvs_and_data(kind, self.kvs, self.data)
+        if (self.kvs is None) == (self.data is None):
+            raise BadMessage(f"{kind}: exactly one of 'kvs' and 'data' is expected", "bad-request")
+
+
+@dataclass(frozen=True, slots=True)
+class PmiPut(_Exchange):
+    """`pmi-put` (§2.8): one rank's part of barrier or fence `seq`."""
+    KIND: ClassVar[str] = "pmi-put"
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,16 +220,9 @@ class Kill(WireMessage):
 
 
 @dataclass(frozen=True, slots=True)
-class PmiKvs(WireMessage):
-    """`pmi-kvs` (§2.8): the merged set of PMI-1 barrier `seq` (`kvs`), or PMIx fence `seq`'s `data`."""
+class PmiKvs(_Exchange):
+    """`pmi-kvs` (§2.8): the merged set of barrier or fence `seq`."""
     KIND: ClassVar[str] = "pmi-kvs"
-    job: int
-    seq: int
-    kvs: dict[str, str] | None = None
-    data: bytes | None = None
-
-    def check(self, kind: str) -> None:
-        _one_of_kvs_and_data(kind, self.kvs, self.data)
 
 
 @dataclass(frozen=True, slots=True)

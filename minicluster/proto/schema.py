@@ -196,7 +196,8 @@ def _compile_decode(cls: type, fields: list[_Field], rest: tuple[str, frozenset[
         if value is None:  # a field that never travels: `dropped` counts the rows left out
             space[f"L_{d.name}"] = d.default_factory if d.default is dataclasses.MISSING else (lambda v=d.default: v)
             value = "dropped" if d.name == "dropped" else f"L_{d.name}()"
-        space[f"S_{d.name}"] = cls.__dict__[d.name].__set__  # the slot's own setter
+        slot = next(k.__dict__[d.name] for k in cls.__mro__ if d.name in k.__dict__)  # a base class's, maybe
+        space[f"S_{d.name}"] = slot.__set__  # the slot's own setter
         lines.append(f" S_{d.name}(o, {value})")
     lines.append(" return o")
     exec("\n".join(lines), space)  # the source is built above from the class's own fields
