@@ -227,21 +227,18 @@ class Job:
         """Take `event`: move the state (RFC 21), record what the event carries, return its effects in order.
 
         Raises TransitionError, leaving the job alone, when the event is not allowed in the current state."""
-        self._move(event.name)
-        self.seq = event.seq + 1
-        take = _TAKE.get(event.name)
-        return take(self, event) if take is not None else ()
-
-    def _move(self, name: str) -> None:
+        name = event.name
         rule = TRANSITIONS.get(name)
-        if rule is None:
-            rule = PLAIN_TRANSITIONS.get(name) if self.array is None else None
-            if rule is None:
-                return
-        allowed, target = rule
-        if self.state not in allowed:
-            raise TransitionError(f"job {self.id}: event {name} not allowed in state {self.state.value}")
-        self.state = target
+        if rule is None and self.array is None:
+            rule = PLAIN_TRANSITIONS.get(name)
+        if rule is not None:
+            allowed, target = rule
+            if self.state not in allowed:
+                raise TransitionError(f"job {self.id}: event {name} not allowed in state {self.state.value}")
+            self.state = target
+        self.seq = event.seq + 1
+        take = _TAKE.get(name)
+        return take(self, event) if take is not None else ()
 
     def _started(self, event: Event) -> tuple[Effect, ...]:
         self.t_run = event.ts  # an array starts once; a plain job once per attempt: the current one's

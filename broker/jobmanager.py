@@ -250,12 +250,12 @@ class JobManager:
         statements = list(extra)
         published = []
         effects: list[Effect] = []
-        for name, context in events:
-            event = Event(name, context, job.seq, self.clock())
-            effects.extend(job.apply(event))
-            statements.append(store.event(job.id, event.seq, event.ts, name, pack(context)))
-            published.append([event.seq, event.ts, name, context])
         job_id, watchers = job.id, self.watchers
+        for name, context in events:
+            seq, ts = job.seq, self.clock()
+            effects.extend(job.apply(Event(name, context, seq, ts)))
+            statements.append(store.event(job_id, seq, ts, name, pack(context)))
+            published.append([seq, ts, name, context])
 
         def publish() -> None:
             for event in published:
@@ -267,13 +267,10 @@ class JobManager:
         else:
             fut = self.journal.write(statements)
             when_durable(fut, publish)
-        for effect in effects:
-            self._carry_out(job, effect, fut)
+        actions = self._actions
+        for effect in effects:  # what the applied events ask (broker/job.py), given the future of their write
+            actions[effect](job, fut)
         return fut
-
-    def _carry_out(self, job: Job, effect: Effect, durable: asyncio.Future[None] | None) -> None:
-        """Do what an applied event asks (broker/job.py); `durable` is the future of the event's write."""
-        self._actions[effect](job, durable)
 
     def _close_when_durable(self, job: Job, durable: asyncio.Future[None] | None) -> None:
         assert durable is not None, "a clean is posted durable"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from minicluster.proto.envelope import BadMessage
-from minicluster.proto.schema import LOCAL, WireMessage, decode_as, encode, is_int, rows, wire
+from minicluster.proto.schema import LOCAL, WireMessage, decode_as, encode, rows, wire
 
 Send = Callable[[str, int, dict[str, Any]], None]
 
@@ -49,7 +49,9 @@ def _task_row(row: Any) -> bool:
 
 def _key_row(row: Any) -> bool:
     """[job, task, (attempt)] (§2.5 `kill`, `done-ack`)."""
-    return type(row) is list and 2 <= len(row) <= 3 and all(type(v) is int for v in row)
+    # No generator over the row: a `done-ack` carries a key per task.
+    return (type(row) is list and 2 <= len(row) <= 3 and type(row[0]) is int and type(row[1]) is int
+            and (len(row) < 3 or type(row[2]) is int))
 
 
 # --- worker → rank 0 ---------------------------------------------------------------------------------------
@@ -185,8 +187,9 @@ class JobInfo(WireMessage):
     def check(self, kind: str) -> None:
         if not self.argv:
             raise BadMessage(f"{kind}: 'argv' is empty", "bad-request")
-        if not all(isinstance(r, list) and len(r) == 2 and is_int(r[0]) and is_int(r[1]) for r in self.layout):
-            raise BadMessage(f"{kind}: field 'layout' has the wrong type", "bad-request")
+        for r in self.layout:  # `type(v) is int` refuses bools
+            if type(r) is not list or len(r) != 2 or type(r[0]) is not int or type(r[1]) is not int:
+                raise BadMessage(f"{kind}: field 'layout' has the wrong type", "bad-request")
 
 
 @dataclass(frozen=True, slots=True)

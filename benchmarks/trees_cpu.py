@@ -1,0 +1,131 @@
+"""Broker CPU per task of two checkouts, interleaved run by run (not a timed test).
+
+    python benchmarks/trees_cpu.py --trees base=/path/to/old/checkout,new=. [--runs N] [--cases array0,jobs]
+                                   [--profile DIR]
+
+Three cases on fresh `LocalCluster`s of 4 ranks x 2 cores with the test executor (a task ends as soon as it
+starts), 8 slots:
+
+array0   one array, `dispatch_window = 0` (a core is reused only after a round trip through rank 0)
+array    one array, the tree's default configuration (the dispatch window where the tree has one)
+jobs     a stream of plain (non-array) jobs sent with `submit_many`
+
+Each figure is the broker's utime + stime (/proc/PID/stat) over the timed part divided by its tasks, and the
+same summed over all ranks.  Each run of each tree is a fresh interpreter whose PYTHONPATH is that tree
+(started in a scratch directory, so the tree decides which minicluster the ranks run); the trees take turns
+run by run and the ratios are taken run by run: the machine may be shared.  --profile DIR writes a cProfile of
+every rank (MC_PROFILE) of each tree's last run to DIR/<tree>-<case>-rank<N>.prof.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CASES = ("array0", "array", "jobs")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def spec(**fields: Any) -> dict[str, Any]:
+    return {"argv": ["true"], "env": {"PATH": os.environ["PATH"]}, "cwd": "/tmp", **fields}
+
+
+def measure(case: str, tasks: int, profile: str | None) -> dict[str, float]:
+    """CPU µs per task (broker, all ranks) and tasks/s of one case on a fresh cluster."""
+    from minicluster.config import InstanceConfig
+    from minicluster.testing import LocalCluster
+
+    has_window = "dispatch_window" in InstanceConfig.__dataclass_fields__  # not in trees older than the window
+    settings: dict[str, Any] = {"dispatch_window": 0} if case == "array0" and has_window else {}
+    with tempfile.TemporaryDirectory(prefix="mc-trees-") as state_dir:
+        cluster = LocalCluster(state_dir, size=4, test_exec=True, resources="cores=2", **settings)
+        try:
+            for rank in range(4):
+                cluster.start_rank(rank, env={"MC_PROFILE": f"{profile}-rank{rank}.prof"} if profile else None)
+            cluster.wait_up(timeout=60)
+            with cluster.client() as client:
+                client.wait([client.submit(spec(array="1-200"))])  # warm-up
+                pids = [p.pid for p in cluster.procs.values()]
+                broker0, all0, start = cpu_seconds(pids[0]), sum(map(cpu_seconds, pids)), time.perf_counter()
+                if case == "jobs":
+                    ids = [i for chunk in range(0, tasks, 1000)
+                           for i in client.submit_many([spec()] * min(1000, tasks - chunk)) if isinstance(i, int)]
+                else:
+                    ids = [client.submit(spec(array=f"1-{tasks}"))]
+                bad = [r for r in client.wait(ids) if r["status"] != 0]
+                if bad:
+                    raise RuntimeError(f"{len(bad)} job(s) failed, first: {bad[0]}")
+                wall = time.perf_counter() - start
+                broker, total = cpu_seconds(pids[0]) - broker0, sum(map(cpu_seconds, pids)) - all0
+        finally:
+            cluster.stop()
+    return {"broker_cpu_us_per_task": 1e6 * broker / tasks, "all_ranks_cpu_us_per_task": 1e6 * total / tasks,
+            "tasks_per_s": tasks / wall}
+
+
+def interleaved(args: argparse.Namespace) -> dict[str, Any]:
+    trees = dict(item.split("=", 1) for item in args.trees.split(","))
+    names = list(trees)
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in names}
+    for i in range(args.runs):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            env = dict(os.environ, PYTHONPATH=os.path.abspath(trees[name]))
+            argv = [sys.executable, os.path.abspath(__file__), "--one", "--array-tasks", str(args.array_tasks),
+                    "--jobs", str(args.jobs), "--cases", args.cases]
+            if args.profile and i == args.runs - 1:
+                argv += ["--profile", os.path.join(os.path.abspath(args.profile), name)]
+            out = subprocess.run(argv, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True)
+            if out.returncode:
+                raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
+            runs[name].append(json.loads(out.stdout))
+            print(f"run {i + 1}/{args.runs} {name}: {json.dumps(runs[name][-1])}", file=sys.stderr, flush=True)
+    cases = args.cases.split(",")
+    result: dict[str, Any] = {"trees": trees, "runs": runs, "median": {}}
+    for name in names:
+        result["median"][name] = {case: {k: statistics.median(r[case][k] for r in runs[name])
+                                         for k in runs[name][0][case]} for case in cases}
+    first = names[0]
+    for name in names[1:]:
+        result[f"ratio_{name}_over_{first}"] = {case: {k: statistics.median(
+            b[case][k] / a[case][k] for a, b in zip(runs[first], runs[name], strict=True))
+            for k in runs[first][0][case]} for case in cases}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trees", help="name=DIR,name=DIR: the checkouts to compare, the first is the base")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--array-tasks", type=int, default=10_000)
+    parser.add_argument("--jobs", type=int, default=2_000)
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of " + ", ".join(CASES))
+    parser.add_argument("--profile", help="a directory for the cProfiles of the last run")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps({case: measure(case, args.jobs if case == "jobs" else args.array_tasks,
+                                        f"{args.profile}-{case}" if args.profile else None)
+                          for case in args.cases.split(",")}))
+        return
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+    results: dict[str, Any] = {"load_average": [round(x, 2) for x in os.getloadavg()]}
+    results.update(interleaved(args))
+    results["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
