@@ -194,15 +194,10 @@ class Attempts:
             self.manager.raise_exception(job, kind, note, status=status)
 
     def succeed(self, job: Job, note: str) -> None:
-        """The success policy was met: cancel what is left, end with status 0."""
-        flow = job.flow
+        """The success policy was met: `success` cancels what is left, the job ends with status 0 (broker/job.py)."""
+        # Before the post: its effects end the tasks still running, whose results are then not judged.
+        job.flow.succeeded_early = True
         self.manager.post(job, "success", {"note": note})
-        flow.succeeded_early = True
-        job.status = job.cause_status = 0
-        job.ending = True
-        self.manager.scheduler.cancel(job.id)
-        if job.running:
-            self.manager.kill_tasks(job, signal.SIGTERM)
 
     def before_finish(self, job: Job) -> bool:
         """A plain job's last task ended: True when its attempt runs again instead of finishing."""

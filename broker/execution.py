@@ -75,8 +75,8 @@ class Execution:
     # --- dispatch ------------------------------------------------------------------------------------------
 
     def start(self, starts: list[sched.Start]) -> None:
-        batches: dict[int, dict[str, Any]] = {}
-        gangs: list[tuple[Job, list[tuple[int, sched.Slot]], dict[str, Any]]] = []
+        batches: dict[int, messages.Run] = {}
+        gangs: list[tuple[Job, list[tuple[int, sched.Slot]], messages.JobInfo]] = []
         now = self.manager.clock()
         durable: asyncio.Future[None] | None = None
         for st in starts:
@@ -85,8 +85,8 @@ class Execution:
                 self._start_element(job, st, now, batches)
             else:
                 durable = self._start_job(job, st, now, gangs)
-        for rank, body in batches.items():
-            self.send("run", rank, body)
+        for rank, run in batches.items():
+            messages.send(self.send, rank, run)
         if durable is not None:
             # Journal writes commit in order: once the last alloc is durable, all of this pass's are.
             durable.add_done_callback(lambda _: self._dispatch_gangs(gangs))
@@ -111,7 +111,7 @@ class Execution:
             self.manager.scheduler.adopt(job.id, element, allocation, now, self.manager.time_limit(job.spec),
                                          job=self.manager.sched_job(job, request_of(job.spec)))
 
-    def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, dict[str, Any]]) -> None:
+    def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, messages.Run]) -> None:
         task = job.pending_map[st.element] if job.pending_map is not None else st.element
         ((rank, slot),) = st.allocation.tasks
         if job.state == State.SCHED:
@@ -119,17 +119,19 @@ class Execution:
             self.manager.post(job, "alloc", {"ranks": str(rank)})
             self.manager.post(job, "start")
         self._track(job, task, rank, st.element, now)
-        batch = batches.setdefault(rank, {"jobs": {}, "tasks": []})
-        if job.id not in batch["jobs"]:
-            batch["jobs"][job.id] = self._jobinfo(job, [[rank, 1]])
+        batch = batches.get(rank)
+        if batch is None:
+            batch = batches[rank] = messages.Run()
+        if job.id not in batch.jobs:
+            batch.jobs[job.id] = self._jobinfo(job, [[rank, 1]])
         entry = [job.id, task, job.index_of(task), list(slot.cores), list(slot.gpus)]
         flow = job.flow
         if flow is not None and flow.attempts and task in flow.attempts:
             entry.append(flow.attempts[task])   # protocol.md §2.9; absent means attempt 0
-        batch["tasks"].append(entry)
+        batch.tasks.append(entry)
 
     def _start_job(self, job: Job, st: sched.Start, now: float,
-                   gangs: list[tuple[Job, list[tuple[int, sched.Slot]], dict[str, Any]]]) -> asyncio.Future[None]:
+                   gangs: list[tuple[Job, list[tuple[int, sched.Slot]], messages.JobInfo]]) -> asyncio.Future[None]:
         slots = st.allocation.task_slots()
         job.t_run = now
         for task, (rank, _) in enumerate(slots):
@@ -142,9 +144,9 @@ class Execution:
         assert durable is not None
         return durable
 
-    def _dispatch_gangs(self, gangs: list[tuple[Job, list[tuple[int, sched.Slot]], dict[str, Any]]]) -> None:
+    def _dispatch_gangs(self, gangs: list[tuple[Job, list[tuple[int, sched.Slot]], messages.JobInfo]]) -> None:
         """Send the `run`s of plain jobs whose alloc is durable, one message per rank for all of them."""
-        per_rank: dict[int, dict[str, Any]] = {}
+        per_rank: dict[int, messages.Run] = {}
         readers: dict[int, dict[int, list[int]]] = {}
         for job, slots, info in gangs:
             # A cancel that came before the alloc was durable already ended these tasks.
@@ -153,22 +155,24 @@ class Execution:
             self._undispatched.discard(job.id)
             attempt = [job.flow.attempt] if job.flow is not None and job.flow.attempt else []
             for task, (rank, slot) in enumerate(slots):
-                body = per_rank.setdefault(rank, {"jobs": {}, "tasks": []})
-                body["jobs"][job.id] = info
-                body["tasks"].append([job.id, task, task, list(slot.cores), list(slot.gpus), *attempt])
-            if info["stdin"]:
-                reading = set(info["stdin"])
+                run = per_rank.get(rank)
+                if run is None:
+                    run = per_rank[rank] = messages.Run()
+                run.jobs[job.id] = info
+                run.tasks.append([job.id, task, task, list(slot.cores), list(slot.gpus), *attempt])
+            if info.stdin:
+                reading = set(info.stdin)
                 targets: dict[int, list[int]] = {}
                 for task, (rank, _slot) in enumerate(slots):
                     if task in reading:
                         targets.setdefault(rank, []).append(task)
                 readers[job.id] = targets
-        for rank, body in per_rank.items():
-            self.send("run", rank, body)
+        for rank, run in per_rank.items():
+            messages.send(self.send, rank, run)
         for job_id, targets in readers.items():
             self.stdin.dispatched(job_id, targets)
 
-    def _jobinfo(self, job: Job, layout: list[list[int]]) -> dict[str, Any]:
+    def _jobinfo(self, job: Job, layout: list[list[int]]) -> messages.JobInfo:
         spec = job.spec
         assert spec is not None
         env = dict(spec.env)
@@ -176,12 +180,10 @@ class Execution:
         mpi = spec.pmi_mode if not job.is_array else None
         if mpi is not None and spec.mpi is None:
             mpi = self.config.mpi_default
-        return {
-            "argv": list(spec.argv), "env": env, "cwd": spec.cwd, "ntasks": job.total_tasks,
-            "output": spec.output, "mpi": mpi, "layout": layout,
-            "uid": job.uid, "gid": job.gid, "array": job.is_array, "stdin": spec.stdin_tasks,
-            "mem_per_task": spec.mem_per_task,
-        }
+        return messages.JobInfo(
+            argv=list(spec.argv), env=env, ntasks=job.total_tasks, layout=layout, uid=job.uid, gid=job.gid,
+            cwd=spec.cwd, output=spec.output, mpi=mpi, array=job.is_array, stdin=spec.stdin_tasks,
+            mem_per_task=spec.mem_per_task)
 
     # --- results and output --------------------------------------------------------------------------------
 
@@ -263,7 +265,7 @@ class Execution:
         attempts.commit()
         fut = self.manager.journal.write(statements + usage_rows)
         if ack and keys:
-            when_durable(fut, lambda: self.send("done-ack", rank, {"keys": keys}))
+            when_durable(fut, lambda: messages.send(self.send, rank, messages.DoneAck(keys)))
         for job in touched.values():
             self._after_results(job, now)
 
@@ -370,7 +372,7 @@ class Execution:
                 per_rank[running.rank].append(list(key))
         grace = self.config.kill_grace if sig == signal.SIGTERM else 0.0
         for rank, group in per_rank.items():
-            self.send("kill", rank, {"keys": group, "signal": int(sig), "grace": grace})
+            messages.send(self.send, rank, messages.Kill(group, int(sig), grace))
 
     def _end_locally(self, job: Job, keys: list[Key], status: int, error: str) -> None:
         """Record tasks as ended without hearing from their worker (lost rank, never dispatched)."""
@@ -439,14 +441,14 @@ class Execution:
                 self._end_locally(job, [k for k in lost if k[0] == job_id], NODE_LOST_STATUS, "node-lost")
         strays = [list(k) for k in reported_keys - known]
         if strays:
-            self.send("kill", rank, {"keys": strays, "signal": int(signal.SIGKILL), "grace": 0.0})
+            messages.send(self.send, rank, messages.Kill(strays, int(signal.SIGKILL)))
 
     # --- PMI exchange (§2.8) -------------------------------------------------------------------------------
 
     def on_pmi_put(self, rank: int, put: messages.PmiPut) -> None:
         job = self.manager.jobs.get(put.job)
         if job is None or rank not in job.ranks:
-            self.send("error", rank, {"code": "bad-request", "message": "pmi-put for an unknown job", "ref": "pmi-put"})
+            messages.send(self.send, rank, messages.Refusal("bad-request", "pmi-put for an unknown job", put.KIND))
             return
         # PMI-1 barriers (kvs) and PMIx fences (data) of one job are numbered apart.
         seq = put.seq
@@ -463,8 +465,10 @@ class Execution:
             merged = {}
             for part in parts.values():
                 merged.update(part)
+        kvs = messages.PmiKvs(job.id, seq, data=merged) if isinstance(merged, bytes) else messages.PmiKvs(
+            job.id, seq, kvs=merged)
         for r in job.ranks:
-            self.send("pmi-kvs", r, {"job": job.id, "seq": seq, field: merged})
+            messages.send(self.send, r, kvs)
 
     def on_pmi_init(self, init: messages.PmiInit) -> None:
         """A task of the job initialized PMI: it is an MPI job, whose tasks fail together from now on."""

@@ -9,19 +9,20 @@ from broker.brokerview import BrokerView
 from broker.clientapi import Peer
 from broker.job import Job
 from broker.jobmanager import JobError
-from broker.ops import _field, _readable, _task_of_index, _then, once_durable, op
+from broker.ops import _readable, _task_of_index, _then, once_durable, op
 from broker.workflow import WorkflowRefusal
+from minicluster.proto import requests
 
 ATTEMPT_COLUMNS = "task, idx, attempt, rank, status, exit_code, signal, error, started, ended, outcome"
 
 
-def _each(broker: BrokerView, peer: Peer, req: dict[str, Any],
+def _each(broker: BrokerView, peer: Peer, req: requests.ManyJobs,
           action: Callable[[Job], Any]) -> tuple[list[int], dict[str, str], list[Any]]:
     """Apply `action` to every job of `jobs`: (the ids it applied to, {job: why not}, what it returned)."""
     done: list[int] = []
     errors: dict[str, str] = {}
     results: list[Any] = []
-    for job_id in _field(req, "jobs", list):
+    for job_id in req.jobs:
         try:
             job = broker.manager.get(job_id)
             results.append(action(job))
@@ -31,20 +32,20 @@ def _each(broker: BrokerView, peer: Peer, req: dict[str, Any],
     return done, errors, results
 
 
-@op("hold")
-def hold(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+@op("hold", requests.ManyJobs)
+def hold(broker: BrokerView, peer: Peer, req: requests.ManyJobs) -> asyncio.Future[dict[str, Any]]:
     held, errors, _ = _each(broker, peer, req, lambda job: broker.manager.workflow.hold(job, peer.uid))
     return once_durable(broker, {"held": held, "errors": errors})
 
 
-@op("release")
-def release(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+@op("release", requests.ManyJobs)
+def release(broker: BrokerView, peer: Peer, req: requests.ManyJobs) -> asyncio.Future[dict[str, Any]]:
     released, errors, _ = _each(broker, peer, req, lambda job: broker.manager.workflow.release(job, peer.uid))
     return once_durable(broker, {"released": released, "errors": errors})
 
 
-@op("requeue")
-def requeue(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+@op("requeue", requests.ManyJobs)
+def requeue(broker: BrokerView, peer: Peer, req: requests.ManyJobs) -> asyncio.Future[dict[str, Any]]:
     requeued, errors, waiters = _each(broker, peer, req,
                                       lambda job: broker.manager.workflow.requeue(job, peer.uid))
     # gather() of nothing is a future already done: the reply goes out at once.
@@ -52,24 +53,20 @@ def requeue(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Futu
     return _then(done, {"requeued": requeued, "errors": errors})
 
 
-@op("update")
-def update(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
-    job = broker.manager.get(_field(req, "job", int))
-    changes = {k: v for k, v in req.items() if k not in ("v", "id", "op", "job")}
+@op("update", requests.Update)
+def update(broker: BrokerView, peer: Peer, req: requests.Update) -> asyncio.Future[dict[str, Any]]:
+    job = broker.manager.get(req.job)
     try:
-        updated = broker.manager.workflow.update(job, peer.uid, changes)
+        updated = broker.manager.workflow.update(job, peer.uid, dict(req.changes))
     except WorkflowRefusal as exc:
         raise JobError(exc.code, str(exc)) from None
     return once_durable(broker, {"job": job.id, "updated": updated})
 
 
-@op("attempts")
-def attempts(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
-    record = _readable(broker, peer, _field(req, "job", int))
-    index = _field(req, "index", int, None)
-    start = _field(req, "from", int, 0)
-    limit = min(_field(req, "limit", int, 10_000), 100_000)
-    only_failed = _field(req, "failed", bool, False)
+@op("attempts", requests.Attempts)
+def attempts(broker: BrokerView, peer: Peer, req: requests.Attempts) -> Any:
+    record = _readable(broker, peer, req.job)
+    index, start, limit, only_failed = req.index, req.start, min(req.limit, 100_000), req.failed
     task = _task_of_index(record, index) if index is not None else None
 
     def query(c: Any) -> list[list[Any]]:

@@ -122,9 +122,9 @@ def _restore_counts(job: Job, seen: dict[str, Any], rows: list[tuple[Any, ...]],
     flow = job.flow
     flow.held = bool(seen.get("held"))
     if seen.get("success"):
+        # The replayed `success` ended the job (broker/job.py); the results restored after it counted raw statuses.
         flow.succeeded_early = True
-        job.ending = True
-        job.status = job.cause_status = 0
+        job.status = 0
     if not job.is_array:
         flow.attempt = seen.get("retry", 0) + seen.get("requeue", 0)
         job.retries = seen.get("retry", 0)

@@ -1,4 +1,10 @@
-"""A job's in-memory record and its state machine (protocol.md §3.6–3.7, states as in Flux RFC 21). No I/O.
+"""A job's in-memory record and its state machine (protocol.md §3.6–3.7, states as in Flux RFC 21). Pure: no I/O.
+
+`Job.apply(event)` is the one place an event changes a job, for an event being posted (broker/jobmanager.py)
+and for one replayed from the journal after a restart (broker/recovery.py) alike. It returns the event's effects
+as data: what the job manager must do next (end tasks, post the next event, tell the workflow...). A live post
+carries them out; a replay drops them, as flux-core's restart replays its eventlogs without their actions: what
+they did happened before the crash, or the restart settlement decides it anew (docs/architecture.md#restart).
 
 Records are slotted objects with counters, not dicts: an inactive job drops its jobspec and keeps only what
 `mc jobs` shows, so a retained job costs well under 2 KB (docs/performance.md).
@@ -6,7 +12,9 @@ Records are slotted objects with counters, not dicts: an inactive job drops its 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from broker.taskmap import TaskMap
 from minicluster.model.idset import IdSet
@@ -45,12 +53,36 @@ class TransitionError(RuntimeError):
     pass
 
 
+class Event(NamedTuple):
+    """One entry of a job's eventlog (protocol.md §3.6): its `seq`-th event, posted at wall-clock time `ts`.
+
+    A tuple, not a frozen dataclass: a plain job posts about eight, and a tuple is built in a third of the time."""
+    name: str
+    context: Mapping[str, Any] = MappingProxyType({})
+    seq: int = 0
+    ts: float = 0.0
+
+
+class Effect(enum.Enum):
+    """What an applied event asks of the job manager, which carries it out (broker/jobmanager.py)."""
+    UNQUEUE = "take the job's pending work out of the scheduler's queue"
+    KILL_TASKS = "end the job's running tasks: SIGTERM, then SIGKILL after the kill grace"
+    POST_FINISH = "nothing of the job runs: post its `finish`"
+    POST_RELEASE = "post `release`: its resources are free (its allocation went back as its tasks ended)"
+    TASKS_OVER = "tell execution the job is over (its stdin relay closes)"
+    POST_CLEAN = "post `clean` with the job's final row: the last step"
+    STARTED = "tell the workflow the job started (`afterstart` dependants)"
+    ENDED = "tell the workflow the job ended (its dependants are judged)"
+    CLOSE = "once the event is durable: the job is inactive for everyone (followers, purge)"
+    WAKE_SCHEDULER = "resources or queue positions may have freed up"
+
+
 class Job:
     __slots__ = (
         "id", "uid", "gid", "name", "state", "urgency", "ntasks", "nnodes", "t_submit", "t_run", "t_inactive",
         "status", "exception", "seq", "spec", "array", "pending_map", "next_element",
         "running", "succeeded", "failed", "cancelled", "ranks", "deadline", "output_bytes", "oseq",
-        "truncated", "ending", "tasks_left", "done_bits", "closed", "ranks_text",
+        "truncated", "tasks_left", "done_bits", "closed", "ranks_text",
         "cause_status", "first_failure", "pmi_used", "reason", "flow", "retries", "queue", "project", "acct",
     )
 
@@ -85,14 +117,12 @@ class Job:
         self.output_bytes = 0
         self.oseq = 0
         self.truncated = False
-        # Set once an exception ended the job: no more tasks start, the rest are being killed.
-        self.ending = False
         self.tasks_left = len(self.array) if self.array is not None else spec.ntasks
-        # One bit per task: results re-sent after a restart are recognised and counted once.
-        # One bit per task that ended, made when the first one does (a queued 10^8-element array costs nothing);
-        # retire() leaves it empty: no longer counted.
+        # One bit per task that ended, made when the first one does (a queued 10^8-element array costs nothing):
+        # results re-sent after a restart are recognised and counted once.
         self.done_bits: bytearray | None = None
-        # The status the job ends with when an exception ends it (protocol.md §3.6): its cause's.
+        # The status the job ends with, set by the event that decided its end (a severity-0 `exception`, or
+        # `success`): the cause's, not that of the tasks it killed (protocol.md §3.6). See `ending`.
         self.cause_status: int | None = None
         # (status, note) of the first task that failed; it ends the job if the job fails as a gang.
         self.first_failure: tuple[int, str] | None = None
@@ -100,7 +130,7 @@ class Job:
         self.pmi_used = False
         # Why the job failed, in one line: a task that could not start, or the note of the ending exception.
         self.reason: str | None = None
-        # True once the `clean` event is durable; `state` runs ahead of the disk, followers must not.
+        # INACTIVE on disk: the `clean` event is durable. `state` runs ahead of the disk, followers must not.
         self.closed = False
         # Workflow state (broker/flowstate.py) of a job that has dependencies, a policy, a hold or retries.
         self.flow: Any = None
@@ -111,6 +141,12 @@ class Job:
         self.queue = spec.queue
         self.project = spec.project
         self.acct: Any = None
+
+    @property
+    def ending(self) -> bool:
+        """An event decided the job's end (an exception, or its success policy met): no more tasks start, those
+        still running are being ended. Derived from `cause_status`, which only that event sets."""
+        return self.cause_status is not None
 
     @property
     def is_array(self) -> bool:
@@ -126,7 +162,7 @@ class Job:
 
     def mark_done(self, task: int) -> bool:
         """Record that `task` ended; False when it is out of range or already recorded."""
-        if not 0 <= task < self.total_tasks or (self.done_bits is not None and not self.done_bits):
+        if not 0 <= task < self.total_tasks or self.state is State.INACTIVE:
             return False
         if self.done_bits is None:
             self.done_bits = bytearray((self.total_tasks + 7) // 8)
@@ -176,22 +212,79 @@ class Job:
     def retire(self) -> None:
         """Drop what only an active job needs, keeping the record `mc jobs` shows."""
         self.spec = None
-        self.done_bits = bytearray()
+        self.done_bits = None
         self.pending_map = None
         self.flow = None
         self.ranks_text = str(IdSet.from_ints(self.ranks))
         self.ranks = set()
 
-    def apply(self, event: str) -> None:
-        rule = TRANSITIONS.get(event)
+    # --- the state machine ----------------------------------------------------------------------------------
+
+    def apply(self, event: Event) -> tuple[Effect, ...]:
+        """Take `event`: move the state (RFC 21), record what the event carries, return its effects in order.
+
+        Raises TransitionError, leaving the job alone, when the event is not allowed in the current state."""
+        self._move(event.name)
+        self.seq = event.seq + 1
+        take = _TAKE.get(event.name)
+        return take(self, event) if take is not None else ()
+
+    def _move(self, name: str) -> None:
+        rule = TRANSITIONS.get(name)
         if rule is None:
-            rule = PLAIN_TRANSITIONS.get(event) if self.array is None else None
+            rule = PLAIN_TRANSITIONS.get(name) if self.array is None else None
             if rule is None:
                 return
         allowed, target = rule
         if self.state not in allowed:
-            raise TransitionError(f"job {self.id}: event {event} not allowed in state {self.state.value}")
+            raise TransitionError(f"job {self.id}: event {name} not allowed in state {self.state.value}")
         self.state = target
+
+    def _started(self, event: Event) -> tuple[Effect, ...]:
+        self.t_run = event.ts  # an array starts once; a plain job once per attempt: the current one's
+        return (Effect.STARTED,)
+
+    def _exception(self, event: Event) -> tuple[Effect, ...]:
+        ctx = event.context
+        if ctx.get("severity") != 0:
+            return ()  # a warning: the job goes on
+        self.exception = ctx.get("type")
+        self.cause_status = ctx.get("status", 1)
+        self.reason = ctx.get("note") or self.reason
+        return self._ending()
+
+    def _success(self, event: Event) -> tuple[Effect, ...]:
+        self.status = self.cause_status = 0
+        return self._ending()
+
+    def _ending(self) -> tuple[Effect, ...]:
+        """The end is decided: nothing more starts; what runs is ended, or the job finishes now."""
+        return (Effect.UNQUEUE, Effect.KILL_TASKS if self.running else Effect.POST_FINISH)
+
+    def _truncated(self, event: Event) -> tuple[Effect, ...]:
+        self.truncated = True
+        return ()
+
+    def _finished(self, event: Event) -> tuple[Effect, ...]:
+        ctx = event.context
+        counts = ctx.get("counts") or {}
+        self.status = ctx.get("status", self.status)
+        self.succeeded, self.failed = counts.get("succeeded", 0), counts.get("failed", 0)
+        self.cancelled = counts.get("cancelled", 0)
+        self.tasks_left = 0
+        return (Effect.POST_RELEASE, Effect.TASKS_OVER, Effect.POST_CLEAN)
+
+    def _cleaned(self, event: Event) -> tuple[Effect, ...]:
+        self.retire()
+        return (Effect.ENDED, Effect.CLOSE, Effect.WAKE_SCHEDULER)
+
+    def outcome(self) -> dict[str, Any]:
+        """The `finish` event's context: the status the job ends with and its counts, the tasks an ending event
+        left unstarted or unreported counted as cancelled."""
+        status = self.cause_status if self.cause_status is not None else self.status or 0
+        left = self.tasks_left if self.ending else 0
+        return {"status": status, "counts": {"succeeded": self.succeeded, "failed": self.failed,
+                                             "cancelled": self.cancelled + left}}
 
     def pending(self) -> int:
         return max(self.tasks_left - self.running, 0) if self.state in (State.SCHED, State.RUN) else 0
@@ -218,3 +311,14 @@ class Job:
     def restore_counts(self, wire: list[Any]) -> None:
         self.succeeded, self.failed, self.cancelled = wire[:3]
         self.reason = wire[3] if len(wire) > 3 else None
+
+
+# What each event records on the job, and its effects; the events not listed only move the state (or not even).
+_TAKE: dict[str, Callable[[Job, Event], tuple[Effect, ...]]] = {
+    "start": Job._started,
+    "exception": Job._exception,
+    "success": Job._success,
+    "output-truncated": Job._truncated,
+    "finish": Job._finished,
+    "clean": Job._cleaned,
+}

@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 
 from broker import sched
-from broker.job import Job, State
+from broker.job import Effect, Event, Job, State
 from broker.journal import Journal, Statement, when_durable
 from broker.watchers import Watchers
 from broker.workflow import Workflow, WorkflowRefusal
@@ -63,10 +63,6 @@ def request_of(spec: Jobspec) -> sched.Request:
         gpus_per_slot=spec.gpus_per_task, mem_per_slot=spec.mem_per_task,
         slots_per_node=spec.tasks_per_node, exclusive=spec.exclusive, constraints=constraints,
     )
-
-
-# Events the workflow follows: a start satisfies `afterstart`, a job's end decides its dependants.
-_OBSERVED = frozenset(("start", "clean"))
 
 
 def pack(value: Any) -> bytes:
@@ -223,7 +219,7 @@ class JobManager:
 
     def post(self, job: Job, name: str, context: dict[str, Any] | None = None,
              extra: Iterable[Statement] = (), durable: bool = False) -> asyncio.Future[None] | None:
-        """Append an event: state changes now, followers hear of it once it is durable.
+        """Append an event: the job takes it now, followers hear of it once it is durable.
 
         The job row is not touched: an active job's state is its event log replayed (broker/recovery.py),
         which keeps runs of event inserts together for executemany.
@@ -232,16 +228,17 @@ class JobManager:
 
     def post_many(self, job: Job, events: list[tuple[str, dict[str, Any]]], extra: Iterable[Statement] = (),
                   durable: bool = False) -> asyncio.Future[None] | None:
-        """Append events in one write: durable (and heard of) together, or not at all."""
+        """Append events in one write: durable (and heard of) together, or not at all. Each is applied to the job
+        now (broker/job.py), and its effects are carried out once the write is queued."""
         statements = list(extra)
         published = []
+        effects: list[Effect] = []
         for name, context in events:
-            ts = self.clock()
-            seq = job.seq
-            job.seq += 1
-            job.apply(name)
-            statements.append(("INSERT INTO events VALUES (?,?,?,?,?)", (job.id, seq, ts, name, pack(context))))
-            published.append([seq, ts, name, context])
+            event = Event(name, context, job.seq, self.clock())
+            effects.extend(job.apply(event))
+            statements.append(("INSERT INTO events VALUES (?,?,?,?,?)",
+                               (job.id, event.seq, event.ts, name, pack(context))))
+            published.append([event.seq, event.ts, name, context])
         job_id, watchers = job.id, self.watchers
 
         def publish() -> None:
@@ -254,10 +251,35 @@ class JobManager:
         else:
             fut = self.journal.write(statements)
             when_durable(fut, publish)
-        for name, _ in events:
-            if name in _OBSERVED:
-                self.workflow.observe(job, name)
+        for effect in effects:
+            self._carry_out(job, effect, fut)
         return fut
+
+    def _carry_out(self, job: Job, effect: Effect, durable: asyncio.Future[None] | None) -> None:
+        """Do what an applied event asks (broker/job.py); `durable` is the future of the event's write."""
+        match effect:
+            case Effect.UNQUEUE:
+                self.scheduler.cancel(job.id)
+            case Effect.KILL_TASKS:
+                self.kill_tasks(job, signal.SIGTERM)
+            case Effect.POST_FINISH:
+                self.finish(job)
+            case Effect.POST_RELEASE:
+                self.post(job, "release")
+            case Effect.TASKS_OVER:
+                self.job_finished(job)
+            case Effect.POST_CLEAN:
+                self.clean(job)
+            case Effect.STARTED:
+                self.workflow.observe(job, "start")
+            case Effect.ENDED:
+                self.workflow.observe(job, "clean")
+            case Effect.CLOSE:
+                assert durable is not None, "a clean is posted durable"
+                result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
+                when_durable(durable, lambda: self._closed(job, result))
+            case Effect.WAKE_SCHEDULER:
+                self.wake_scheduler()
 
     def raise_exception(self, job: Job, kind: str, note: str, severity: int = 0, status: int | None = None) -> None:
         """Post an exception; severity 0 ends the job, with `status` (default: by kind, EXCEPTION_STATUS)."""
@@ -265,20 +287,10 @@ class JobManager:
             return
         if severity == 0 and job.flow is not None and self.workflow.attempts.absorbs(job, kind, note):
             return
-        if severity != 0:
-            self.post(job, "exception", {"type": kind, "severity": severity, "note": note})
-            return
-        status = EXCEPTION_STATUS.get(kind, 1) if status is None else status
-        self.post(job, "exception", {"type": kind, "severity": severity, "note": note, "status": status})
-        job.exception = kind
-        job.cause_status = status
-        job.reason = note
-        job.ending = True
-        self.scheduler.cancel(job.id)
-        if job.running:
-            self.kill_tasks(job, signal.SIGTERM)
-        else:
-            self.finish(job)
+        context: dict[str, Any] = {"type": kind, "severity": severity, "note": note}
+        if severity == 0:
+            context["status"] = EXCEPTION_STATUS.get(kind, 1) if status is None else status
+        self.post(job, "exception", context)
 
     def maybe_finish(self, job: Job) -> None:
         if job.running == 0 and (job.ending or job.tasks_left == 0) and job.state in (State.RUN, State.SCHED):
@@ -287,22 +299,12 @@ class JobManager:
             self.finish(job)
 
     def finish(self, job: Job) -> None:
-        if job.ending:
-            # An exception ended the job: its status is the cause's, not that of the tasks it killed.
-            cause = job.cause_status
-            job.status = cause if cause is not None else EXCEPTION_STATUS.get(job.exception or "", 1)
-        elif job.status is None:
-            job.status = 0
-        if job.ending:
-            job.cancelled += job.tasks_left
-            job.tasks_left = 0
+        """Post `finish`; its effects post `release` and `clean` (broker/job.py)."""
+        outcome = job.outcome()
         job.t_inactive = self.clock()
-        counts = {"succeeded": job.succeeded, "failed": job.failed, "cancelled": job.cancelled}
+        job.status = outcome["status"]  # the accounting row, written with the event, records it
         accounting = self.sharing.finished(job) if self.sharing is not None else []
-        self.post(job, "finish", {"status": job.status, "counts": counts}, extra=accounting)
-        self.post(job, "release")
-        self.job_finished(job)
-        self.clean(job)
+        self.post(job, "finish", outcome, extra=accounting)
 
     def clean(self, job: Job) -> None:
         """The last step, also taken alone for a job a restart found in CLEANUP."""
@@ -310,12 +312,7 @@ class JobManager:
         row = ("UPDATE jobs SET state='INACTIVE', seq=?, status=?, exception=?, t_run=?, t_inactive=?, counts=? "
                "WHERE id=?",
                (job.seq + 1, job.status, job.exception, job.t_run, job.t_inactive, pack(job.counts_wire()), job.id))
-        fut = self.post(job, "clean", extra=[row], durable=True)
-        assert fut is not None
-        job.retire()
-        result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
-        when_durable(fut, lambda: self._closed(job, result))
-        self.wake_scheduler()
+        self.post(job, "clean", extra=[row], durable=True)
 
     def _closed(self, job: Job, result: dict[str, Any]) -> None:
         job.closed = True

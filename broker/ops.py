@@ -1,7 +1,8 @@
-"""Client operations (protocol.md §3.3), one small function each, registered by name.
+"""Client operations (protocol.md §3.3), one small function each, registered by name with its request class.
 
-Each takes the peer (uid from the kernel) and the request map.  The broker object gives access to the job
-manager, the rank table, the resource graph and the journal's reader.
+Each takes the peer (uid from the kernel) and its typed request (minicluster/proto/requests.py), decoded and
+checked once in `Operations.handler`.  The broker object gives access to the job manager, the rank table, the
+resource graph and the journal's reader.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from broker.job import State
 from broker.jobmanager import JobError, unpack
 from minicluster.model import jobspec as jobspec_model
 from minicluster.model.idset import IdSet
+from minicluster.proto import requests
+from minicluster.proto.envelope import BadMessage
 
-OPS: dict[str, Callable[..., Any]] = {}
+OPS: dict[str, tuple[Callable[..., Any], type[requests.Request]]] = {}
 # Output responses carry at most this much data, whatever the job's output size (frames are 16 MiB at most).
 OUTPUT_RESPONSE_BYTES = 1 << 20
 # Output history is read from the journal in pages of about this size.
@@ -27,9 +30,10 @@ OUTPUT_PAGE_BYTES = 4 << 20
 STDIN_MAX_BYTES = 1 << 20
 
 
-def op(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def op(name: str, request: type[requests.Request] = requests.Empty) -> Callable[[Callable[..., Any]],
+                                                                            Callable[..., Any]]:
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        OPS[name] = fn
+        OPS[name] = (fn, request)
         return fn
     return register
 
@@ -41,23 +45,19 @@ class Operations:
         self.broker = broker
 
     def handler(self, name: Any) -> Callable[[Peer, dict[str, Any]], Any] | None:
-        fn = OPS.get(name) if isinstance(name, str) else None
-        if fn is None:
+        entry = OPS.get(name) if isinstance(name, str) else None
+        if entry is None:
             return None
-        return lambda peer, req: fn(self.broker, peer, req)
+        fn, request = entry
 
+        def checked(peer: Peer, message: dict[str, Any]) -> Any:
+            try:
+                typed = requests.decode(request, message)
+            except BadMessage as exc:
+                raise JobError(exc.code, str(exc)) from None
+            return fn(self.broker, peer, typed)
 
-def _field(req: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-    if name not in req:
-        if default is ...:
-            raise JobError("bad-request", f"missing field {name!r}")
-        return default
-    value = req[name]
-    if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
-        raise JobError("bad-request", f"field {name!r} has the wrong type")
-    if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
-        raise JobError("bad-request", f"field {name!r} is out of range (a signed 64-bit integer)")
-    return value
+        return checked
 
 
 def _owner_only(broker: BrokerView, peer: Peer, what: str) -> None:
@@ -71,7 +71,7 @@ def _refuse_when_stopping(broker: BrokerView) -> None:
 
 
 @op("hello")
-def hello(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def hello(broker: BrokerView, peer: Peer, req: requests.Empty) -> dict[str, Any]:
     cfg = broker.config
     return {"version": 1, "name": cfg.name, "size": cfg.size, "uid": peer.uid, "owner_uid": broker.owner_uid}
 
@@ -83,10 +83,10 @@ def _spec(req_spec: Any) -> jobspec_model.Jobspec:
         raise JobError("invalid-jobspec", str(exc)) from None
 
 
-@op("submit")
-def submit(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+@op("submit", requests.Submit)
+def submit(broker: BrokerView, peer: Peer, req: requests.Submit) -> asyncio.Future[dict[str, Any]]:
     _refuse_when_stopping(broker)
-    spec = _spec(_field(req, "jobspec", dict))
+    spec = _spec(req.jobspec)
     job_id, durable = broker.manager.submit(peer.uid, peer.gid, spec)
     return _then(durable, {"job": job_id})
 
@@ -95,10 +95,10 @@ def submit(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Futur
 SUBMIT_SLICE = 256
 
 
-@op("submit-many")
-def submit_many(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+@op("submit-many", requests.SubmitMany)
+def submit_many(broker: BrokerView, peer: Peer, req: requests.SubmitMany) -> asyncio.Future[dict[str, Any]]:
     _refuse_when_stopping(broker)
-    specs = _field(req, "jobspecs", list)
+    specs = req.jobspecs
 
     async def in_slices() -> dict[str, Any]:
         answers: list[Any] = []
@@ -138,13 +138,9 @@ def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dic
     return out
 
 
-@op("jobs")
-def jobs(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
-    show_all = _field(req, "all", bool, False)
-    ids = _field(req, "ids", list, None)
-    limit = _field(req, "limit", int, 1000)
-    alloc = _field(req, "alloc", bool, False)
-    with_priority = _field(req, "priority", bool, False)
+@op("jobs", requests.Jobs)
+def jobs(broker: BrokerView, peer: Peer, req: requests.Jobs) -> dict[str, Any]:
+    show_all, ids, limit, alloc, with_priority = req.all, req.ids, req.limit, req.alloc, req.priority
     manager = broker.manager
     if ids is not None:
         selected = [manager.get(i) for i in ids]
@@ -167,9 +163,9 @@ def _readable(broker: BrokerView, peer: Peer, job_id: Any) -> Any:
     return record
 
 
-@op("job")
-def job(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
-    record = _readable(broker, peer, _field(req, "job", int))
+@op("job", requests.OneJob)
+def job(broker: BrokerView, peer: Peer, req: requests.OneJob) -> Any:
+    record = _readable(broker, peer, req.job)
     summary = broker.manager.summary(record)
 
     async def with_failed() -> dict[str, Any]:
@@ -181,17 +177,16 @@ def job(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     return asyncio.ensure_future(with_failed())
 
 
-@op("cancel")
-def cancel(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
-    cancelled, errors = broker.manager.cancel(peer.uid, _field(req, "jobs", list))
+@op("cancel", requests.ManyJobs)
+def cancel(broker: BrokerView, peer: Peer, req: requests.ManyJobs) -> asyncio.Future[dict[str, Any]]:
+    cancelled, errors = broker.manager.cancel(peer.uid, req.jobs)
     return once_durable(broker, {"cancelled": cancelled, "errors": errors})
 
 
-@op("eventlog")
-def eventlog(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    record = _readable(broker, peer, _field(req, "job", int))
-    start = _field(req, "from", int, 0)
-    follow = _field(req, "follow", bool, False)
+@op("eventlog", requests.Eventlog)
+def eventlog(broker: BrokerView, peer: Peer, req: requests.Eventlog) -> AsyncIterator[dict[str, Any]]:
+    record = _readable(broker, peer, req.job)
+    start, follow = req.start, req.follow
 
     def history(c: Any) -> list[list[Any]]:
         rows = c.execute("SELECT seq, ts, name, context FROM events WHERE job=? AND seq>=? ORDER BY seq",
@@ -202,12 +197,10 @@ def eventlog(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterat
                    lambda item: item[0], start)
 
 
-@op("output")
-def output(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    record = _readable(broker, peer, _field(req, "job", int))
-    follow = _field(req, "follow", bool, False)
-    index = _field(req, "index", int, None)
-    attempt = _field(req, "attempt", int, None)
+@op("output", requests.Output)
+def output(broker: BrokerView, peer: Peer, req: requests.Output) -> AsyncIterator[dict[str, Any]]:
+    record = _readable(broker, peer, req.job)
+    follow, index, attempt = req.follow, req.index, req.attempt
     task = None
     if index is not None:
         task = _task_of_index(record, index)
@@ -357,9 +350,9 @@ async def _follow(broker: BrokerView, record: Any, follow: bool, history: Callab
             broker.watchers.unfollow(record.id, follower)
 
 
-@op("wait")
-def wait(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    records = [_readable(broker, peer, i) for i in _field(req, "jobs", list)]
+@op("wait", requests.ManyJobs)
+def wait(broker: BrokerView, peer: Peer, req: requests.ManyJobs) -> AsyncIterator[dict[str, Any]]:
+    records = [_readable(broker, peer, i) for i in req.jobs]
 
     async def results() -> AsyncIterator[dict[str, Any]]:
         followers = {r.id: broker.watchers.follow_inactive(r.id) for r in records if not r.closed}
@@ -376,12 +369,11 @@ def wait(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> AsyncIterator[d
     return results()
 
 
-@op("task-results")
-def task_results(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
-    record = _readable(broker, peer, _field(req, "job", int))
-    start = _field(req, "from", int, 0)
-    limit = _field(req, "limit", int, 10_000)
-    errors_only = " AND error IS NOT NULL" if _field(req, "errors", bool, False) else ""
+@op("task-results", requests.TaskResults)
+def task_results(broker: BrokerView, peer: Peer, req: requests.TaskResults) -> Any:
+    record = _readable(broker, peer, req.job)
+    start, limit = req.start, req.limit
+    errors_only = " AND error IS NOT NULL" if req.errors else ""
     # The last column is the final attempt's number: how many earlier attempts the task had (protocol.md §2.9).
     sql = ("SELECT task, idx, rank, status, exit_code, signal, error, "
            "(SELECT COUNT(*) FROM attempts a WHERE a.job = t.job AND a.task = t.task) FROM tasks t "
@@ -394,11 +386,10 @@ async def _wrap(awaitable: Any, key: str) -> dict[str, Any]:
     return {key: await awaitable}
 
 
-@op("stdin")
-def stdin(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
-    record = broker.manager.get(_field(req, "job", int))
-    data = _field(req, "data", bytes, b"")
-    eof = _field(req, "eof", bool, False)
+@op("stdin", requests.Stdin)
+def stdin(broker: BrokerView, peer: Peer, req: requests.Stdin) -> Any:
+    record = broker.manager.get(req.job)
+    data, eof = req.data, req.eof
     if peer.uid != record.uid:
         raise JobError("permission", f"only the owner of job {record.id} may write to its stdin")
     if len(data) > STDIN_MAX_BYTES:
@@ -413,16 +404,16 @@ def stdin(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
     return relay.write(record.id, data, eof)
 
 
-@op("resources")
-def resources(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+@op("resources", requests.Resources)
+def resources(broker: BrokerView, peer: Peer, req: requests.Resources) -> dict[str, Any]:
     out: dict[str, Any] = {"ranks": broker.graph.summary()}
-    if _field(req, "tree", bool, False):
+    if req.tree:
         out["tree"] = broker.graph.tree()
     return out
 
 
 @op("status")
-def status(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def status(broker: BrokerView, peer: Peer, req: requests.Empty) -> dict[str, Any]:
     cfg = broker.config
     execution = broker.execution
     return {"name": cfg.name, "size": cfg.size, "fanout": cfg.fanout, "epoch": broker.epoch,
@@ -431,22 +422,21 @@ def status(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any
             "journal": {"stalled": broker.journal.stalled}}
 
 
-@op("drain")
-def drain(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+@op("drain", requests.Drain)
+def drain(broker: BrokerView, peer: Peer, req: requests.Drain) -> asyncio.Future[dict[str, Any]]:
     _owner_only(broker, peer, "drain ranks")
-    ranks = _ranks(broker, _field(req, "ranks", list))
-    reason = _field(req, "reason", str, "")
-    reason = reason or "drained by the owner"
+    ranks = _ranks(broker, req.ranks)
+    reason = req.reason or "drained by the owner"
     for r in ranks:
         broker.graph.drain(r, reason)
     durable = broker.journal.write([("INSERT OR REPLACE INTO drains VALUES (?, ?)", (r, reason)) for r in ranks])
     return _then(durable, {"drained": ranks})
 
 
-@op("undrain")
-def undrain(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+@op("undrain", requests.Undrain)
+def undrain(broker: BrokerView, peer: Peer, req: requests.Undrain) -> asyncio.Future[dict[str, Any]]:
     _owner_only(broker, peer, "undrain ranks")
-    ranks = _ranks(broker, _field(req, "ranks", list))
+    ranks = _ranks(broker, req.ranks)
     for r in ranks:
         broker.graph.undrain(r)
     durable = broker.journal.write([("DELETE FROM drains WHERE rank=?", (r,)) for r in ranks])
@@ -462,7 +452,7 @@ def _ranks(broker: BrokerView, ranks: list[Any]) -> list[int]:
 
 
 @op("shutdown")
-def shutdown(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def shutdown(broker: BrokerView, peer: Peer, req: requests.Empty) -> dict[str, Any]:
     _owner_only(broker, peer, "shut the MiniCluster down")
     asyncio.get_running_loop().call_later(0.05, broker.request_stop)
     return {}

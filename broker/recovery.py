@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker import sched
-from broker.job import Job, State
+from broker.job import Event, Job, State
 from broker.journal import Journal
 from broker.jobmanager import JobManager, request_of, unpack
 from broker.taskmap import TaskMap
 from minicluster.model import jobspec as jobspec_model
+from minicluster.proto import messages
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,9 @@ def _restore(row: tuple[Any, ...]) -> Job:
 
 
 def _replay_events(journal: Journal, active: dict[int, Job]) -> None:
-    """An active job's state, next sequence number and the counters its events carry come from its event log,
-    not its row."""
+    """An active job's state, next sequence number and what its events carry come from its event log, not its
+    row: each event is applied as it was when posted (broker/job.py). Their effects are dropped: what they did
+    happened before the crash, and what is still to do the reattach window's settlement decides."""
     if not active:
         return
     marks = ",".join("?" * len(active))
@@ -84,29 +86,7 @@ def _replay_events(journal: Journal, active: dict[int, Job]) -> None:
     for job in active.values():
         job.state = State.NEW
     for job_id, seq, ts, name, context in rows:
-        job = active[job_id]
-        job.apply(name)
-        job.seq = seq + 1
-        if name == "start" and job.t_run is None:
-            job.t_run = ts
-        elif name == "exception" and unpack(context).get("severity") == 0:
-            ctx = unpack(context)
-            job.exception = ctx.get("type")
-            job.cause_status = ctx.get("status")
-            job.reason = ctx.get("note") or job.reason
-            job.ending = True
-        elif name == "output-truncated":
-            job.truncated = True
-        elif name == "finish":
-            # A job caught in CLEANUP: its counts include the tasks its ending exception cancelled.
-            _restore_finish(job, unpack(context))
-
-
-def _restore_finish(job: Job, ctx: dict[str, Any]) -> None:
-    counts = ctx.get("counts") or {}
-    job.status = ctx.get("status", job.status)
-    job.restore_counts([counts.get("succeeded", 0), counts.get("failed", 0), counts.get("cancelled", 0)])
-    job.tasks_left = 0
+        active[job_id].apply(Event(name, unpack(context), seq, ts))
 
 
 def _restore_results(journal: Journal, active: dict[int, Job]) -> None:
@@ -119,12 +99,12 @@ def _restore_results(journal: Journal, active: dict[int, Job]) -> None:
         job = active[job_id]
         if job.state in (State.RUN, State.CLEANUP):
             job.ranks.add(rank)  # where it ran, for `mc jobs`: those of its tasks that still run add theirs
-        if job.state == State.CLEANUP:
-            continue  # counted by its `finish` event
-        if job.mark_done(task):
+        # A job in CLEANUP has its counts from its `finish` event; the reason it failed for is in its results.
+        counted = job.state == State.CLEANUP or job.mark_done(task)
+        if counted and job.state != State.CLEANUP:
             job.record_result(status, was_running=False)
-            if error and job.reason is None:
-                job.reason = job.failure_note(task, rank, status, error)
+        if counted and error and job.reason is None:
+            job.reason = job.failure_note(task, rank, status, error)
 
 
 def _restore_output(journal: Journal, active: dict[int, Job], cap: int) -> None:
@@ -189,14 +169,14 @@ class Reattach:
         for rank, job_id, task in self.stale:
             strays[rank].append([job_id, task])
         for rank, keys in strays.items():
-            execution.send("kill", rank, {"keys": keys, "signal": 9, "grace": 0.0})
+            messages.send(execution.send, rank, messages.Kill(keys, 9))
 
     def _settle_job(self, job: Job, execution: Any, now: float) -> None:
         entries = [e for e in self.reports.get(job.id, []) if not job.is_done(e[1])]
         if job.ending:
             # An exception had already ended the job: finish it, and its surviving tasks with it.
             for rank, task, _, _ in entries:
-                execution.send("kill", rank, {"keys": [[job.id, task]], "signal": 9, "grace": 0.0})
+                messages.send(execution.send, rank, messages.Kill([[job.id, task]], 9))
             self.manager.finish(job)
             return
         spec = job.spec
@@ -233,7 +213,7 @@ class Reattach:
             log.info("job %d reattached on ranks %s", job.id, sorted(ranks))
             return
         for rank, task, _, _ in entries:
-            execution.send("kill", rank, {"keys": [[job.id, task]], "signal": 9, "grace": 0.0})
+            messages.send(execution.send, rank, messages.Kill([[job.id, task]], 9))
         self.manager.raise_exception(
             job, "broker-restart",
             f"{len(entries)} of {job.tasks_left} unfinished tasks were reclaimed after a restart")

@@ -159,7 +159,7 @@ class Broker:
             if job.running:
                 self.manager.raise_exception(job, "shutdown", "the MiniCluster shut down")
         # Rank 0's own agent passes `shutdown` on to rank 0's children, and they to theirs.
-        self.agent.handle(Message("shutdown", 0, 0, {}))
+        self.agent.handle(Message(messages.Shutdown.KIND, 0, 0, {}))
         await self.agent.stopped.wait()
         await self._close()
 
@@ -232,24 +232,24 @@ class Broker:
             return
         handler = _HANDLERS.get(msg.kind)
         if handler is None:
-            self.overlay.send("error", msg.src, {"code": "unknown-kind", "message": f"unknown kind {msg.kind!r}",
-                                                 "ref": msg.kind})
+            messages.send(self.overlay.send, msg.src,
+                          messages.Refusal("unknown-kind", f"unknown kind {msg.kind!r}", msg.kind))
             return
         if not 0 <= msg.src < self.config.tree_size:
             return
         self.ranks.seen(msg.src, time.monotonic())
         # Output a worker queued while rank 0 was down arrives before its join: kept (protocol.md §2.6).
-        if msg.kind not in ("join", "hb", "out") and not self.ranks.is_member(msg.src):
-            self.overlay.send("rejoin", msg.src, {"epoch": self.epoch})
+        if msg.kind not in _BEFORE_JOIN and not self.ranks.is_member(msg.src):
+            messages.send(self.overlay.send, msg.src, messages.Rejoin(self.epoch))
             return
         try:
             typed = messages.decode(msg.kind, msg.body)
         except BadMessage as exc:
-            self.overlay.send("error", msg.src, {"code": exc.code, "message": str(exc), "ref": msg.kind})
+            messages.send(self.overlay.send, msg.src, messages.refusal(msg.kind, exc))
             return
-        dropped = getattr(typed, "dropped", 0)
-        if dropped:
-            log.warning("rank %d sent %d malformed rows in a %s message; they were dropped", msg.src, dropped, msg.kind)
+        if typed.dropped:
+            log.warning("rank %d sent %d malformed rows in a %s message; they were dropped", msg.src, typed.dropped,
+                        msg.kind)
         handler(self, msg.src, typed)
 
     def _on_join(self, rank: int, join: messages.Join) -> None:
@@ -258,7 +258,8 @@ class Broker:
             if rank != 0 or self.config.broker_runs_tasks:
                 self._add_resources(rank, join.resources)
         except (KeyError, TypeError, ValueError) as exc:
-            self.overlay.send("error", rank, {"code": "bad-request", "message": f"bad resources: {exc}", "ref": "join"})
+            messages.send(self.overlay.send, rank,
+                          messages.Refusal("bad-request", f"bad resources: {exc}", messages.Join.KIND))
             return
         # A repeat sent before the worker read our welcome (protocol.md §2.6): it cannot list the runs sent since.
         repeat = (self.ranks.is_member(rank) and self.ranks.ranks[rank].pid == join.pid
@@ -270,7 +271,7 @@ class Broker:
             self.reattach.report(rank, join.running)
         elif not repeat:
             self.execution.reconcile(rank, join.running)
-        self.overlay.send("welcome", rank, {"epoch": self.epoch, "size": self.config.size})
+        messages.send(self.overlay.send, rank, messages.Welcome(self.epoch, self.config.size))
         if self.ranks.all_up():
             self._all_up.set()
         if self.ranks.all_up() and not self.manager.all_ranks_seen:
@@ -293,7 +294,7 @@ class Broker:
 
     def _on_hb(self, rank: int, _hb: messages.Heartbeat) -> None:
         if not self.ranks.heartbeat(rank, time.monotonic()):
-            self.overlay.send("rejoin", rank, {"epoch": self.epoch})
+            messages.send(self.overlay.send, rank, messages.Rejoin(self.epoch))
 
     def _on_done(self, rank: int, done: messages.Done) -> None:
         self.execution.on_done(rank, done.results)
@@ -441,16 +442,18 @@ class Broker:
 
 
 _HANDLERS: dict[str, Callable[[Broker, int, Any], None]] = {
-    "join": Broker._on_join,
-    "hb": Broker._on_hb,
-    "done": Broker._on_done,
-    "out": Broker._on_out,
-    "pmi-put": Broker._on_pmi_put,
-    "pmi-init": Broker._on_pmi_init,
-    "stdin-ack": Broker._on_stdin_ack,
-    "abort": Broker._on_abort,
-    "error": Broker._on_error,
+    messages.Join.KIND: Broker._on_join,
+    messages.Heartbeat.KIND: Broker._on_hb,
+    messages.Done.KIND: Broker._on_done,
+    messages.Output.KIND: Broker._on_out,
+    messages.PmiPut.KIND: Broker._on_pmi_put,
+    messages.PmiInit.KIND: Broker._on_pmi_init,
+    messages.StdinAck.KIND: Broker._on_stdin_ack,
+    messages.Abort.KIND: Broker._on_abort,
+    messages.Refusal.KIND: Broker._on_error,
 }
+# Kinds a rank that has not joined this epoch may send (protocol.md §2.6): the rest is answered `rejoin`.
+_BEFORE_JOIN = frozenset({messages.Join.KIND, messages.Heartbeat.KIND, messages.Output.KIND})
 
 
 def _has_terminal() -> bool:

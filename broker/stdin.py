@@ -92,7 +92,7 @@ class StdinRelay:
         state.seq += 1
         state.waiting[seq] = (set(state.targets), answer, [False])
         for rank, tasks in state.targets.items():
-            self.send("stdin", rank, {"job": job_id, "seq": seq, "tasks": tasks, "data": data, "eof": eof})
+            messages.send(self.send, rank, messages.Stdin(job_id, seq, tasks, data, eof))
 
 
 def _answer(answer: Answer, reading: bool) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 from minicluster.config import InstanceConfig
 from minicluster.model import outputpath
 from minicluster.model.text import cut
-from minicluster.proto import topology
-from minicluster.proto.envelope import Message
+from minicluster.proto import messages, topology
+from minicluster.proto.envelope import BadMessage, Message
 from worker.containment import contain
 from worker.executor import STATUS_CANNOT_RUN, STATUS_NOT_FOUND, TaskExecutor, TaskResult, TaskSpec, TestExecutor
 from worker.lines import LineBuffers
@@ -76,12 +76,12 @@ class WorkerAgent:
         self._setpriv = shutil.which("setpriv", path=TRUSTED_PATH)
         if self._uid == 0 and self._setpriv is None:
             log.warning("setpriv (util-linux) is not in %s: tasks of other users will fail", TRUSTED_PATH)
-        self.jobs: dict[int, dict[str, Any]] = {}
+        self.jobs: dict[int, messages.JobInfo] = {}
         self.running: dict[Key, tuple[list[int], list[int]]] = {}
         # Attempt numbers (protocol.md §2.9) of running tasks past their first attempt, and runs of a newer
         # attempt that wait for the older one, which rank 0 killed, to exit: key -> (entry, jobinfo).
         self.attempts: dict[Key, int] = {}
-        self._after_exit: dict[Key, tuple[list[Any], dict[str, Any]]] = {}
+        self._after_exit: dict[Key, tuple[list[Any], messages.JobInfo]] = {}
         self.job_running: dict[int, int] = {}
         self.output_sent: dict[int, int] = {}
         self.unacked: dict[Key, list[Any]] = {}
@@ -103,7 +103,7 @@ class WorkerAgent:
             if not self.welcomed.is_set():
                 self.join()
             self._hb_seq += 1
-            self.send("hb", 0, {"seq": self._hb_seq, "running": len(self.running)})
+            messages.send(self.send, 0, messages.Heartbeat(self._hb_seq, len(self.running)))
             if self.unacked and self.welcomed.is_set():
                 self._resend_results()
             try:
@@ -117,9 +117,8 @@ class WorkerAgent:
                    for (job, task), (cores, gpus) in self.running.items()]
         # Results travel with the join, so a restarted rank 0 knows what ended before it settles reattachment.
         results = list(self.unacked.values())[:JOIN_RESULTS]
-        self.send("join", 0, {"pid": os.getpid(), "hostname": self.resources.hostname,
-                              "resources": self.resources.to_wire(), "running": running, "results": results,
-                              "epoch": self.epoch})
+        messages.send(self.send, 0, messages.Join(os.getpid(), self.resources.hostname, self.resources.to_wire(),
+                                                  running, results, self.epoch))
 
     async def shutdown(self) -> None:
         await self.executor.shutdown(self.config.kill_grace)
@@ -132,15 +131,27 @@ class WorkerAgent:
     # --- messages from rank 0 ------------------------------------------------------------------------------
 
     def handle(self, msg: Message) -> None:
+        """Decode a message once, here: a missing or mistyped field is answered with `error` (protocol.md §2.5)
+        and goes no further."""
         handler = _HANDLERS.get(msg.kind)
         if handler is None:
-            self.send("error", msg.src,
-                      {"code": "unknown-kind", "message": f"unknown kind {msg.kind!r}", "ref": msg.kind})
+            messages.send(self.send, msg.src,
+                          messages.Refusal("unknown-kind", f"unknown kind {msg.kind!r}", msg.kind))
             return
-        handler(self, msg.body)
+        try:
+            order = messages.decode_order(msg.kind, msg.body)
+        except BadMessage as exc:
+            log.warning("rank %d refused a %s message from rank %d: %s", self.rank, msg.kind, msg.src, exc)
+            messages.send(self.send, msg.src, messages.refusal(msg.kind, exc))
+            return
+        if order.dropped:
+            log.warning("rank %d: %d malformed rows of a %s message were dropped", self.rank, order.dropped, msg.kind)
+            messages.send(self.send, msg.src, messages.Refusal(
+                "bad-request", f"{msg.kind}: {order.dropped} malformed rows were dropped", msg.kind))
+        handler(self, order)
 
-    def _on_welcome(self, body: dict[str, Any]) -> None:
-        epoch = int(body.get("epoch", 0))
+    def _on_welcome(self, welcome: messages.Welcome) -> None:
+        epoch = welcome.epoch
         if epoch != self.epoch:
             self.epoch = epoch
             # A new broker relays no stdin for tasks started under the old one: give them end-of-file.
@@ -148,17 +159,15 @@ class WorkerAgent:
             self._resend_results()
         self.welcomed.set()
 
-    def _on_rejoin(self, body: dict[str, Any]) -> None:
+    def _on_rejoin(self, _rejoin: messages.Rejoin) -> None:
         self.welcomed.clear()
         self.join()
 
-    def _on_run(self, body: dict[str, Any]) -> None:
-        jobs = body.get("jobs", {})
-        for job_id, info in jobs.items():
-            self.jobs[int(job_id)] = info
+    def _on_run(self, run: messages.Run) -> None:
+        self.jobs.update(run.jobs)
         local: dict[int, list[list[Any]]] = {}
-        for entry in body.get("tasks", []):
-            local.setdefault(int(entry[0]), []).append(entry)
+        for entry in run.tasks:
+            local.setdefault(entry[0], []).append(entry)
         for job_id, entries in local.items():
             info = self.jobs.get(job_id)
             if info is None:
@@ -166,7 +175,7 @@ class WorkerAgent:
                 continue
             fresh = self._fresh(job_id, entries, info)
             try:
-                pmi_env = self.pmi.prepare(job_id, info, [e[1] for e in fresh]) if info.get("mpi") else None
+                pmi_env = self.pmi.prepare(job_id, info, [e[1] for e in fresh]) if info.mpi else None
             except Exception as exc:  # e.g. no libpmix on this node: the job fails, the worker runs on
                 log.error("job %d: cannot serve PMI: %s", job_id, exc)
                 self.pmi.finished(job_id)
@@ -183,7 +192,7 @@ class WorkerAgent:
             if pmi_env is not None:
                 self.pmi.spawned(job_id)
 
-    def _fresh(self, job_id: int, entries: list[list[Any]], info: dict[str, Any]) -> list[list[Any]]:
+    def _fresh(self, job_id: int, entries: list[list[Any]], info: messages.JobInfo) -> list[list[Any]]:
         """The entries to start now: not a repeat of a run this rank has (running or ended, not yet
         acknowledged); a newer attempt of a task still running waits for it to exit."""
         fresh = []
@@ -204,13 +213,13 @@ class WorkerAgent:
         attempt = self.attempts.get(key, 0)
         return [attempt] if attempt else []
 
-    def _start(self, job: int, task: int, index: int, cores: list[int], gpus: list[int], info: dict[str, Any],
+    def _start(self, job: int, task: int, index: int, cores: list[int], gpus: list[int], info: messages.JobInfo,
                pmi_env: dict[int, tuple[dict[str, str], tuple[int, ...]]] | None, attempt: int = 0) -> None:
         key = (job, task)
-        env = dict(info["env"])
-        env.update(MC_JOB_ID=str(job), MC_TASK_RANK=str(task), MC_TASK_COUNT=str(info["ntasks"]),
+        env = dict(info.env)
+        env.update(MC_JOB_ID=str(job), MC_TASK_RANK=str(task), MC_TASK_COUNT=str(info.ntasks),
                    MC_NODE_RANK=str(self.rank), MC_TASK_ATTEMPT=str(attempt), MC_URI=self.uri)
-        if info.get("array"):
+        if info.array:
             env["MC_TASK_INDEX"] = str(index)
         if attempt:
             self.attempts[key] = attempt
@@ -220,19 +229,19 @@ class WorkerAgent:
             env.update(extra)
         argv, user = self._command(info, index)
         try:
-            path = outputpath.expand(info["output"], job, task, index) if info.get("output") else None
+            path = outputpath.expand(info.output, job, task, index) if info.output else None
         except outputpath.TemplateError as exc:
             raise _CannotStart(STATUS_CANNOT_RUN, f"output: {exc}") from None
-        if path is not None and info.get("cwd"):
-            path = os.path.join(info["cwd"], path)  # a relative path is the task's, as its cwd is; not the worker's
+        if path is not None and info.cwd:
+            path = os.path.join(info.cwd, path)  # a relative path is the task's, as its cwd is; not the worker's
         self.running[key] = (cores, gpus)
         bind = tuple(cores) if self.resources.pinned else ()
         if self._real_cores is not None:
             bind = tuple(sorted({self._real_cores[c % len(self._real_cores)] for c in cores}))
         self.job_running[job] = self.job_running.get(job, 0) + 1
-        stdin_fd = self.stdin.open(key) if task in info.get("stdin", ()) else None
+        stdin_fd = self.stdin.open(key) if task in info.stdin else None
         try:
-            self.executor.start(TaskSpec(key=key, argv=argv, env=env, cwd=info.get("cwd"), cores=bind,
+            self.executor.start(TaskSpec(key=key, argv=argv, env=env, cwd=info.cwd, cores=bind,
                                          gpus=tuple(gpus), stdout_path=path, stderr_path=path, pass_fds=fds,
                                          stdin_fd=stdin_fd, memory_group=self._memory_group(key, info),
                                          user=user))
@@ -240,24 +249,23 @@ class WorkerAgent:
             if stdin_fd is not None:
                 os.close(stdin_fd)
 
-    def _command(self, info: dict[str, Any], index: int) -> tuple[tuple[str, ...], tuple[int, int] | None]:
+    def _command(self, info: messages.JobInfo, index: int) -> tuple[tuple[str, ...], tuple[int, int] | None]:
         """The task's argv, and the (uid, gid) it runs as when that is not this worker's own.
 
         A root worker runs a guest's tasks under the guest's ids with setpriv (util-linux), found at start-up
         on TRUSTED_PATH, never on the job's PATH; the executor opens the task's files as the guest too.
         """
-        argv = tuple(a.replace("{cc}", str(index)) for a in info["argv"])
-        uid = info.get("uid", self._uid)
+        argv = tuple(a.replace("{cc}", str(index)) for a in info.argv)
+        uid, gid = info.uid, info.gid
         if uid == self._uid:
             return argv, None
-        gid = info.get("gid", uid)
         if self._setpriv is None:
             raise _CannotStart(STATUS_NOT_FOUND, f"cannot run tasks of uid {uid}: setpriv (util-linux) is not in "
                                f"{TRUSTED_PATH}")
         return (self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv), (uid, gid)
 
-    def _memory_group(self, key: Key, info: dict[str, Any]) -> TaskMemoryGroup | None:
-        limit = int(info.get("mem_per_task") or 0)
+    def _memory_group(self, key: Key, info: messages.JobInfo) -> TaskMemoryGroup | None:
+        limit = info.mem_per_task
         if not limit or self.memory is None:
             return None
         try:
@@ -276,39 +284,37 @@ class WorkerAgent:
         for task in tasks:
             loop.call_soon(self._on_exit, TaskResult((job, task), status, None, None, error, None, now, now))
 
-    def _on_kill(self, body: dict[str, Any]) -> None:
-        sig = int(body.get("signal", signal.SIGTERM))
-        grace = float(body.get("grace", 0.0))
-        for job, task in body.get("keys", []):
-            key = (int(job), int(task))
+    def _on_kill(self, kill: messages.Kill) -> None:
+        for job, task, *_ in kill.keys:
+            key = (job, task)
             if key not in self.running:
                 continue
-            if sig == signal.SIGTERM and grace > 0:
-                self.executor.terminate(key, grace)
+            if kill.signal == signal.SIGTERM and kill.grace > 0:
+                self.executor.terminate(key, kill.grace)
             else:
-                self.executor.signal(key, sig)
+                self.executor.signal(key, kill.signal)
 
-    def _on_done_ack(self, body: dict[str, Any]) -> None:
-        for entry in body.get("keys", []):
+    def _on_done_ack(self, ack: messages.DoneAck) -> None:
+        for entry in ack.keys:
             key = (entry[0], entry[1])
             row = self.unacked.get(key)
             # Only the acknowledged attempt's result (protocol.md §2.9); a missing attempt means 0.
             if row is not None and (row[8] if len(row) > 8 else 0) == (entry[2] if len(entry) > 2 else 0):
                 del self.unacked[key]
 
-    def _on_pmi_kvs(self, body: dict[str, Any]) -> None:
-        self.pmi.exchanged(int(body["job"]), int(body["seq"]), body)
+    def _on_pmi_kvs(self, kvs: messages.PmiKvs) -> None:
+        self.pmi.exchanged(kvs)
 
-    def _on_pmix_dmodex(self, body: dict[str, Any]) -> None:
-        self.pmi.pmix.dmodex_request(body)
+    def _on_pmix_dmodex(self, request: messages.DmodexRequest) -> None:
+        self.pmi.pmix.dmodex_request(request)
 
-    def _on_pmix_dmodex_data(self, body: dict[str, Any]) -> None:
-        self.pmi.pmix.dmodex_reply(body)
+    def _on_pmix_dmodex_data(self, reply: messages.DmodexReply) -> None:
+        self.pmi.pmix.dmodex_reply(reply)
 
-    def _on_shutdown(self, body: dict[str, Any]) -> None:
+    def _on_shutdown(self, shutdown: messages.Shutdown) -> None:
         # Shutdown travels down the tree: a rank passes it on before it stops routing for its subtree.
         for child in topology.children(self.rank, self.config.fanout, self.config.tree_size):
-            self.send("shutdown", child, {})
+            messages.send(self.send, child, shutdown)
         self._stopping = asyncio.get_running_loop().create_task(self.shutdown())
         self._stopping.add_done_callback(self._shutdown_ended)
 
@@ -318,8 +324,8 @@ class WorkerAgent:
             log.critical("rank %d: shutdown failed", self.rank, exc_info=task.exception())
             self.stopped.set()
 
-    def _on_error(self, body: dict[str, Any]) -> None:
-        log.warning("rank 0 refused a %s message: %s", body.get("ref"), body.get("message"))
+    def _on_error(self, refusal: messages.Refusal) -> None:
+        log.warning("rank 0 refused a %s message: %s", refusal.ref, refusal.message)
 
     # --- executor callbacks --------------------------------------------------------------------------------
 
@@ -374,7 +380,7 @@ class WorkerAgent:
         waiting = self._after_exit.pop(key, None)
         if waiting is not None:
             entry, info = waiting
-            self._on_run({"jobs": {key[0]: info}, "tasks": [entry]})
+            self._on_run(messages.Run({key[0]: info}, [entry]))
 
     def _forget_job(self, job: int) -> None:
         """The job's last task here ended: drop its info (every `run` carries it) and PMI server."""
@@ -387,23 +393,21 @@ class WorkerAgent:
         if not group.remove() and tries:
             asyncio.get_running_loop().call_later(0.5, self._remove_group, group, tries - 1)
 
-    def _on_stdin(self, body: dict[str, Any]) -> None:
-        job, seq = int(body["job"]), int(body["seq"])
-        tasks = [int(t) for t in body.get("tasks", ())]
-        data, eof = bytes(body.get("data") or b""), bool(body.get("eof"))
-        left = [len(tasks)]
+    def _on_stdin(self, stdin: messages.Stdin) -> None:
+        job, seq = stdin.job, stdin.seq
+        left = [len(stdin.tasks)]
         reading = [False]
 
         def written(still_reading: bool) -> None:
             reading[0] = reading[0] or still_reading
             left[0] -= 1
             if left[0] == 0:
-                self.send("stdin-ack", 0, {"job": job, "seq": seq, "open": reading[0]})
+                messages.send(self.send, 0, messages.StdinAck(job, seq, reading[0]))
 
-        if not tasks:
-            self.send("stdin-ack", 0, {"job": job, "seq": seq, "open": False})
-        for task in tasks:
-            self.stdin.write((job, task), data, eof, written)
+        if not stdin.tasks:
+            messages.send(self.send, 0, messages.StdinAck(job, seq, False))
+        for task in stdin.tasks:
+            self.stdin.write((job, task), stdin.data, stdin.eof, written)
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -414,34 +418,33 @@ class WorkerAgent:
         self._flush_scheduled = False
         self._flush_output()
         if self._done:
-            self.send("done", 0, {"results": self._done})
+            messages.send(self.send, 0, messages.Done(self._done))
             self._done = []
 
     def _flush_output(self) -> None:
         if self._out:
-            self.send("out", 0, {"chunks": self._out})
+            messages.send(self.send, 0, messages.Output(self._out))
             self._out, self._out_bytes = [], 0
 
     def _resend_results(self) -> None:
         rows = list(self.unacked.values())
         for start in range(0, len(rows), 10_000):
-            self.send("done", 0, {"results": rows[start:start + 10_000]})
+            messages.send(self.send, 0, messages.Done(rows[start:start + 10_000]))
 
 
-_HANDLERS: dict[str, Callable[[WorkerAgent, dict[str, Any]], None]] = {
-    "welcome": WorkerAgent._on_welcome,
-    "rejoin": WorkerAgent._on_rejoin,
-    "run": WorkerAgent._on_run,
-    "kill": WorkerAgent._on_kill,
-    "done-ack": WorkerAgent._on_done_ack,
-    "pmi-kvs": WorkerAgent._on_pmi_kvs,
-    "pmix-dmodex": WorkerAgent._on_pmix_dmodex,
-    "pmix-dmodex-data": WorkerAgent._on_pmix_dmodex_data,
-    "stdin": WorkerAgent._on_stdin,
-    "shutdown": WorkerAgent._on_shutdown,
-    "error": WorkerAgent._on_error,
+_HANDLERS: dict[str, Callable[[WorkerAgent, Any], None]] = {
+    messages.Welcome.KIND: WorkerAgent._on_welcome,
+    messages.Rejoin.KIND: WorkerAgent._on_rejoin,
+    messages.Run.KIND: WorkerAgent._on_run,
+    messages.Kill.KIND: WorkerAgent._on_kill,
+    messages.DoneAck.KIND: WorkerAgent._on_done_ack,
+    messages.PmiKvs.KIND: WorkerAgent._on_pmi_kvs,
+    messages.DmodexRequest.KIND: WorkerAgent._on_pmix_dmodex,
+    messages.DmodexReply.KIND: WorkerAgent._on_pmix_dmodex_data,
+    messages.Stdin.KIND: WorkerAgent._on_stdin,
+    messages.Shutdown.KIND: WorkerAgent._on_shutdown,
+    messages.Refusal.KIND: WorkerAgent._on_error,
 }
 
 WORKER_KINDS = frozenset(_HANDLERS)
-# Kinds one worker sends another (rank 0's agent included), not only rank 0 its workers.
-PEER_KINDS = frozenset({"pmix-dmodex", "pmix-dmodex-data"})
+PEER_KINDS = messages.PEER_KINDS

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from minicluster.proto import messages
 from worker.pmi import detect
 from worker.pmi.engine import process_mapping
 from worker.pmi.mpienv import mpi_env_defaults
@@ -39,7 +40,7 @@ class _OverlayExchange:
             return local_kvs  # every task of the job is on this rank: no round trip to rank 0
         fut = asyncio.get_running_loop().create_future()
         self.waiting[seq] = fut
-        self.send("pmi-put", 0, {"job": self.job, "seq": seq, "kvs": local_kvs})
+        messages.send(self.send, 0, messages.PmiPut(self.job, seq, kvs=local_kvs))
         return await fut
 
     def deliver(self, seq: int, kvs: dict[str, str]) -> None:
@@ -63,10 +64,10 @@ class PMIJobs:
     def kvsname(self, job: int) -> str:
         return f"mc-{job}-{self.nonce}"
 
-    def prepare(self, job: int, info: dict[str, Any], tasks: list[int]) -> TaskEnv:
+    def prepare(self, job: int, info: messages.JobInfo, tasks: list[int]) -> TaskEnv:
         """Start serving PMI for this rank's `tasks` of `job`; returns each task's env and fds to pass."""
         modes = serve_modes(info)
-        out: TaskEnv = {task: ({**mpi_env_defaults(), **info["env"]}, ()) for task in tasks}
+        out: TaskEnv = {task: ({**mpi_env_defaults(), **info.env}, ()) for task in tasks}
         if "pmi1" in modes:
             for task, (env, fds) in self._prepare_pmi1(job, info, tasks).items():
                 out[task] = ({**out[task][0], **env}, fds)
@@ -75,16 +76,16 @@ class PMIJobs:
                 out[task] = ({**out[task][0], **env}, out[task][1])
         return out
 
-    def _prepare_pmi1(self, job: int, info: dict[str, Any], tasks: list[int]) -> TaskEnv:
-        layout = sorted((int(r), int(n)) for r, n in info["layout"])
+    def _prepare_pmi1(self, job: int, info: messages.JobInfo, tasks: list[int]) -> TaskEnv:
+        layout = sorted((r, n) for r, n in info.layout)
         exchange = _OverlayExchange(job, self.send, single_node=len(layout) == 1)
         server = PMIJobServer(
-            kvsname=self.kvsname(job), universe_size=int(info["ntasks"]), local_ranks=sorted(tasks),
+            kvsname=self.kvsname(job), universe_size=info.ntasks, local_ranks=sorted(tasks),
             process_mapping=process_mapping([n for _, n in layout]), exchange=exchange,
-            on_abort=lambda task, code, message: self.send(
-                "abort", 0, {"job": job, "task": task, "code": code, "message": message, "t": time.time()}),
+            on_abort=lambda task, code, message: messages.send(
+                self.send, 0, messages.Abort(job, task, code, message, time.time())),
             # The job is an MPI job: rank 0 then ends it when a task fails (protocol.md §3.6).
-            on_init=lambda: self.send("pmi-init", 0, {"job": job}),
+            on_init=lambda: messages.send(self.send, 0, messages.PmiInit(job)),
         )
         self._servers[job] = (server, exchange)
         out: TaskEnv = {}
@@ -98,14 +99,14 @@ class PMIJobs:
         if entry is not None:
             entry[0].close_child_fds()
 
-    def exchanged(self, job: int, seq: int, body: dict[str, Any]) -> None:
+    def exchanged(self, kvs: messages.PmiKvs) -> None:
         """A `pmi-kvs`: the merged PMI-1 key-value set (`kvs`) or the PMIx fence data (`data`)."""
-        if isinstance(body.get("data"), bytes):
-            self.pmix.exchanged(job, seq, body["data"])
+        if kvs.data is not None:
+            self.pmix.exchanged(kvs.job, kvs.seq, kvs.data)
             return
-        entry = self._servers.get(job)
-        if entry is not None and isinstance(body.get("kvs"), dict):
-            entry[1].deliver(seq, body["kvs"])
+        entry = self._servers.get(kvs.job)
+        if entry is not None and kvs.kvs is not None:
+            entry[1].deliver(kvs.seq, kvs.kvs)
 
     def finished(self, job: int) -> None:
         """The job's last task on this rank ended: stop serving and reap segments its killed ranks left."""
@@ -125,16 +126,14 @@ class PMIJobs:
         self.pmix.close_all()
 
 
-def serve_modes(info: dict[str, Any]) -> set[str]:
+def serve_modes(info: messages.JobInfo) -> set[str]:
     """Which PMI servers a job's tasks get: `mpi` is "pmi1", "pmix" or "auto" (true from an older broker
     means "pmi1").  "auto" looks at the program's shared libraries and serves both when they do not tell."""
-    mode = info.get("mpi")
+    mode = info.mpi
     if mode is True:
         return {"pmi1"}
     if mode != "auto":
         return {mode} if mode in ("pmi1", "pmix") else set()
-    env = info.get("env", {})
-    uid = info.get("uid", os.getuid())
-    user = (uid, info.get("gid", uid)) if uid != os.getuid() else None
-    picked = detect.pmi_for(info["argv"][0], env.get("PATH"), info.get("cwd"), user)
+    user = (info.uid, info.gid) if info.uid != os.getuid() else None
+    picked = detect.pmi_for(info.argv[0], info.env.get("PATH"), info.cwd, user)
     return {picked} if picked else {"pmi1", "pmix"}

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from minicluster.proto import messages
 from worker.pmi import libpmix
 from worker.pmi.libpmix import InfoArray
 from worker.pmi.pmix_host import Complete, PMIxHost, Upcalls
@@ -67,12 +68,12 @@ class PMIxJobs:
             log.info("PMIx server (%s) serving from %s", self.host.version, tmpdir)
         return self.host
 
-    def prepare(self, job: int, info: dict[str, Any], tasks: list[int]) -> dict[int, dict[str, str]]:
+    def prepare(self, job: int, info: messages.JobInfo, tasks: list[int]) -> dict[int, dict[str, str]]:
         """Register `job` with the PMIx server; returns each local task's PMIx environment."""
         host = self._server()
-        layout = JobLayout.from_wire(info["layout"])
+        layout = JobLayout.from_wire(info.layout)
         nspace = self.nspace(job)
-        uid, gid = int(info.get("uid", os.getuid())), int(info.get("gid", os.getgid()))
+        uid, gid = info.uid, info.gid
         tmpdir = os.path.join(host.tmpdir, nspace)
         os.makedirs(tmpdir, mode=0o700, exist_ok=True)
         if uid != os.getuid():
@@ -107,24 +108,22 @@ class PMIxJobs:
         if complete is not None:
             complete(libpmix.SUCCESS, data)
 
-    def dmodex_request(self, body: dict[str, Any]) -> None:
+    def dmodex_request(self, request: messages.DmodexRequest) -> None:
         """A peer worker asks for the data one of our tasks committed."""
-        job, task, ident, peer = int(body["job"]), int(body["task"]), body["id"], int(body["from"])
 
         def reply(status: int, data: bytes) -> None:
-            self.send("pmix-dmodex-data", peer, {"job": job, "id": ident, "status": status, "data": data})
+            messages.send(self.send, request.sender, messages.DmodexReply(request.job, request.id, status, data))
 
-        entry = self._jobs.get(job)
+        entry = self._jobs.get(request.job)
         if entry is None or self.host is None:
             reply(libpmix.ERR_NOT_FOUND, b"")
             return
-        self.host.dmodex_request(entry.nspace, task, reply)
+        self.host.dmodex_request(entry.nspace, request.task, reply)
 
-    def dmodex_reply(self, body: dict[str, Any]) -> None:
-        complete = self._dmodex.pop(int(body["id"]), None)
-        data = body.get("data")
+    def dmodex_reply(self, reply: messages.DmodexReply) -> None:
+        complete = self._dmodex.pop(reply.id, None)
         if complete is not None:
-            complete(int(body["status"]), data if isinstance(data, bytes) else b"")
+            complete(reply.status, reply.data)
 
     # --- upcalls from the PMIx server (on the event loop) ---------------------------------------------------
 
@@ -140,7 +139,7 @@ class PMIxJobs:
             complete(libpmix.SUCCESS, data)  # every rank is here: nothing to trade
             return
         entry.fences[seq] = complete
-        self.send("pmi-put", 0, {"job": job, "seq": seq, "data": data})
+        messages.send(self.send, 0, messages.PmiPut(job, seq, data=data))
 
     def _direct_modex(self, nspace: str, rank: int, complete: Complete) -> None:
         job = self._by_nspace.get(nspace)
@@ -154,19 +153,19 @@ class PMIxJobs:
             return
         ident = next(self._ids)
         self._dmodex[ident] = complete
-        self.send("pmix-dmodex", owner, {"job": job, "task": rank, "id": ident, "from": self.rank})
+        messages.send(self.send, owner, messages.DmodexRequest(job, rank, ident, self.rank))
 
     def _connected(self, nspace: str) -> None:
         """The first task of a job called PMIx_Init here: rank 0 treats the job as MPI from now on (§3.6)."""
         job = self._by_nspace.get(nspace)
         if job is not None and not self._jobs[job].connected:
             self._jobs[job].connected = True
-            self.send("pmi-init", 0, {"job": job})
+            messages.send(self.send, 0, messages.PmiInit(job))
 
     def _abort(self, nspace: str, rank: int, status: int, message: str, when: float) -> None:
         job = self._by_nspace.get(nspace)
         if job is not None:
-            self.send("abort", 0, {"job": job, "task": rank, "code": status, "message": message, "t": when})
+            messages.send(self.send, 0, messages.Abort(job, rank, status, message, when))
 
 
 def job_env(tmpdir: str) -> dict[str, str]:

@@ -9,16 +9,17 @@ from broker.brokerview import BrokerView
 from broker.access import check_readable
 from broker.clientapi import Peer
 from broker.jobmanager import JobError
-from broker.ops import _field, _owner_only, _then, op
+from broker.ops import _owner_only, _then, op
 from broker.share import banks, reports
 from broker.share.service import uid_of
+from minicluster.proto import requests
 
 QUEUE_ACTIONS = ("start", "stop", "enable", "disable")
 _DEFAULT_REASON = {"stop": "stopped by the instance owner", "disable": "disabled by the instance owner"}
 
 
 @op("queues")
-def queues(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def queues(broker: BrokerView, peer: Peer, req: requests.Empty) -> dict[str, Any]:
     sharing = broker.sharing
     limits = sharing.scheduler.limits
     gauges = sharing.gauges()["queues"]
@@ -32,16 +33,16 @@ def queues(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any
     return {"default": sharing.default_queue, "queues": out}
 
 
-@op("queue-control")
-def queue_control(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
-    action = _field(req, "action", str)
+@op("queue-control", requests.QueueControl)
+def queue_control(broker: BrokerView, peer: Peer, req: requests.QueueControl) -> asyncio.Future[dict[str, Any]]:
+    action = req.action
     if action not in QUEUE_ACTIONS:
         raise JobError("bad-request", f"action must be one of {', '.join(QUEUE_ACTIONS)}, got {action!r}")
     _owner_only(broker, peer, f"{action} queues")
-    names = _field(req, "queues", list, [])
+    names = req.queues
     if not all(isinstance(n, str) for n in names):
         raise JobError("bad-request", "queues must be a list of queue names")
-    reason = _field(req, "reason", str, "")[:256]
+    reason = req.reason[:256]
     sharing = broker.sharing
     changed = sharing.set_state(names or list(sharing.queues), action, reason or _DEFAULT_REASON.get(action, ""))
     broker.manager.wake_scheduler()
@@ -49,49 +50,43 @@ def queue_control(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asynci
 
 
 @op("banks")
-def bank_list(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+def bank_list(broker: BrokerView, peer: Peer, req: requests.Empty) -> dict[str, Any]:
     return {"banks": banks.listing(broker.sharing, time.time())}
 
 
-@op("bank-add")
-def bank_add(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+@op("bank-add", requests.BankAdd)
+def bank_add(broker: BrokerView, peer: Peer, req: requests.BankAdd) -> asyncio.Future[dict[str, Any]]:
     _owner_only(broker, peer, "change banks")
-    bank = _field(req, "bank", str)
-    shares = _field(req, "shares", int, 1)
-    if "user" in req:
-        statements = banks.add_member(broker.sharing, bank, uid_of(req["user"]), shares,
-                                      _field(req, "default", bool, False))
+    if req.user is not None:
+        statements = banks.add_member(broker.sharing, req.bank, uid_of(req.user), req.shares, req.default)
     else:
-        statements = banks.add_bank(broker.sharing, bank, _field(req, "parent", str, "root"), shares)
+        statements = banks.add_bank(broker.sharing, req.bank, req.parent, req.shares)
     broker.sharing.refresh(time.time())
     return _then(broker.journal.write(statements), {})
 
 
-@op("bank-remove")
-def bank_remove(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+@op("bank-remove", requests.BankRemove)
+def bank_remove(broker: BrokerView, peer: Peer, req: requests.BankRemove) -> asyncio.Future[dict[str, Any]]:
     _owner_only(broker, peer, "change banks")
-    bank = _field(req, "bank", str)
-    if "user" in req:
-        statements = banks.remove_member(broker.sharing, broker.manager, bank, uid_of(req["user"]))
+    if req.user is not None:
+        statements = banks.remove_member(broker.sharing, broker.manager, req.bank, uid_of(req.user))
     else:
-        statements = banks.remove_bank(broker.sharing, broker.manager, bank)
+        statements = banks.remove_bank(broker.sharing, broker.manager, req.bank)
     broker.sharing.refresh(time.time())
     return _then(broker.journal.write(statements), {})
 
 
-def _time(req: dict[str, Any], name: str) -> float | None:
-    value = _field(req, name, (int, float), None)
-    if value is not None and (isinstance(value, bool) or not 0 <= value < 1e12):
+def _time(value: float | None, name: str) -> float | None:
+    if value is not None and not 0 <= value < 1e12:
         raise JobError("bad-request", f"{name} must be a time in seconds since the epoch, got {value!r}")
     return value
 
 
-@op("usage")
-def usage(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
-    uid = uid_of(req["user"]) if req.get("user") is not None else None
-    project = _field(req, "project", str, None)
-    since, until = _time(req, "since"), _time(req, "until")
-    by_queue = _field(req, "by_queue", bool, False)
+@op("usage", requests.Usage)
+def usage(broker: BrokerView, peer: Peer, req: requests.Usage) -> Any:
+    uid = uid_of(req.user) if req.user is not None else None
+    project, by_queue = req.project, req.by_queue
+    since, until = _time(req.since, "since"), _time(req.until, "until")
     rows = broker.journal.read(lambda c: reports.usage_rows(c, uid, project, since, until, by_queue))
     return asyncio.ensure_future(_wrap(rows))
 
@@ -100,9 +95,9 @@ async def _wrap(rows: Any) -> dict[str, Any]:
     return {"usage": await rows}
 
 
-@op("job-usage")
-def job_usage(broker: BrokerView, peer: Peer, req: dict[str, Any]) -> Any:
-    job_id = _field(req, "job", int)
+@op("job-usage", requests.OneJob)
+def job_usage(broker: BrokerView, peer: Peer, req: requests.OneJob) -> Any:
+    job_id = req.job
     record = broker.manager.jobs.get(job_id)
     if record is not None:
         check_readable(broker, peer, job_id, record.uid)

@@ -19,7 +19,7 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 
 from minicluster.config import InstanceConfig
 from minicluster.overlay import curve
-from minicluster.proto import envelope, topology
+from minicluster.proto import envelope, messages, topology
 from minicluster.proto.envelope import BadMessage, Message
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ class Overlay:
             self.bad_frames += 1
             log.warning("rank %d: dropped a bad frame: %s", self.rank, exc)
             if exc.src is not None and exc.code == "version":
-                self.send("error", exc.src, {"code": "version", "message": str(exc), "ref": ""})
+                messages.send(self.send, exc.src, messages.refusal("", exc))
             return
         try:
             self.handler(msg)

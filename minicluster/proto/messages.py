@@ -1,199 +1,304 @@
-"""Typed overlay messages a worker sends rank 0 (protocol.md §2.5): checked once, where rank 0 reads them.
+"""Typed overlay messages (protocol.md §2.5): a dataclass per kind, built by its sender, checked once by its receiver.
 
-`decode(kind, body)` turns a body into its dataclass, or raises BadMessage (code `bad-request`, naming the field)
-so the sender can be told; the broker's handlers then read attributes, never `.get()` with a guess. Workers
-build their bodies with `to_body()`. Rows (`done` results, `out` chunks, `join.running`) stay lists, for speed,
-but each is checked here: a malformed row is dropped and counted in `dropped`, the rest of the message counts.
-No I/O.
+Each direction has its table: TO_RANK0 (what a worker sends rank 0, decoded by the broker's dispatch) and
+TO_WORKER (what rank 0 sends a worker, and worker ↔ worker kinds, decoded by the worker agent's `handle`).
+`decode(kind, body)` turns a body into its dataclass, or raises BadMessage (code `bad-request`, naming the
+field) so the sender can be told; handlers then read attributes, never `.get()` with a guess. Senders build the
+dataclass and `send(sender, dst, message)`. Field checks are one generic decoder over the dataclass fields
+(minicluster/proto/schema.py). Rows (`done` results, `out` chunks, `join.running`, `run` tasks, `kill` and
+`done-ack` keys) stay lists, for speed, but each is checked here: a malformed row is dropped and counted in
+`dropped`, the rest of the message counts. No I/O.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from minicluster.proto.envelope import BadMessage
+from minicluster.proto.schema import LOCAL, WireMessage, decode_as, encode, is_int, rows, wire
 
-
-def _get(body: dict[str, Any], kind: str, name: str, types: type | tuple[type, ...], default: Any = ...) -> Any:
-    if name not in body or body[name] is None:
-        if default is ...:
-            raise BadMessage(f"{kind}: missing field {name!r}", "bad-request")
-        return default
-    value = body[name]
-    if isinstance(value, bool) and types in (int, float, (int, float)):
-        raise BadMessage(f"{kind}: field {name!r} has the wrong type", "bad-request")
-    if not isinstance(value, types):
-        raise BadMessage(f"{kind}: field {name!r} has the wrong type", "bad-request")
-    return value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+Send = Callable[[str, int, dict[str, Any]], None]
 
 
 def _result_row(row: Any) -> bool:
     """[job, task, status, exit_code, signal, error, started, ended, (attempt, (usage))] (§2.5 `done`)."""
-    return (isinstance(row, list) and 8 <= len(row) <= 10 and _is_int(row[0]) and _is_int(row[1])
-            and _is_int(row[2]) and (len(row) < 9 or _is_int(row[8])))
+    # `type(v) is int`, not isinstance: as fast as a check gets, and it refuses bools; msgpack makes plain ints.
+    return (type(row) is list and 8 <= len(row) <= 10 and type(row[0]) is int and type(row[1]) is int
+            and type(row[2]) is int and (len(row) < 9 or type(row[8]) is int))
 
 
 def _chunk_row(row: Any) -> bool:
     """[job, task, stream, data] (§2.5 `out`)."""
-    return (isinstance(row, list) and len(row) == 4 and _is_int(row[0]) and _is_int(row[1])
-            and row[2] in (1, 2) and isinstance(row[3], bytes))
+    return (type(row) is list and len(row) == 4 and type(row[0]) is int and type(row[1]) is int
+            and row[2] in (1, 2) and type(row[3]) is bytes)
 
 
 def _running_row(row: Any) -> bool:
     """[job, task, cores, gpus, (attempt)] (§2.5 `join`)."""
-    return (isinstance(row, list) and 4 <= len(row) <= 5 and _is_int(row[0]) and _is_int(row[1])
-            and isinstance(row[2], list) and isinstance(row[3], list))
+    return (type(row) is list and 4 <= len(row) <= 5 and type(row[0]) is int and type(row[1]) is int
+            and type(row[2]) is list and type(row[3]) is list)
 
 
-def _rows(rows: list[Any], valid: Callable[[Any], bool]) -> tuple[list[Any], int]:
-    kept = [row for row in rows if valid(row)]
-    return kept, len(rows) - len(kept)
+def _task_row(row: Any) -> bool:
+    """[job, task, index, cores, gpus, (attempt)] (§2.5 `run`)."""
+    return (type(row) is list and 5 <= len(row) <= 6 and type(row[0]) is int and type(row[1]) is int
+            and type(row[2]) is int and type(row[3]) is list and type(row[4]) is list
+            and (len(row) < 6 or type(row[5]) is int))
 
+
+def _key_row(row: Any) -> bool:
+    """[job, task, (attempt)] (§2.5 `kill`, `done-ack`)."""
+    return type(row) is list and 2 <= len(row) <= 3 and all(type(v) is int for v in row)
+
+
+# --- worker → rank 0 ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat:
+class Heartbeat(WireMessage):
     """`hb` (§2.5, §2.6)."""
-    seq: int
-    running: int
-
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Heartbeat:
-        return cls(_get(body, "hb", "seq", int, 0), _get(body, "hb", "running", int, 0))
+    KIND: ClassVar[str] = "hb"
+    seq: int = 0
+    running: int = 0
 
 
 @dataclass(frozen=True, slots=True)
-class Join:
+class Join(WireMessage):
     """`join` (§2.5, §2.6): `resources` is §2.7, checked by broker/nodes.py against the graph."""
-    pid: int | None
-    hostname: str
-    resources: dict[str, Any]
-    running: list[Any]
-    results: list[Any]
-    epoch: int
-    dropped: int = 0
-
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Join:
-        running, bad_running = _rows(_get(body, "join", "running", list, []), _running_row)
-        results, bad_results = _rows(_get(body, "join", "results", list, []), _result_row)
-        return cls(_get(body, "join", "pid", int, None), _get(body, "join", "hostname", str, ""),
-                   _get(body, "join", "resources", dict, {}), running, results, _get(body, "join", "epoch", int, 0),
-                   bad_running + bad_results)
+    KIND: ClassVar[str] = "join"
+    pid: int | None = None
+    hostname: str = ""
+    resources: dict[str, Any] = field(default_factory=dict)
+    running: list[Any] = field(default_factory=list, metadata=rows(_running_row))
+    results: list[Any] = field(default_factory=list, metadata=rows(_result_row))
+    epoch: int = 0
+    dropped: int = field(default=0, metadata=LOCAL)
 
 
 @dataclass(frozen=True, slots=True)
-class Done:
+class Done(WireMessage):
     """`done` (§2.5, §2.9, §3.10)."""
-    results: list[Any]
-    dropped: int = 0
-
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Done:
-        return cls(*_rows(_get(body, "done", "results", list), _result_row))
+    KIND: ClassVar[str] = "done"
+    results: list[Any] = field(metadata=rows(_result_row))
+    dropped: int = field(default=0, metadata=LOCAL)
 
 
 @dataclass(frozen=True, slots=True)
-class Output:
+class Output(WireMessage):
     """`out` (§2.5): chunks of whole lines."""
-    chunks: list[Any]
-    dropped: int = 0
+    KIND: ClassVar[str] = "out"
+    chunks: list[Any] = field(metadata=rows(_chunk_row))
+    dropped: int = field(default=0, metadata=LOCAL)
 
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Output:
-        return cls(*_rows(_get(body, "out", "chunks", list), _chunk_row))
+
+def _one_of_kvs_and_data(kind: str, kvs: dict[str, str] | None, data: bytes | None) -> None:
+    if (kvs is None) == (data is None):
+        raise BadMessage(f"{kind}: exactly one of 'kvs' and 'data' is expected", "bad-request")
 
 
 @dataclass(frozen=True, slots=True)
-class PmiPut:
+class PmiPut(WireMessage):
     """`pmi-put` (§2.8): a PMI-1 barrier's `kvs`, or a PMIx fence's `data`."""
+    KIND: ClassVar[str] = "pmi-put"
     job: int
     seq: int
     kvs: dict[str, str] | None = None
     data: bytes | None = None
 
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> PmiPut:
-        put = cls(_get(body, "pmi-put", "job", int), _get(body, "pmi-put", "seq", int),
-                  _get(body, "pmi-put", "kvs", dict, None), _get(body, "pmi-put", "data", bytes, None))
-        if (put.kvs is None) == (put.data is None):
-            raise BadMessage("pmi-put: exactly one of 'kvs' and 'data' is expected", "bad-request")
-        if put.kvs is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in put.kvs.items()):
-            raise BadMessage("pmi-put: 'kvs' maps strings to strings", "bad-request")
-        return put
+    def check(self, kind: str) -> None:
+        _one_of_kvs_and_data(kind, self.kvs, self.data)
 
 
 @dataclass(frozen=True, slots=True)
-class PmiInit:
+class PmiInit(WireMessage):
     """`pmi-init` (§2.5, §3.6)."""
+    KIND: ClassVar[str] = "pmi-init"
     job: int
 
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> PmiInit:
-        return cls(_get(body, "pmi-init", "job", int))
-
 
 @dataclass(frozen=True, slots=True)
-class StdinAck:
+class StdinAck(WireMessage):
     """`stdin-ack` (§2.5, §3.8)."""
+    KIND: ClassVar[str] = "stdin-ack"
     job: int
     seq: int
-    open: bool
-
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> StdinAck:
-        return cls(_get(body, "stdin-ack", "job", int), _get(body, "stdin-ack", "seq", int),
-                   _get(body, "stdin-ack", "open", bool, False))
+    open: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class Abort:
+class Abort(WireMessage):
     """`abort` (§2.5, §2.8): `t` is when, on the worker's clock; None if an older worker did not say."""
+    KIND: ClassVar[str] = "abort"
     job: int
     task: int
     code: int
-    message: str
+    message: str = ""
     t: float | None = None
 
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Abort:
-        t = _get(body, "abort", "t", (int, float), None)
-        return cls(_get(body, "abort", "job", int), _get(body, "abort", "task", int), _get(body, "abort", "code", int),
-                   _get(body, "abort", "message", str, ""), None if t is None else float(t))
+
+# --- any → any ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Refusal(WireMessage):
+    """`error` (§2.5): the message of kind `ref` was refused."""
+    KIND: ClassVar[str] = "error"
+    code: str = ""
+    message: str = ""
+    ref: str = ""
+
+
+# --- rank 0 → worker ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Welcome(WireMessage):
+    """`welcome` (§2.5, §2.6): answers `join`."""
+    KIND: ClassVar[str] = "welcome"
+    epoch: int = 0
+    size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
-    """`error` (§2.5): the message of kind `ref` was refused."""
-    code: str
-    message: str
-    ref: str
+class Rejoin(WireMessage):
+    """`rejoin` (§2.5, §2.6)."""
+    KIND: ClassVar[str] = "rejoin"
+    epoch: int = 0
 
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Refusal:
-        return cls(_get(body, "error", "code", str, ""), _get(body, "error", "message", str, ""),
-                   _get(body, "error", "ref", str, ""))
+
+@dataclass(frozen=True, slots=True)
+class JobInfo(WireMessage):
+    """`jobinfo` of a `run` (§2.5): `mpi` true is an older rank 0's "pmi1"; `layout` is [[rank, ntasks], ...]."""
+    KIND: ClassVar[str] = "jobinfo"
+    argv: list[str]
+    env: dict[str, str]
+    ntasks: int
+    layout: list[Any]
+    uid: int
+    gid: int
+    cwd: str | None = None
+    output: str | None = None
+    mpi: str | bool | None = None
+    array: bool = False
+    stdin: list[int] = field(default_factory=list)
+    mem_per_task: int = 0
+
+    def check(self, kind: str) -> None:
+        if not self.argv:
+            raise BadMessage(f"{kind}: 'argv' is empty", "bad-request")
+        if not all(isinstance(r, list) and len(r) == 2 and is_int(r[0]) and is_int(r[1]) for r in self.layout):
+            raise BadMessage(f"{kind}: field 'layout' has the wrong type", "bad-request")
+
+
+@dataclass(frozen=True, slots=True)
+class Run(WireMessage):
+    """`run` (§2.5, §2.9): start tasks; `jobs` holds the info of every job `tasks` names."""
+    KIND: ClassVar[str] = "run"
+    jobs: dict[int, JobInfo] = field(default_factory=dict)
+    tasks: list[Any] = field(default_factory=list, metadata=rows(_task_row))
+    dropped: int = field(default=0, metadata=LOCAL)
+
+
+@dataclass(frozen=True, slots=True)
+class DoneAck(WireMessage):
+    """`done-ack` (§2.5, §2.9): keys [job, task, attempt] of durable results."""
+    KIND: ClassVar[str] = "done-ack"
+    keys: list[Any] = field(metadata=rows(_key_row))
+    dropped: int = field(default=0, metadata=LOCAL)
+
+
+@dataclass(frozen=True, slots=True)
+class Kill(WireMessage):
+    """`kill` (§2.5): keys [job, task]; `grace > 0` means SIGKILL after `grace` s."""
+    KIND: ClassVar[str] = "kill"
+    keys: list[Any] = field(metadata=rows(_key_row))
+    signal: int
+    grace: float = 0.0
+    dropped: int = field(default=0, metadata=LOCAL)
+
+
+@dataclass(frozen=True, slots=True)
+class PmiKvs(WireMessage):
+    """`pmi-kvs` (§2.8): the merged set of PMI-1 barrier `seq` (`kvs`), or PMIx fence `seq`'s `data`."""
+    KIND: ClassVar[str] = "pmi-kvs"
+    job: int
+    seq: int
+    kvs: dict[str, str] | None = None
+    data: bytes | None = None
+
+    def check(self, kind: str) -> None:
+        _one_of_kvs_and_data(kind, self.kvs, self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class Stdin(WireMessage):
+    """`stdin` (§2.5, §3.8)."""
+    KIND: ClassVar[str] = "stdin"
+    job: int
+    seq: int
+    tasks: list[int] = field(default_factory=list)
+    data: bytes = b""
+    eof: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown(WireMessage):
+    """`shutdown` (§2.5): travels down the tree."""
+    KIND: ClassVar[str] = "shutdown"
+
+
+# --- worker → worker ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class DmodexRequest(WireMessage):
+    """`pmix-dmodex` (§2.5, §2.8): send rank `sender` what task `task` of `job` committed."""
+    KIND: ClassVar[str] = "pmix-dmodex"
+    job: int
+    task: int
+    id: int
+    sender: int = field(metadata=wire("from"))
+
+
+@dataclass(frozen=True, slots=True)
+class DmodexReply(WireMessage):
+    """`pmix-dmodex-data` (§2.5, §2.8): the answer to request `id`; `status` is a PMIx status, 0 = success."""
+    KIND: ClassVar[str] = "pmix-dmodex-data"
+    job: int
+    id: int
+    status: int
+    data: bytes = b""
 
 
 WorkerMessage = Heartbeat | Join | Done | Output | PmiPut | PmiInit | StdinAck | Abort | Refusal
+WorkerOrder = (Welcome | Rejoin | Run | DoneAck | Kill | PmiKvs | Stdin | Shutdown | DmodexRequest | DmodexReply
+               | Refusal)
 
-TO_RANK0: dict[str, Callable[[dict[str, Any]], WorkerMessage]] = {
-    "hb": Heartbeat.from_body, "join": Join.from_body, "done": Done.from_body, "out": Output.from_body,
-    "pmi-put": PmiPut.from_body, "pmi-init": PmiInit.from_body, "stdin-ack": StdinAck.from_body,
-    "abort": Abort.from_body, "error": Refusal.from_body,
-}
+TO_RANK0: dict[str, type[WorkerMessage]] = {cls.KIND: cls for cls in (
+    Heartbeat, Join, Done, Output, PmiPut, PmiInit, StdinAck, Abort, Refusal)}
+TO_WORKER: dict[str, type[WorkerOrder]] = {cls.KIND: cls for cls in (
+    Welcome, Rejoin, Run, DoneAck, Kill, PmiKvs, Stdin, Shutdown, DmodexRequest, DmodexReply, Refusal)}
+# Kinds one worker sends another (rank 0's agent included), not only rank 0 its workers.
+PEER_KINDS = frozenset({DmodexRequest.KIND, DmodexReply.KIND})
 
 
 def decode(kind: str, body: dict[str, Any]) -> WorkerMessage:
     """The typed message of a kind in TO_RANK0 (KeyError for others); BadMessage when the body is wrong."""
-    return TO_RANK0[kind](body)
+    return decode_as(TO_RANK0[kind], body)
 
 
-def to_body(message: WorkerMessage) -> dict[str, Any]:
+def decode_order(kind: str, body: dict[str, Any]) -> WorkerOrder:
+    """The typed message of a kind in TO_WORKER (KeyError for others); BadMessage when the body is wrong."""
+    return decode_as(TO_WORKER[kind], body)
+
+
+def to_body(message: WireMessage) -> dict[str, Any]:
     """The wire body; optional fields left unset are not sent. Rows are not copied."""
-    return {f.name: value for f in fields(message)
-            if f.name != "dropped" and (value := getattr(message, f.name)) is not None}
+    return encode(message)
+
+
+def send(sender: Send, dst: int, message: WireMessage) -> None:
+    """Hand `message` to an overlay `send(kind, dst, body)`."""
+    sender(message.KIND, dst, encode(message))
+
+
+def refusal(ref: str, exc: BadMessage) -> Refusal:
+    """The `error` answering a message of kind `ref` that was refused with `exc`."""
+    return Refusal(exc.code, str(exc), ref)

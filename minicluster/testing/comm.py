@@ -2,13 +2,14 @@
 
 Every message is encoded with the real envelope codec (protocol.md §2.3) and decoded again before it is kept,
 like HyperQueue's TestComm: a body the codec cannot carry fails the test where it is sent, and the test reads
-exactly what the receiver would (tuples arrive as lists, and so on).
+exactly what the receiver would (tuples arrive as lists, and so on). The body is then checked against its
+kind's dataclass (minicluster/proto/messages.py), so a body its receiver would refuse fails where it is sent.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from minicluster.proto import envelope
+from minicluster.proto import envelope, messages
 from minicluster.proto.envelope import Message
 
 
@@ -21,7 +22,12 @@ class RecordingSender:
 
     def send(self, kind: str, dst: int, body: dict[str, Any]) -> None:
         frame = envelope.encode(Message(kind, self.rank, dst, body))  # TypeError for what msgpack cannot carry
-        self.sent.append(envelope.decode(frame))
+        received = envelope.decode(frame)
+        if kind in messages.TO_WORKER:
+            messages.decode_order(kind, received.body)  # BadMessage: its receiver would refuse it
+        elif kind in messages.TO_RANK0:
+            messages.decode(kind, received.body)
+        self.sent.append(received)
 
     def kinds(self) -> list[str]:
         return [m.kind for m in self.sent]

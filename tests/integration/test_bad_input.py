@@ -177,6 +177,23 @@ def test_overlay_bodies_are_checked_at_the_edge(cluster: LocalCluster) -> None:
         assert 2 not in {r["rank"] for r in c.resources()}
 
 
+def test_a_worker_refuses_a_malformed_message_and_keeps_running(cluster: LocalCluster) -> None:
+    """Rank 0 → worker and worker ↔ worker kinds are checked where the worker reads them: a mistyped
+    `pmix-dmodex` (routed through rank 0 to worker 1, and to rank 0's own agent) and a `kill` without a
+    signal are answered with `error` naming the field; before, each raised inside the agent's handler."""
+    bodies = [(1, "pmix-dmodex", {"job": 1, "task": "0", "id": 1, "from": 2}),
+              (0, "pmix-dmodex", {"job": 1, "task": 0, "id": 1}),
+              (1, "kill", {"keys": [[1, 0]]})]
+    answers = refusals_to_a_peer(cluster, [envelope.encode(envelope.Message(kind, 2, dst, body))
+                                           for dst, kind, body in bodies], 3)
+    assert sorted((a["code"], a["message"], a["ref"]) for a in answers) == [
+        ("bad-request", "kill: missing field 'signal'", "kill"),
+        ("bad-request", "pmix-dmodex: field 'task' has the wrong type", "pmix-dmodex"),
+        ("bad-request", "pmix-dmodex: missing field 'from'", "pmix-dmodex")]
+    assert cluster.rank_states()[1] == "up"
+    still_serving(cluster)
+
+
 def test_client_library_reports_errors(cluster: LocalCluster) -> None:
     with cluster.client() as c:
         with pytest.raises(ClientError) as info:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from minicluster.model.jobspec import InvalidJobspec, from_wire
+from minicluster.proto import messages
 from worker.pmi import detect, libpmix
 from worker.pmi.pmix_keys import JobLayout, job_keys, node_name
 from worker.pmi_jobs import serve_modes
@@ -105,7 +107,9 @@ def test_modes() -> None:
     assert from_wire({"argv": ["x"], "ntasks": 4, "mpi": "none"}).uses_pmi is False
     with pytest.raises(InvalidJobspec, match="mpi: must be one of pmi1, pmix, auto, none"):
         from_wire({"argv": ["x"], "mpi": "pmi2"})
-    assert serve_modes({"mpi": True}) == {"pmi1"} and serve_modes({"mpi": None}) == set()
-    assert serve_modes({"mpi": "pmix"}) == {"pmix"}
-    script_job = {"mpi": "auto", "argv": ["/bin/sh"], "env": {}, "cwd": None}
-    assert serve_modes(script_job) == {"pmi1", "pmix"}
+    def info(mpi: str | bool | None, argv: list[str]) -> messages.JobInfo:
+        return messages.JobInfo(argv, {}, 1, [[0, 1]], os.getuid(), os.getgid(), mpi=mpi)
+
+    assert serve_modes(info(True, ["x"])) == {"pmi1"} and serve_modes(info(None, ["x"])) == set()
+    assert serve_modes(info("pmix", ["x"])) == {"pmix"}
+    assert serve_modes(info("auto", ["/bin/sh"])) == {"pmi1", "pmix"}

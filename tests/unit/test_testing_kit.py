@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from broker.job import State, TransitionError
+from broker.job import Event, State, TransitionError
 from minicluster.model.jobspec import InvalidJobspec
 from minicluster.proto.envelope import Message
 from minicluster.testing import FakeClock, RecordingSender, flushed, job, jobspec, resources, temp_journal
@@ -49,10 +49,10 @@ def test_builders_go_through_the_real_parsers() -> None:
     record = job(7, ntasks=2)
     assert record.id == 7 and record.state is State.NEW and record.ntasks == 2
     assert (record.uid, record.gid) == (os.getuid(), os.getgid())
-    record.apply("submit")
+    record.apply(Event("submit"))
     assert record.state is State.DEPEND
     with pytest.raises(TransitionError):
-        record.apply("alloc")
+        record.apply(Event("alloc"))
     with pytest.raises(TypeError):
         job(1, spec, ntasks=2)
     node = resources("cores=3,memory=2048", "rack=r1")
