@@ -1,12 +1,10 @@
 """Task execution on a worker: spawn, bind, capture, reap and kill real processes.
 
 Everything here runs on the worker's single asyncio event loop and never
-blocks it: processes are started with posix_spawn on spawner threads
-(worker/spawner.py: no fork of the big worker process, and the loop never
-waits on one), reaped through pidfds registered with the loop (no SIGCHLD
-handler, no thread per child), and their output is read from non-blocking
-pipes.  Each task leads its own session/process group so signals reach
-grandchildren.
+blocks it: processes are started with posix_spawn (no fork of the big worker
+process), reaped through pidfds registered with the loop (no SIGCHLD handler,
+no thread per child), and their output is read from non-blocking pipes.
+Each task leads its own session/process group so signals reach grandchildren.
 
 `TestExecutor` has the same interface but spawns nothing; it exists so the
 control plane can be benchmarked at rates real processes cannot reach.
@@ -14,22 +12,28 @@ control plane can be benchmarked at rates real processes cannot reach.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import dataclasses
 import resource
+import errno
 import functools
 import logging
 import os
+import shutil
 import signal as _signal
+import threading
 import time
 from dataclasses import dataclass
 from collections.abc import Callable
 
 from minicluster.model.idset import IdSet, IdSetError
-from worker.containment import CgroupTasks, Subreaper, kill_orphans
+from minicluster.model.text import cut
+from worker.asuser import acting_as_user
+from worker.containment import CgroupTasks, Subreaper, kill_orphans, starttime
 from worker.fdwatch import FdWatch
+from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup
-from worker.spawner import STATUS_CANNOT_RUN, Spawned, Spawner, killpg
-from worker.spawner import STATUS_NOT_FOUND as STATUS_NOT_FOUND  # the agent's too
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,12 @@ TaskKey = tuple[int, int]
 
 READ_CHUNK = 64 * 1024
 DRAIN_SECONDS = 0.5  # how long output may trail the exit of a task's main process
+STATUS_NOT_FOUND = 127
+STATUS_CANNOT_RUN = 126  # also used for every other spawn-time failure (cwd, cores, files)
+
+_CLONE_FS = 0x200
+# Python ignores SIGPIPE (and maybe more); ignored dispositions survive exec.
+_RESET_SIGNALS = tuple(sorted(_signal.valid_signals() - {_signal.SIGKILL, _signal.SIGSTOP}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +87,12 @@ OnOutput = Callable[[TaskKey, str, bytes], None]
 OnExit = Callable[[TaskResult], None]
 
 
+class _SpawnError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass(slots=True, eq=False)
 class _Task:
     key: TaskKey
@@ -101,27 +117,24 @@ class _Executor:
     def __init__(self, on_exit: OnExit) -> None:
         self._on_exit = on_exit
         self._tasks: dict = {}
-        # Tasks being spawned (not in _tasks yet), with the signals sent to them meanwhile: (signal, grace), a
-        # grace for a terminate.
-        self._starting: dict[TaskKey, list[tuple[int, float | None]]] = {}
         self._idle: asyncio.Future[None] | None = None
 
     @property
     def running(self) -> int:
-        return len(self._tasks) + len(self._starting)
+        return len(self._tasks)
 
     def terminate(self, key: TaskKey, grace: float) -> None:
         raise NotImplementedError
 
     async def shutdown(self, grace: float) -> None:
-        for key in [*self._tasks, *self._starting]:
+        for key in list(self._tasks):
             self.terminate(key, grace)
-        if self.running:
+        if self._tasks:
             self._idle = asyncio.get_running_loop().create_future()
             await self._idle
 
     def _check_new(self, key: TaskKey) -> asyncio.AbstractEventLoop:
-        if key in self._tasks or key in self._starting:
+        if key in self._tasks:
             raise ValueError(f"task {key} is already running")
         return asyncio.get_running_loop()
 
@@ -133,7 +146,7 @@ class _Executor:
     def _report(self, result: TaskResult) -> None:
         """Call after removing the task from self._tasks."""
         self._on_exit(result)
-        if not self.running and self._idle is not None and not self._idle.done():
+        if not self._tasks and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
 
 
@@ -154,56 +167,44 @@ class TaskExecutor(_Executor):
         self._next_sweep: asyncio.TimerHandle | None = None
         self._pidfile_fd: int | None = None
         self._pidfile_lines = 0
+        self._allowed_cores = frozenset(os.sched_getaffinity(0))
         self._watch = FdWatch()  # every task's pidfd and output pipes
-        self._spawner = Spawner(frozenset(os.sched_getaffinity(0)), containment, self._on_spawned,
-                                read_starttime=self._pidfile is not None)
+        # The cores the loop thread is bound to while it spawns; None: all of _allowed_cores (see _bind).
+        self._bound: frozenset[int] | None = None
+        self._private_cwd_threads: set[int] = set()
 
-    def start(self, spec: TaskSpec) -> None:
-        """Start the task on a spawner thread; its result comes through on_exit, also if it cannot start."""
-        self._check_new(spec.key)
-        self._starting[spec.key] = []
-        self._spawner.submit(spec, time.time())
-
-    def _on_spawned(self, batch: list[Spawned]) -> None:
-        for spawned in batch:
-            key = spawned.spec.key
-            signals = self._starting.pop(key)
-            if spawned.error is not None:
-                error = spawned.error
-                self._report(TaskResult(key, error.status, None, None, str(error), None, spawned.started,
-                                        time.time()))
-                continue
-            task = _Task(key, spawned.pid, spawned.pidfd, spawned.pipes, spawned.started, spawned.starttime,
-                         spawner_rss=spawned.spawner_rss)
-            self._tasks[key] = task
-            self._watch.add(task.pidfd, functools.partial(self._on_pidfd, task))
-            for fd in task.pipes:
-                self._watch.add(fd, functools.partial(self._on_pipe, task, fd))
-            self._record_pid(task)
-            for sig, grace in signals:  # sent while it was being spawned
-                if grace is None:
-                    self.signal(key, sig)
-                else:
-                    self.terminate(key, grace)
+    def start(self, spec: TaskSpec) -> int | None:
+        loop = self._check_new(spec.key)
+        started = time.time()
+        try:
+            pid, pidfd, pipes = self._spawn(spec)
+        except _SpawnError as e:
+            self._fail_soon(loop, spec.key, e.status, str(e), started)
+            return None
+        task = _Task(spec.key, pid, pidfd, pipes, started,
+                     starttime(pid) if self._pidfile else None)
+        task.spawner_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self._tasks[spec.key] = task
+        self._watch.add(pidfd, functools.partial(self._on_pidfd, task))
+        for fd in pipes:
+            self._watch.add(fd, functools.partial(self._on_pipe, task, fd))
+        self._record_pid(task)
+        return pid
 
     def signal(self, key: TaskKey, sig: int) -> None:
         task = self._tasks.get(key)
         if task is not None:
             self._signal_all(task, sig)
-        elif key in self._starting:
-            self._starting[key].append((sig, None))
 
     def _signal_all(self, task: _Task, sig: int) -> None:
         """The task's process group, and in a cgroup tree also what left that group."""
-        killpg(task.pid, sig)
+        _killpg(task.pid, sig)
         if isinstance(self._contained, CgroupTasks):
             self._contained.signal(task.key, sig)
 
     def terminate(self, key: TaskKey, grace: float) -> None:
         task = self._tasks.get(key)
         if task is None:
-            if key in self._starting:
-                self._starting[key].append((_signal.SIGTERM, grace))
             return
         if grace <= 0:
             self._signal_all(task, _signal.SIGKILL)
@@ -218,11 +219,106 @@ class TaskExecutor(_Executor):
         await super().shutdown(grace)
         if self._next_sweep is not None:
             self._next_sweep.cancel()
-        self._spawner.close()
         self._watch.close()
         self._write_pidfile()
         if isinstance(self._contained, CgroupTasks):
             self._contained.close()
+
+    # -- spawning ---------------------------------------------------------
+
+    def _spawn(self, spec: TaskSpec) -> tuple[int, int, dict[int, str]]:
+        path = _resolve(spec)
+        if spec.cwd is not None and not _is_dir(spec.cwd, spec.user):
+            raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(spec.cwd)}: no such directory")
+        bad = sorted(set(spec.cores) - self._allowed_cores)
+        if bad:
+            raise _SpawnError(STATUS_CANNOT_RUN, f"cores {bad} are not in this worker's"
+                              f" allowed set {sorted(self._allowed_cores)}")
+        if any(fd < 3 for fd in spec.pass_fds):
+            raise _SpawnError(STATUS_CANNOT_RUN, f"pass_fds {spec.pass_fds}: 0-2 are taken")
+        env = accelerator_env(spec.env, spec.gpus)
+        pipes: dict[int, str] = {}
+        child_fds: list[int] = []
+        try:
+            child_fds.append(_open_output("stdout", spec.stdout_path, pipes, spec.user))
+            if spec.stderr_path is not None and spec.stderr_path == spec.stdout_path:
+                child_fds.append(_dup_output(child_fds[0]))  # one file for both (--output): opened once
+            else:
+                child_fds.append(_open_output("stderr", spec.stderr_path, pipes, spec.user))
+            stdin = ((os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0) if spec.stdin_fd is None
+                     else (os.POSIX_SPAWN_DUP2, spec.stdin_fd, 0))
+            actions = [stdin,
+                       (os.POSIX_SPAWN_DUP2, child_fds[0], 1),
+                       (os.POSIX_SPAWN_DUP2, child_fds[1], 2)]
+            # dup2 onto itself clears close-on-exec in the child only.
+            actions += [(os.POSIX_SPAWN_DUP2, fd, fd) for fd in spec.pass_fds]
+            pid = self._spawn_bound(path, spec, env, actions)
+        except BaseException:
+            for fd in pipes:
+                os.close(fd)
+            raise
+        finally:
+            for fd in child_fds:
+                os.close(fd)
+        return pid, _pidfd_or_kill(pid, pipes), pipes
+
+    def _spawn_bound(self, path: str, spec: TaskSpec, env: dict[str, str],
+                     actions: list[tuple]) -> int:
+        # posix_spawn can set neither affinity nor cwd, and the child copies
+        # both from the calling thread, so the thread wears them briefly.
+        # Affinity is per-thread on Linux; cwd is made per-thread by unshare.
+        saved_cwd = None
+        try:
+            if spec.cores:
+                self._bind(frozenset(spec.cores))
+            if spec.cwd is not None:
+                self._make_cwd_private()
+                saved_cwd = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
+                _chdir(spec.cwd, spec.user)
+            with spec.memory_group.spawning() if spec.memory_group else contextlib.nullcontext(), \
+                    self._contained.spawning(spec.key) if isinstance(self._contained, CgroupTasks) \
+                    else contextlib.nullcontext():
+                return os.posix_spawn(path, list(spec.argv), env, file_actions=actions,
+                                      setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+        except OSError as e:
+            status = STATUS_NOT_FOUND if e.errno == errno.ENOENT else STATUS_CANNOT_RUN
+            raise _SpawnError(status, f"{cut(spec.argv[0])}: {e.strerror}") from None
+        except ValueError as e:  # a NUL byte in argv or env, or '=' in an env name: nothing execve could carry
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{cut(spec.argv[0])}: {e}") from None
+        finally:
+            if saved_cwd is not None:
+                os.fchdir(saved_cwd)
+                os.close(saved_cwd)
+
+    def _bind(self, cores: frozenset[int]) -> None:
+        """Bind the loop thread to `cores` for the next spawn: once per batch of spawns, not twice per task.
+
+        Every sched_setaffinity migrates the thread to another CPU.  So the mask stays on while the spawns of one
+        loop iteration (a `run` message) go on, and the worker's own mask is put back once, after them; tasks on
+        the same cores (or on all of the worker's) need no change at all.
+        """
+        current = self._bound or self._allowed_cores
+        if cores == current:
+            return
+        os.sched_setaffinity(0, cores)
+        if self._bound is None:
+            asyncio.get_running_loop().call_soon(self._unbind)
+        self._bound = cores
+
+    def _unbind(self) -> None:
+        if self._bound is not None:
+            self._bound = None
+            os.sched_setaffinity(0, self._allowed_cores)
+
+    def _make_cwd_private(self) -> None:
+        tid = threading.get_ident()
+        if tid in self._private_cwd_threads:
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_FS) != 0:
+            log.warning("unshare(CLONE_FS) failed (%s): other threads may briefly see"
+                        " a task's cwd", os.strerror(ctypes.get_errno()))
+        self._private_cwd_threads.add(tid)
 
     # -- reaping and output -----------------------------------------------
 
@@ -277,7 +373,7 @@ class TaskExecutor(_Executor):
                 self._on_output(task.key, name, data)
             self._close_pipe(task, fd)
         # Leftover group members would otherwise outlive the task unaccounted.
-        killpg(task.pid, _signal.SIGKILL)
+        _killpg(task.pid, _signal.SIGKILL)
         del self._tasks[task.key]
         if isinstance(self._contained, CgroupTasks):
             self._contained.kill(task.key)
@@ -331,6 +427,80 @@ class TaskExecutor(_Executor):
         self._pidfile_lines = len(self._tasks)
 
 
+def _resolve(spec: TaskSpec) -> str:
+    """argv[0] looked up like execvp, but with the task's PATH and cwd."""
+    if not spec.argv:
+        raise _SpawnError(STATUS_NOT_FOUND, "empty argv")
+    name = spec.argv[0]
+    if "/" in name:
+        candidates = [os.path.join(spec.cwd or "", name)]
+    else:
+        search = spec.env.get("PATH", os.defpath)
+        found = shutil.which(name, path=search)
+        if found:
+            return os.path.abspath(found)
+        candidates = [os.path.join(d or ".", name) for d in search.split(os.pathsep)]
+    for c in candidates:
+        if os.path.isfile(c):
+            if os.access(c, os.X_OK):
+                return os.path.abspath(c)
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{cut(name)}: permission denied")
+    raise _SpawnError(STATUS_NOT_FOUND, f"{cut(name)}: command not found")
+
+
+def _is_dir(path: str, user: tuple[int, int] | None) -> bool:
+    """Whether `path` is a directory, as `user` sees it: a guest learns nothing of what it may not look into."""
+    try:
+        with acting_as_user(user):
+            return os.path.isdir(path)
+    except OSError as e:
+        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(path)}: {e}") from None
+
+
+def _chdir(cwd: str, user: tuple[int, int] | None) -> None:
+    try:
+        with acting_as_user(user):
+            os.chdir(cwd)
+    except OSError as e:
+        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(cwd)}: {e.strerror}") from None
+
+
+def _open_output(name: str, path: str | None, pipes: dict[int, str], user: tuple[int, int] | None) -> int:
+    """The fd the child gets as stdout/stderr, a file opened as `user`; pipe read ends are added to `pipes`."""
+    if path is not None:
+        try:
+            with acting_as_user(user):
+                return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+        except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+            raise _SpawnError(STATUS_CANNOT_RUN, f"{name} {cut(path)}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        r, w = os.pipe2(os.O_CLOEXEC)
+    except OSError as e:  # EMFILE: the worker is out of fds, not the user's fault
+        raise _SpawnError(STATUS_CANNOT_RUN, f"{name} pipe: {e.strerror}") from None
+    os.set_blocking(r, False)  # not O_NONBLOCK on pipe2: the child's end must block
+    pipes[r] = name
+    return w
+
+
+def _dup_output(fd: int) -> int:
+    try:
+        return os.dup(fd)  # close-on-exec, like every fd of ours: the child gets it by its file action only
+    except OSError as e:
+        raise _SpawnError(STATUS_CANNOT_RUN, f"stderr: {e.strerror}") from None
+
+
+def _pidfd_or_kill(pid: int, pipes: dict[int, str]) -> int:
+    try:
+        return os.pidfd_open(pid)
+    except OSError as e:
+        # Without a pidfd we cannot reap without blocking: undo the spawn.
+        _killpg(pid, _signal.SIGKILL)
+        os.waitpid(pid, 0)
+        for fd in pipes:
+            os.close(fd)
+        raise _SpawnError(STATUS_CANNOT_RUN, f"pidfd_open: {e.strerror}") from None
+
+
 def _result(task: _Task) -> TaskResult:
     ws = task.waitstatus
     if ws is None:
@@ -354,6 +524,14 @@ def _exited(key: TaskKey, pid: int, code: int | None, sig: int | None,
     # Exactly one of code and sig is given (os.WIFSIGNALED decides which).
     status = 128 + sig if sig is not None else code if code is not None else 0
     return TaskResult(key, status, code, sig, None, pid, started, ended)
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 # -- mock execution ----------------------------------------------------------

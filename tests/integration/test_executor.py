@@ -11,7 +11,6 @@ from collections import defaultdict
 
 import pytest
 
-from worker import spawner
 from worker.containment import CgroupTasks, kill_orphans
 from worker.executor import TaskExecutor, TaskResult, TaskSpec, TestExecutor
 
@@ -44,13 +43,6 @@ class Harness:
         key = (1, next(self.keys))
         pid = self.ex.start(TaskSpec(key, tuple(argv), env, **kw))
         return key, pid
-
-    async def spawned(self, timeout=10.0) -> None:
-        """Until every task asked for is spawned or failed to (TaskExecutor spawns on its spawner threads)."""
-        deadline = time.monotonic() + timeout
-        while self.ex._starting:
-            assert time.monotonic() < deadline, f"still spawning {list(self.ex._starting)}"
-            await asyncio.sleep(0.005)
 
     async def wait(self, key, timeout=10.0) -> TaskResult:
         if key not in self.results:
@@ -274,44 +266,6 @@ async def test_cgroup_tree_is_reused_and_left_empty_even_after_spawns_that_faile
     assert not tree.base.exists()  # nothing was left in it
 
 
-async def test_spawning_leaves_the_event_loops_thread_alone(tmp_path):
-    """Tasks are spawned on spawner threads: the loop's thread is never bound to a task's cores nor moved to its cwd,
-    not even between start() and the next loop iteration (where it used to wait on posix_spawn)."""
-    h = Harness()
-    affinity, cwd = os.sched_getaffinity(0), os.getcwd()
-    keys = [h.start(PY, "-c", "import os; print(sorted(os.sched_getaffinity(0)), os.getcwd())", cores=(1,),
-                    cwd=str(tmp_path))[0] for _ in range(20)]
-    assert (os.sched_getaffinity(0), os.getcwd()) == (affinity, cwd)
-    assert h.ex._spawner.threads >= 1
-    for key in keys:
-        assert (await h.wait(key)).status == 0
-        assert bytes(h.out[key, "stdout"]) == f"[1] {tmp_path}\n".encode()
-    assert (os.sched_getaffinity(0), os.getcwd()) == (affinity, cwd)
-
-
-async def test_the_caller_may_close_its_fds_as_soon_as_start_returns():
-    """The agent closes a task's stdin read end right after start(); the spawn, later on a thread, has its own."""
-    stdin_r, stdin_w = os.pipe()
-    passed_r, passed_w = os.pipe()
-    h = Harness()
-    key, _ = h.start(PY, "-c", "import os, sys; os.write(int(sys.argv[1]), b'passed'); print(input())",
-                     str(passed_w), stdin_fd=stdin_r, pass_fds=(passed_w,))
-    os.close(stdin_r)
-    os.close(passed_w)
-    os.write(stdin_w, b"via stdin\n")
-    os.close(stdin_w)
-    try:
-        assert (await h.wait(key)).status == 0
-        assert bytes(h.out[key, "stdout"]) == b"via stdin\n" and os.read(passed_r, 100) == b"passed"
-    finally:
-        os.close(passed_r)
-
-
-def test_spawner_threads_grow_with_the_cores_except_where_a_spawn_moves_the_process():
-    assert [spawner.thread_count(cores, False) for cores in (1, 2, 16, 64, 128, 1024)] == [1, 1, 1, 4, 8, 8]
-    assert spawner.thread_count(128, moves_process=True) == 1  # a cgroup tree: the process joins the task's group
-
-
 async def test_pass_fds_inherited_at_same_number_only():
     passed_r, passed_w = os.pipe()
     other_r, other_w = os.pipe()
@@ -361,7 +315,6 @@ async def test_kill_orphans_kills_recorded_groups_and_skips_reused_pids(tmp_path
     pidfile = tmp_path / "tasks-rank0.pids"
     h = Harness(pidfile=str(pidfile))
     keys = [h.start("sleep", "30")[0] for _ in range(2)]
-    await h.spawned()
     lines = pidfile.read_text().splitlines()
     assert len(lines) == 2
     # A live process whose pid was "reused": recorded start time differs.
@@ -444,7 +397,6 @@ async def test_pidfile_is_compacted_as_tasks_come_and_go(tmp_path):
         for k in keys:
             await h.wait(k)
     sleeper = h.start("sleep", "30")[0]
-    await h.spawned()
     lines = pidfile.read_text().splitlines()
     assert len(lines) <= 2 * 1 + 256 + 1
     assert lines[-1].split()[0] == str(h.ex._tasks[sleeper].pid)
