@@ -16,8 +16,9 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from broker import retry
+from broker import retry, store
 from broker.flowstate import Flow
+from broker.journal import Statement
 from broker.job import Job, State
 from broker.taskmap import TaskMap
 from minicluster.model.idset import IdSet
@@ -25,7 +26,6 @@ from minicluster.model.idset import IdSet
 log = logging.getLogger(__name__)
 
 DISRUPTIONS = ("node-lost", "broker-restart")
-_ATTEMPT_ROW = "INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 
 
 def outcome_of(reason: str) -> str:
@@ -144,7 +144,7 @@ class Attempts:
         the tasks are queued again once that is durable (after their `done-ack`)."""
         batch, self._batch = self._batch, {}
         for job, pending in batch.values():
-            rows = [(_ATTEMPT_ROW, row) for row in pending.rows]
+            rows = [store.attempt_recorded(row) for row in pending.rows]
             last = None
             if pending.retry:
                 delays = [delay for _, delay in pending.retry]
@@ -244,7 +244,7 @@ class Attempts:
         self._resolve_waiters(job, durable)
         self.queue_plain(job)
 
-    def _next_attempt(self, job: Job, outcome: str, delay: float) -> list[tuple[str, tuple[Any, ...]]]:
+    def _next_attempt(self, job: Job, outcome: str, delay: float) -> list[Statement]:
         """Statements moving the attempt's results from `tasks` to `attempts`; resets the job's counters."""
         flow = job.flow
         attempt = flow.attempt
@@ -252,11 +252,7 @@ class Attempts:
         flow.actions, flow.decider, flow.cut = [], None, False
         job.new_attempt()
         not_before = self.manager.clock() + delay if delay else None
-        return [
-            ("INSERT OR REPLACE INTO attempts SELECT job, task, ?, idx, rank, status, exit_code, signal, error, "
-             "started, ended, ?, ? FROM tasks WHERE job=?", (attempt, outcome, not_before, job.id)),
-            ("DELETE FROM tasks WHERE job=?", (job.id,)),
-        ]
+        return store.attempt_moved(job.id, attempt, outcome, not_before)
 
     def absorbs(self, job: Job, kind: str, note: str) -> bool:
         """An exception about to end a plain job with a failure policy: a disruption requeues the attempt, an

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from broker import sched
+from broker import sched, store
 from broker.abortcause import AbortSettlement
 from broker.job import Job, State
 from broker.jobmanager import JobManager, request_of
@@ -239,9 +239,8 @@ class Execution:
             running = self._untrack((job_id, task))
             self.tasks_ended += 1
             preempted = self.preempted.pop((job_id, task), None) if self.preempted else None
-            statements.append(("INSERT OR REPLACE INTO tasks VALUES (?,?,?,?,?,?,?,?,?,?)",
-                               (job_id, task, job.index_of(task), rank, status, exit_code, sig, error,
-                                started, ended)))
+            statements.append(store.task_result(job_id, task, job.index_of(task), rank, status, exit_code, sig,
+                                                error, started, ended))
             self._account(job, result, started, ended, usage_rows)
             cancelled = cancelled or preempted is not None
             job.record_result(counted, was_running=running is not None, cancelled=cancelled)
@@ -328,11 +327,10 @@ class Execution:
                 job.output_bytes += len(data)
             oseq = job.oseq
             job.oseq += 1
-            statements.append(("INSERT INTO output VALUES (?,?,?,?,?)", (job_id, oseq, task, stream, data)))
+            statements.append(store.output_chunk(job_id, oseq, task, stream, data))
             attempt = job.flow.attempt_of(task, job.is_array) if job.flow is not None else 0
             if attempt:
-                # Output of attempts after the first is tagged (protocol.md §2.9), for `output` by attempt.
-                statements.append(("INSERT INTO output_attempts VALUES (?,?,?)", (job_id, oseq, attempt)))
+                statements.append(store.output_attempt(job_id, oseq, attempt))
                 published.append((job_id, [oseq, task, stream, data, attempt]))
             else:
                 published.append((job_id, [oseq, task, stream, data]))

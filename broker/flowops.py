@@ -13,8 +13,6 @@ from broker.ops import _readable, _task_of_index, _then, once_durable, op
 from broker.workflow import WorkflowRefusal
 from minicluster.proto import requests
 
-ATTEMPT_COLUMNS = "task, idx, attempt, rank, status, exit_code, signal, error, started, ended, outcome"
-
 
 def _each(broker: BrokerView, peer: Peer, req: requests.ManyJobs,
           action: Callable[[Job], Any]) -> tuple[list[int], dict[str, str], list[Any]]:
@@ -69,26 +67,14 @@ def attempts(broker: BrokerView, peer: Peer, req: requests.Attempts) -> Any:
     index, start, limit, only_failed = req.index, req.start, min(req.limit, 100_000), req.failed
     task = _task_of_index(record, index) if index is not None else None
 
-    def query(c: Any) -> list[list[Any]]:
-        where, params = "job=? AND task>=?", [record.id, start]
-        if task is not None:
-            where += " AND task=?"
-            params.append(task)
-        earlier = [list(r) for r in c.execute(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {where} ORDER BY task, attempt", params)]
+    async def answer() -> dict[str, Any]:
+        earlier, final = await broker.manager.store.attempts(record.id, start, task)
         retried = {r[0] for r in earlier}
-        final = [list(r) for r in c.execute(
-            f"SELECT task, idx, (SELECT COUNT(*) FROM attempts a WHERE a.job=t.job AND a.task=t.task), rank, "
-            f"status, exit_code, signal, error, started, ended, 'final' FROM tasks t WHERE {where} ORDER BY task",
-            params)]
         if only_failed:
             final = [r for r in final if r[4] != 0 or r[0] in retried]
             failed = {r[0] for r in final}
             earlier = [r for r in earlier if r[0] in failed or r[0] in retried]
         rows = sorted(earlier + final, key=lambda r: (r[0], r[2]))
-        return rows[:limit]
-
-    async def answer() -> dict[str, Any]:
-        return {"attempts": await broker.journal.read(query)}
+        return {"attempts": rows[:limit]}
 
     return asyncio.ensure_future(answer())

@@ -18,6 +18,7 @@ from broker.depgraph import BEGIN, SINGLETON, Verdict
 from broker.flowstate import Corr, Flow
 from broker.job import Job, State
 from broker.journal import Journal
+from broker.store import JobStore
 from broker.workflow import Workflow, index_outcomes, target_state
 from broker.taskmap import TaskMap
 
@@ -37,18 +38,15 @@ class Recovered:
 
 def recover(workflow: Workflow, journal: Journal, active: list[Job]) -> Recovered:
     out = Recovered()
-    jobs = workflow.manager.jobs
-    for job_id, count in journal.query("SELECT job, COUNT(*) FROM attempts WHERE outcome='retry' GROUP BY job"):
-        if job_id in jobs and jobs[job_id].state == State.INACTIVE:
-            jobs[job_id].retries = count
+    store = JobStore(journal)
     if not active:
         return out
     workflow.recovering = True
     workflow.attempts.recovering_ids = {job.id for job in active if job.state not in (State.DEPEND,
                                                                                       State.PRIORITY)}
     by_id = {job.id: job for job in active}
-    events = _workflow_events(journal, list(by_id))
-    attempts = _attempt_rows(journal, list(by_id))
+    events = _workflow_events(store, list(by_id))
+    attempts = _attempt_rows(store, list(by_id))
     now = workflow.manager.clock()
     for job in sorted(active, key=lambda j: j.id):
         seen = events.get(job.id, {})
@@ -68,14 +66,14 @@ def recover(workflow: Workflow, journal: Journal, active: list[Job]) -> Recovere
         if job.state not in (State.DEPEND, State.PRIORITY):
             deps = [d for d in deps if d[0] == "aftercorr"]
             singleton, begin = False, None
-        deps = [d for d in deps if d[1] in workflow.manager.jobs or _lost(out, job, d)]
+        deps = [d for d in deps if workflow.manager.find(d[1]) is not None or _lost(out, job, d)]
         _, decided = workflow.graph.add(job.id, deps, workflow.lookup, key=(job.uid, job.name),
                                         singleton=singleton, begin_time=begin, now=now)
         out.verdicts.extend(decided)
         corr = next((t for kind, t in deps if kind == "aftercorr"), None)
         if corr is not None:
-            _restore_corr(workflow, journal, job, corr, out)
-    _restore_results(journal, [j for j in out.jobs if j.flow.policy or j.flow.success or not j.is_array])
+            _restore_corr(workflow, store, job, corr, out)
+    _restore_results(store, [j for j in out.jobs if j.flow.policy or j.flow.success or not j.is_array])
     return out
 
 
@@ -85,13 +83,9 @@ def _lost(out: Recovered, job: Job, dep: tuple[str, int]) -> bool:
     return False
 
 
-def _workflow_events(journal: Journal, ids: list[int]) -> dict[int, dict[str, Any]]:
-    marks = ",".join("?" * len(ids))
-    names = ",".join("?" * len(_FLOW_EVENTS))
-    rows = journal.query(f"SELECT job, name, context FROM events WHERE job IN ({marks}) AND name IN ({names}) "
-                         "ORDER BY job, seq", [*ids, *_FLOW_EVENTS])
+def _workflow_events(store: JobStore, ids: list[int]) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = defaultdict(lambda: {"removed": set(), "retry": 0, "requeue": 0})
-    for job_id, name, blob in rows:
+    for job_id, _, _, name, blob in store.events_of(ids, _FLOW_EVENTS):
         seen = out[job_id]
         context = msgpack.unpackb(blob, raw=False, strict_map_key=False)
         if name == "dependency-remove":
@@ -107,12 +101,9 @@ def _workflow_events(journal: Journal, ids: list[int]) -> dict[int, dict[str, An
     return dict(out)
 
 
-def _attempt_rows(journal: Journal, ids: list[int]) -> dict[int, list[tuple[Any, ...]]]:
-    marks = ",".join("?" * len(ids))
-    rows = journal.query(f"SELECT job, task, attempt, outcome, not_before FROM attempts WHERE job IN ({marks}) "
-                         "ORDER BY job, task, attempt", ids)
+def _attempt_rows(store: JobStore, ids: list[int]) -> dict[int, list[tuple[Any, ...]]]:
     out: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
-    for row in rows:
+    for row in store.attempts_of(ids):
         out[row[0]].append(row[1:])
     return out
 
@@ -143,17 +134,14 @@ def _restore_counts(job: Job, seen: dict[str, Any], rows: list[tuple[Any, ...]],
             out.delayed.setdefault(job.id, []).append((task, not_before))
 
 
-def _restore_results(journal: Journal, jobs: list[Job]) -> None:
+def _restore_results(store: JobStore, jobs: list[Job]) -> None:
     """Judge the recorded final results again: ignored failures count as success, failed-for-good indexes and
     the success policy's progress are counted, a plain job's task actions are known."""
     if not jobs:
         return
     by_id = {job.id: job for job in jobs}
-    marks = ",".join("?" * len(by_id))
-    rows = journal.query(f"SELECT job, task, idx, status, exit_code, signal FROM tasks WHERE job IN ({marks})",
-                         list(by_id))
     statuses: dict[int, int] = {}
-    for job_id, task, idx, status, code, sig in rows:
+    for job_id, task, idx, _, status, code, sig, *_ in store.results_of(list(by_id)):
         job = by_id[job_id]
         flow = job.flow
         action = flow.policy.action(status, code, sig) if flow.policy else ("success" if status == 0 else "fail")
@@ -182,17 +170,17 @@ def _restore_results(journal: Journal, jobs: list[Job]) -> None:
                                                                  f"for good, more than {limit}", None)
 
 
-def _restore_corr(workflow: Workflow, journal: Journal, job: Job, target_id: int, out: Recovered) -> None:
+def _restore_corr(workflow: Workflow, store: JobStore, job: Job, target_id: int, out: Recovered) -> None:
     """Which indexes of `job` its aftercorr target already released, or can never release."""
     flow = job.flow
     corr = flow.corr = Corr(target_id)
-    target = workflow.manager.jobs[target_id]
+    target = workflow.manager.find(target_id)
+    assert target is not None, "a purged target's dependency was lost above"
     if target.state != State.INACTIVE:
         if target.flow is None:
             target.flow = Flow(target.spec)
         target.flow.corr_watch = target.flow.judge_all = True
-    rows = journal.query("SELECT t.idx, t.status, t.exit_code, t.signal, j.spec FROM tasks t "
-                         "JOIN jobs j ON j.id = t.job WHERE t.job=?", (target_id,))
+    rows = store.index_results(target_id)
     assert job.array is not None
     for idx, ok in index_outcomes(rows):
         if idx not in job.array:

@@ -10,13 +10,13 @@ import asyncio
 import logging
 import signal
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
 
-from broker import sched
+from broker import sched, store
+from broker.history import History
 from broker.job import Effect, Event, Job, State
 from broker.journal import Journal, Statement, when_durable
 from broker.watchers import Watchers
@@ -65,6 +65,10 @@ def request_of(spec: Jobspec) -> sched.Request:
     )
 
 
+# The most finished jobs one purge pass forgets: one journal write of bounded size.
+PURGE_BATCH = 50_000
+
+
 def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
@@ -79,6 +83,7 @@ class JobManager:
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.journal = journal
+        self.store = store.JobStore(journal)
         self.scheduler = scheduler
         self.watchers = watchers
         self.owner_uid = owner_uid
@@ -97,14 +102,27 @@ class JobManager:
         # Set by the broker: queues, banks, priorities and accounting (broker/share/service.py).
         self.sharing: Any = None
         self._feasible: dict[sched.Request, str] = {}
-        # Inactive job ids in the order they became inactive: purge takes from the front.
-        self.inactive_order: deque[int] = deque()
+        # Finished jobs: in the journal, a bounded cache of them in memory (broker/history.py).
+        self.history = History(self.store, config.finished_cache)
         # Set by the broker: a running job's time limit changed (execution.retime), and which tasks of a job
         # run now (their task numbers).
         self.retime: Callable[[Job], None] = lambda job: None
         self.running_tasks: Callable[[Job], list[int]] = lambda job: []
         # Dependencies, failure and success policies, holds, updates and requeues (protocol.md §3.9).
         self.workflow = Workflow(self)
+        # How each effect of an applied event (broker/job.py) is carried out, given the job and its write's future.
+        self._actions: dict[Effect, Callable[[Job, asyncio.Future[None] | None], object]] = {
+            Effect.UNQUEUE: lambda job, _: self.scheduler.cancel(job.id),
+            Effect.KILL_TASKS: lambda job, _: self.kill_tasks(job, signal.SIGTERM),
+            Effect.POST_FINISH: lambda job, _: self.finish(job),
+            Effect.POST_RELEASE: lambda job, _: self.post(job, "release"),
+            Effect.TASKS_OVER: lambda job, _: self.job_finished(job),
+            Effect.POST_CLEAN: lambda job, _: self.clean(job),
+            Effect.STARTED: lambda job, _: self.workflow.observe(job, "start"),
+            Effect.ENDED: lambda job, _: self.workflow.observe(job, "clean"),
+            Effect.CLOSE: self._close_when_durable,
+            Effect.WAKE_SCHEDULER: lambda job, _: self.wake_scheduler(),
+        }
 
     # --- submit --------------------------------------------------------------------------------------------
 
@@ -158,11 +176,8 @@ class JobManager:
         self.next_id += 1
         self.jobs[job.id] = job
         self.unacknowledged.add(job.id)
-        statements: list[Statement] = [
-            ("INSERT INTO jobs (id, uid, gid, state, spec, t_submit) VALUES (?,?,?,?,?,?)",
-             (job.id, uid, gid, job.state.value, pack(spec.to_wire()), now)),
-            ("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self.next_id,)),
-        ]
+        statements = store.job_submitted(job.id, uid, gid, job.state.value, pack(spec.to_wire()), now,
+                                         self.next_id)
         submitted = ("submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array})
         if spec.workflow:
             self.post(job, *submitted, extra=statements)
@@ -236,8 +251,7 @@ class JobManager:
         for name, context in events:
             event = Event(name, context, job.seq, self.clock())
             effects.extend(job.apply(event))
-            statements.append(("INSERT INTO events VALUES (?,?,?,?,?)",
-                               (job.id, event.seq, event.ts, name, pack(context))))
+            statements.append(store.event(job.id, event.seq, event.ts, name, pack(context)))
             published.append([event.seq, event.ts, name, context])
         job_id, watchers = job.id, self.watchers
 
@@ -257,29 +271,12 @@ class JobManager:
 
     def _carry_out(self, job: Job, effect: Effect, durable: asyncio.Future[None] | None) -> None:
         """Do what an applied event asks (broker/job.py); `durable` is the future of the event's write."""
-        match effect:
-            case Effect.UNQUEUE:
-                self.scheduler.cancel(job.id)
-            case Effect.KILL_TASKS:
-                self.kill_tasks(job, signal.SIGTERM)
-            case Effect.POST_FINISH:
-                self.finish(job)
-            case Effect.POST_RELEASE:
-                self.post(job, "release")
-            case Effect.TASKS_OVER:
-                self.job_finished(job)
-            case Effect.POST_CLEAN:
-                self.clean(job)
-            case Effect.STARTED:
-                self.workflow.observe(job, "start")
-            case Effect.ENDED:
-                self.workflow.observe(job, "clean")
-            case Effect.CLOSE:
-                assert durable is not None, "a clean is posted durable"
-                result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
-                when_durable(durable, lambda: self._closed(job, result))
-            case Effect.WAKE_SCHEDULER:
-                self.wake_scheduler()
+        self._actions[effect](job, durable)
+
+    def _close_when_durable(self, job: Job, durable: asyncio.Future[None] | None) -> None:
+        assert durable is not None, "a clean is posted durable"
+        result = {"job": job.id, "status": job.status, "state": job.state.value, "exception": job.exception}
+        when_durable(durable, lambda: self._closed(job, result))
 
     def raise_exception(self, job: Job, kind: str, note: str, severity: int = 0, status: int | None = None) -> None:
         """Post an exception; severity 0 ends the job, with `status` (default: by kind, EXCEPTION_STATUS)."""
@@ -309,14 +306,15 @@ class JobManager:
     def clean(self, job: Job) -> None:
         """The last step, also taken alone for a job a restart found in CLEANUP."""
         job.t_inactive = job.t_inactive or self.clock()
-        row = ("UPDATE jobs SET state='INACTIVE', seq=?, status=?, exception=?, t_run=?, t_inactive=?, counts=? "
-               "WHERE id=?",
-               (job.seq + 1, job.status, job.exception, job.t_run, job.t_inactive, pack(job.counts_wire()), job.id))
+        row = store.job_closed(job.id, job.seq + 1, job.status, job.exception, job.t_run, job.t_inactive,
+                               pack(job.counts_wire()))
         self.post(job, "clean", extra=[row], durable=True)
 
     def _closed(self, job: Job, result: dict[str, Any]) -> None:
         job.closed = True
-        self.inactive_order.append(job.id)
+        if self.jobs.get(job.id) is job:
+            del self.jobs[job.id]
+            self.history.add(job)
         self.watchers.inactive(job.id, result)
 
     # --- client operations ---------------------------------------------------------------------------------
@@ -324,10 +322,14 @@ class JobManager:
     def get(self, job_id: Any) -> Job:
         if isinstance(job_id, bool) or not isinstance(job_id, int):
             raise JobError("bad-request", f"job id must be an integer, got {job_id!r}")
-        job = self.jobs.get(job_id)
+        job = self.find(job_id)
         if job is None or job_id in self.unacknowledged:
             raise JobError("not-found", f"job {job_id} does not exist (or was purged)")
         return job
+
+    def find(self, job_id: int) -> Job | None:
+        """An active job, or a finished one (from the cache, else read from the journal)."""
+        return self.jobs.get(job_id) or self.history.get(job_id)
 
     def cancel(self, uid: int, job_ids: list[Any]) -> tuple[list[int], dict[str, str]]:
         cancelled, errors = [], {}
@@ -374,31 +376,24 @@ class JobManager:
         return res.start
 
     def queue_counts(self) -> dict[str, int]:
+        """Jobs per state: the active ones counted, the finished ones as the history keeps count of them."""
         counts = {s.value: 0 for s in State}
         for job in self.jobs.values():
             counts[job.state.value] += 1
+        counts[State.INACTIVE.value] += self.history.count
         return counts
 
     # --- purge ---------------------------------------------------------------------------------------------
 
-    def purge(self) -> int:
-        """Forget inactive jobs beyond the configured count and age limits, oldest first."""
-        now = self.clock()
-        doomed = []
-        while self.inactive_order:
-            job = self.jobs.get(self.inactive_order[0])
-            too_many = len(self.inactive_order) > self.config.purge_max_count
-            if job is not None and not too_many and now - (job.t_inactive or now) <= self.config.purge_max_age:
-                break
-            self.inactive_order.popleft()
-            if job is not None:
-                del self.jobs[job.id]
-                doomed.append(job.id)
+    async def purge(self) -> int:
+        """Forget finished jobs beyond the configured count and age limits, oldest first (at most PURGE_BATCH
+        a pass)."""
+        rows = await self.store.purgeable(self.clock() - self.config.purge_max_age, self.config.purge_max_count,
+                                          PURGE_BATCH)
+        # A job whose `clean` commit the read saw but whose close has not run yet goes in a later pass.
+        doomed = [(job_id, status) for job_id, status in rows if job_id not in self.jobs]
         if doomed:
-            statements: list[Statement] = []
-            for table, column in (("jobs", "id"), ("events", "job"), ("tasks", "job"), ("output", "job"),
-                                  ("attempts", "job"), ("output_attempts", "job"), ("task_usage", "job"),
-                                  ("job_usage", "job")):
-                statements.extend((f"DELETE FROM {table} WHERE {column}=?", (j,)) for j in doomed)
-            self.journal.write(statements)
+            # Awaited: the next pass must not read (and count off) these rows again.
+            await self.journal.write(store.jobs_purged(job_id for job_id, _ in doomed))
+            self.history.forget(doomed)
         return len(doomed)

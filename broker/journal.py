@@ -43,7 +43,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     t_submit REAL NOT NULL, t_run REAL, t_inactive REAL, status INTEGER, exception TEXT,
     seq INTEGER NOT NULL DEFAULT 0, counts BLOB
 );
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+-- Active jobs by state at start-up; finished ones by age (purge) with their status (the counts of `status`).
+DROP INDEX IF EXISTS jobs_state;
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, t_inactive, status);
 CREATE TABLE IF NOT EXISTS events (
     job INTEGER NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL, name TEXT NOT NULL, context BLOB NOT NULL,
     PRIMARY KEY (job, seq)
@@ -124,6 +126,7 @@ class Journal:
         self.stalled: str | None = None
         self._closing = False
         self._gave_up: BaseException | None = None
+        self._lookup_conn: sqlite3.Connection | None = None
 
     def _set_up(self) -> None:
         with self._startup_io():
@@ -159,6 +162,14 @@ class Journal:
             return conn.execute(sql, params).fetchall()
         finally:
             conn.close()
+
+    def lookup(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """A read by primary key on the calling thread, through a connection kept for it: for a finished job
+        missing from the broker's cache (broker/history.py), a page-cache read of one row, cheaper than the
+        round trip through the reader thread."""
+        if self._lookup_conn is None:
+            self._lookup_conn = _connect(self.path)
+        return self._lookup_conn.execute(sql, params).fetchall()
 
     def execute_now(self, statements: list[Statement]) -> None:
         """A synchronous transaction: for start-up only, before the writer thread runs."""
@@ -199,6 +210,9 @@ class Journal:
             self._writes.put(None)
             await asyncio.get_running_loop().run_in_executor(None, self._writer.join)
         self._reader.shutdown(wait=True)
+        if self._lookup_conn is not None:
+            self._lookup_conn.close()
+            self._lookup_conn = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -7,13 +7,14 @@ resource graph and the journal's reader.
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from broker import store
 from broker.brokerview import BrokerView
 from broker.access import check_readable, listed
 from broker.clientapi import MAX_ERROR_MESSAGE, Peer
+from broker.history import finished_record_of
 from broker.job import State
 from broker.jobmanager import JobError, unpack
 from minicluster.model import jobspec as jobspec_model
@@ -139,21 +140,48 @@ def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dic
 
 
 @op("jobs", requests.Jobs)
-def jobs(broker: BrokerView, peer: Peer, req: requests.Jobs) -> dict[str, Any]:
-    show_all, ids, limit, alloc, with_priority = req.all, req.ids, req.limit, req.alloc, req.priority
+def jobs(broker: BrokerView, peer: Peer, req: requests.Jobs) -> Any:
+    """Newest first, a page at a time (protocol.md §3.3): finished jobs are read from the journal."""
+    limit, before = max(req.limit, 1), req.before
     manager = broker.manager
-    if ids is not None:
-        selected = [manager.get(i) for i in ids]
-    else:
-        hidden = manager.unacknowledged  # submissions not durable yet
-        selected = [j for j in reversed(manager.jobs.values())
-                    if (show_all or j.state != State.INACTIVE) and (not hidden or j.id not in hidden)]
-    summaries = [listed(broker, peer, manager.summary(j, alloc)) for j in selected[:limit]]
-    if with_priority:
+    if req.ids is not None:
+        return _listing(broker, peer, req, [manager.get(i) for i in req.ids][:limit], None)
+    if req.all:
+        return asyncio.ensure_future(_all_jobs(broker, peer, req, limit))
+    hidden = manager.unacknowledged  # submissions not durable yet
+    selected = []
+    for j in reversed(manager.jobs.values()):  # the active jobs, in id order
+        if j.state != State.INACTIVE and (before is None or j.id < before) and j.id not in hidden:
+            selected.append(j)
+            if len(selected) > limit:
+                break
+    more = len(selected) > limit
+    return _listing(broker, peer, req, selected[:limit], selected[limit - 1].id if more else None)
+
+
+async def _all_jobs(broker: BrokerView, peer: Peer, req: requests.Jobs, limit: int) -> dict[str, Any]:
+    manager = broker.manager
+    rows = await manager.store.finished_jobs_before(req.before, limit)
+    selected = []
+    for row in rows:
+        job = manager.jobs.get(row[0])
+        if job is not None:
+            if job.id not in manager.unacknowledged:
+                selected.append(job)  # its record in memory says more than its row
+        elif row[3] == State.INACTIVE.value:
+            selected.append(manager.history.cached(row[0]) or finished_record_of(row))
+    return _listing(broker, peer, req, selected, rows[-1][0] if len(rows) == limit else None)
+
+
+def _listing(broker: BrokerView, peer: Peer, req: requests.Jobs, selected: list[Any],
+             next_before: int | None) -> dict[str, Any]:
+    manager = broker.manager
+    summaries = [listed(broker, peer, manager.summary(j, req.alloc)) for j in selected]
+    if req.priority:
         now = manager.clock()
-        for summary, record in zip(summaries, selected[:limit], strict=True):
+        for summary, record in zip(summaries, selected, strict=True):
             summary["priority_components"] = broker.sharing.components(record, now)
-    return {"jobs": summaries}
+    return {"jobs": summaries, "next": next_before}
 
 
 def _readable(broker: BrokerView, peer: Peer, job_id: Any) -> Any:
@@ -169,9 +197,7 @@ def job(broker: BrokerView, peer: Peer, req: requests.OneJob) -> Any:
     summary = broker.manager.summary(record)
 
     async def with_failed() -> dict[str, Any]:
-        failed = await broker.journal.read(
-            lambda c: [r[0] for r in c.execute("SELECT idx FROM tasks WHERE job=? AND status!=0 ORDER BY idx",
-                                               (record.id,))])
+        failed = await broker.manager.store.failed_indices(record.id)
         return {"job": summary, "failed": str(IdSet.from_ints(failed))}
 
     return asyncio.ensure_future(with_failed())
@@ -188,9 +214,8 @@ def eventlog(broker: BrokerView, peer: Peer, req: requests.Eventlog) -> AsyncIte
     record = _readable(broker, peer, req.job)
     start, follow = req.start, req.follow
 
-    def history(c: Any) -> list[list[Any]]:
-        rows = c.execute("SELECT seq, ts, name, context FROM events WHERE job=? AND seq>=? ORDER BY seq",
-                         (record.id, start))
+    async def history() -> list[list[Any]]:
+        rows = await broker.manager.store.events_since(record.id, start)
         return [[seq, ts, name, unpack(ctx)] for seq, ts, name, ctx in rows]
 
     return _follow(broker, record, follow, history, broker.watchers.follow_events, "events",
@@ -220,8 +245,7 @@ async def _output(broker: BrokerView, peer: Peer, record: Any, follow: bool, tas
         while True:
             # A client that sends many `output` requests and reads none holds two pages, not one per request.
             async with peer.bulk_reads:
-                page = await broker.journal.read(functools.partial(_output_page, job_id=record.id, start=next_seq,
-                                                                   attempt=attempt))
+                page = await broker.manager.store.output_page(record.id, next_seq, attempt, OUTPUT_PAGE_BYTES)
                 for item in page:
                     if batch.add(item):
                         yield batch.take()
@@ -280,40 +304,20 @@ class _Chunks:
         return body
 
 
-def _output_page(c: Any, job_id: int, start: int, attempt: int | None = None) -> list[list[Any]]:
-    rows, size = [], 0
-    if attempt is None:
-        cursor = c.execute("SELECT oseq, task, stream, data FROM output WHERE job=? AND oseq>=? ORDER BY oseq",
-                           (job_id, start))
-    else:
-        # Output of attempts after the first is tagged in output_attempts (protocol.md §2.9).
-        cursor = c.execute("SELECT o.oseq, o.task, o.stream, o.data, COALESCE(a.attempt, 0) FROM output o "
-                           "LEFT JOIN output_attempts a ON a.job = o.job AND a.oseq = o.oseq "
-                           "WHERE o.job=? AND o.oseq>=? AND COALESCE(a.attempt, 0)=? ORDER BY o.oseq",
-                           (job_id, start, attempt))
-    for row in cursor:
-        rows.append(list(row))
-        size += len(row[3])
-        if size >= OUTPUT_PAGE_BYTES:
-            break
-    return rows
-
-
 async def _output_files(broker: BrokerView, record: Any) -> str | None:
     """The output template of a job whose output went to files on the nodes."""
     if record.spec is not None:
         return record.spec.output
-    rows = await broker.journal.read(lambda c: c.execute("SELECT spec FROM jobs WHERE id=?", (record.id,)).fetchall())
-    return unpack(rows[0][0]).get("output") if rows else None
+    spec = await broker.manager.store.spec(record.id)
+    return unpack(spec).get("output") if spec is not None else None
 
 
 async def _truncated(broker: BrokerView, record: Any) -> int | None:
     """The cap, if the job's output reached it (after a restart, its `output-truncated` event says so)."""
     if record.truncated:
         return broker.config.output_cap
-    rows = await broker.journal.read(lambda c: c.execute(
-        "SELECT context FROM events WHERE job=? AND name='output-truncated' LIMIT 1", (record.id,)).fetchall())
-    return unpack(rows[0][0]).get("cap") if rows else None
+    context = await broker.manager.store.truncation(record.id)
+    return unpack(context).get("cap") if context is not None else None
 
 
 def _task_of_index(record: Any, index: int) -> int:
@@ -327,13 +331,14 @@ def _task_of_index(record: Any, index: int) -> int:
         raise JobError("not-found", f"job {record.id} has no array index {index}") from None
 
 
-async def _follow(broker: BrokerView, record: Any, follow: bool, history: Callable[[Any], list[list[Any]]],
-                  subscribe: Callable[[int], Any], key: str, seq_of: Callable[[list[Any]], int],
+async def _follow(broker: BrokerView, record: Any, follow: bool,
+                  history: Callable[[], Awaitable[list[list[Any]]]], subscribe: Callable[[int], Any], key: str,
+                  seq_of: Callable[[list[Any]], int],
                   start: int) -> AsyncIterator[dict[str, Any]]:
     """History from sqlite, then live items, skipping sequence numbers already sent (no gaps, no repeats)."""
     follower = subscribe(record.id) if follow and not record.closed else None
     try:
-        past = await broker.journal.read(history)
+        past = await history()
         yield {key: past}
         next_seq = (seq_of(past[-1]) + 1) if past else start
         while follower is not None:
@@ -373,12 +378,7 @@ def wait(broker: BrokerView, peer: Peer, req: requests.ManyJobs) -> AsyncIterato
 def task_results(broker: BrokerView, peer: Peer, req: requests.TaskResults) -> Any:
     record = _readable(broker, peer, req.job)
     start, limit = req.start, req.limit
-    errors_only = " AND error IS NOT NULL" if req.errors else ""
-    # The last column is the final attempt's number: how many earlier attempts the task had (protocol.md §2.9).
-    sql = ("SELECT task, idx, rank, status, exit_code, signal, error, "
-           "(SELECT COUNT(*) FROM attempts a WHERE a.job = t.job AND a.task = t.task) FROM tasks t "
-           f"WHERE job=? AND task>=?{errors_only} ORDER BY task LIMIT ?")
-    fut = broker.journal.read(lambda c: [list(r) for r in c.execute(sql, (record.id, start, limit))])
+    fut = broker.manager.store.task_results(record.id, start, limit, req.errors)
     return asyncio.ensure_future(_wrap(fut, "tasks"))
 
 
@@ -429,7 +429,7 @@ def drain(broker: BrokerView, peer: Peer, req: requests.Drain) -> asyncio.Future
     reason = req.reason or "drained by the owner"
     for r in ranks:
         broker.graph.drain(r, reason)
-    durable = broker.journal.write([("INSERT OR REPLACE INTO drains VALUES (?, ?)", (r, reason)) for r in ranks])
+    durable = broker.journal.write([store.rank_drained(r, reason) for r in ranks])
     return _then(durable, {"drained": ranks})
 
 
@@ -439,7 +439,7 @@ def undrain(broker: BrokerView, peer: Peer, req: requests.Undrain) -> asyncio.Fu
     ranks = _ranks(broker, req.ranks)
     for r in ranks:
         broker.graph.undrain(r)
-    durable = broker.journal.write([("DELETE FROM drains WHERE rank=?", (r,)) for r in ranks])
+    durable = broker.journal.write([store.rank_undrained(r) for r in ranks])
     broker.manager.wake_scheduler()
     return _then(durable, {"undrained": ranks})
 

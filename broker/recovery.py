@@ -20,10 +20,10 @@ from typing import Any
 
 from broker import sched
 from broker.job import Event, Job, State
-from broker.journal import Journal
+from broker.history import record_of
 from broker.jobmanager import JobManager, request_of, unpack
+from broker.store import JobStore
 from broker.taskmap import TaskMap
-from minicluster.model import jobspec as jobspec_model
 from minicluster.proto import messages
 
 log = logging.getLogger(__name__)
@@ -36,66 +36,41 @@ class Recovered:
     active: list[Job] = field(default_factory=list)
 
 
-def load(journal: Journal, manager: JobManager) -> Recovered:
-    """Read the journal into `manager.jobs`; returns the jobs that were queued or running."""
-    meta = dict(journal.query("SELECT key, value FROM meta"))
-    epoch = int(meta.get("epoch", 0)) + 1
-    journal.execute_now([("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (epoch,))])
-    max_id = journal.query("SELECT COALESCE(MAX(id), 0) FROM jobs")[0][0]
-    out = Recovered(next_id=max(int(meta.get("next_id", 1)), max_id + 1), epoch=epoch)
-    rows = journal.query("SELECT id, uid, gid, state, spec, t_submit, t_run, t_inactive, status, exception, seq, "
-                         "counts FROM jobs ORDER BY id")
-    for row in rows:
-        job = _restore(row)
+def load(manager: JobManager) -> Recovered:
+    """Read the jobs that were queued or running into `manager.jobs`, and the counts of finished ones: the
+    history itself stays in the journal (broker/history.py)."""
+    store = manager.store
+    epoch, next_id = store.next_epoch()
+    out = Recovered(next_id=next_id, epoch=epoch)
+    for row in store.active_job_rows():
+        job = record_of(row)
         manager.jobs[job.id] = job
-        if job.state != State.INACTIVE:
-            out.active.append(job)
-    inactive = sorted((j for j in manager.jobs.values() if j.closed), key=lambda j: j.t_inactive or 0.0)
-    manager.inactive_order.extend(j.id for j in inactive)
+        out.active.append(job)
+    manager.history.load_counts()
     by_id = {j.id: j for j in out.active}
-    _replay_events(journal, by_id)
-    _restore_results(journal, by_id)
-    _restore_output(journal, by_id, manager.config.output_cap)
+    _replay_events(store, by_id)
+    _restore_results(store, by_id)
+    _restore_output(store, by_id, manager.config.output_cap)
     return out
 
 
-def _restore(row: tuple[Any, ...]) -> Job:
-    job_id, uid, gid, state, spec_blob, t_submit, t_run, t_inactive, status, exception, seq, counts = row
-    spec = jobspec_model.from_wire(unpack(spec_blob))
-    job = Job(job_id, uid, spec, t_submit, gid)
-    job.state = State(state)
-    job.t_run, job.t_inactive, job.status, job.exception, job.seq = t_run, t_inactive, status, exception, seq
-    if job.state == State.INACTIVE:
-        if counts is not None:
-            job.restore_counts(unpack(counts))
-        job.tasks_left = 0
-        job.closed = True
-        job.retire()
-    return job
-
-
-def _replay_events(journal: Journal, active: dict[int, Job]) -> None:
+def _replay_events(store: JobStore, active: dict[int, Job]) -> None:
     """An active job's state, next sequence number and what its events carry come from its event log, not its
     row: each event is applied as it was when posted (broker/job.py). Their effects are dropped: what they did
     happened before the crash, and what is still to do the reattach window's settlement decides."""
     if not active:
         return
-    marks = ",".join("?" * len(active))
-    rows = journal.query(f"SELECT job, seq, ts, name, context FROM events WHERE job IN ({marks}) "
-                         "ORDER BY job, seq", list(active))
+    rows = store.events_of(list(active))
     for job in active.values():
         job.state = State.NEW
     for job_id, seq, ts, name, context in rows:
         active[job_id].apply(Event(name, unpack(context), seq, ts))
 
 
-def _restore_results(journal: Journal, active: dict[int, Job]) -> None:
+def _restore_results(store: JobStore, active: dict[int, Job]) -> None:
     if not active:
         return
-    marks = ",".join("?" * len(active))
-    rows = journal.query(f"SELECT job, task, rank, status, error FROM tasks WHERE job IN ({marks}) "
-                         "ORDER BY job, ended", list(active))
-    for job_id, task, rank, status, error in rows:
+    for job_id, task, _, rank, status, _, _, error, _, _ in store.results_of(list(active)):
         job = active[job_id]
         if job.state in (State.RUN, State.CLEANUP):
             job.ranks.add(rank)  # where it ran, for `mc jobs`: those of its tasks that still run add theirs
@@ -107,14 +82,11 @@ def _restore_results(journal: Journal, active: dict[int, Job]) -> None:
             job.reason = job.failure_note(task, rank, status, error)
 
 
-def _restore_output(journal: Journal, active: dict[int, Job], cap: int) -> None:
+def _restore_output(store: JobStore, active: dict[int, Job], cap: int) -> None:
     """Output goes on from the next sequence number and counts against the cap what was already kept."""
     if not active:
         return
-    marks = ",".join("?" * len(active))
-    rows = journal.query(f"SELECT job, MAX(oseq), SUM(LENGTH(data)) FROM output WHERE job IN ({marks}) "
-                         "GROUP BY job", list(active))
-    for job_id, last, kept in rows:
+    for job_id, last, kept in store.output_extent(list(active)):
         job = active[job_id]
         job.oseq = last + 1
         job.output_bytes = cap if job.truncated else kept

@@ -73,15 +73,15 @@ class Broker:
         self.manager.sharing = self.sharing
         self.supervisor = Supervisor(self._crashed)
         self.manager.workflow.background = self.supervisor
-        recovered = load(self.journal, self.manager)
+        recovered = load(self.manager)
         accounting.restore(self.journal, recovered.active)
-        accounting.load_records(self.journal, self.manager.jobs)
+        accounting.load_records(self.journal, recovered.active)
         self.epoch = recovered.epoch
         self.manager.next_id = recovered.next_id
         self.reattach: Reattach | None = Reattach(self.manager, recovered.active)
         self.workflows = recover_workflows(self.manager.workflow, self.journal, recovered.active)
         # Drains outlive restarts: applied as each rank's resources are added.
-        self.drains = dict(self.journal.query("SELECT rank, reason FROM drains"))
+        self.drains = self.manager.store.drains()
         for rank in self.described & self.drains.keys():
             self.graph.drain(rank, self.drains[rank])
         self.known_ranks: set[int] = set()
@@ -386,7 +386,7 @@ class Broker:
     async def _purge_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            self.manager.purge()
+            await self.manager.purge()
 
     async def _reload_loop(self) -> None:
         """Follow `size` (the operator updates it when a MiniCluster is scaled) and the queues and priority
@@ -423,8 +423,9 @@ class Broker:
 
     def status_snapshot(self) -> dict[str, Any]:
         counts = self.ranks.counts()
-        jobs = {"queued": 0, "running": 0, "finished": 0, "failed": 0}
-        for job in self.manager.jobs.values():
+        history = self.manager.history
+        jobs = {"queued": 0, "running": 0, "finished": history.succeeded, "failed": history.failed}
+        for job in self.manager.jobs.values():  # the active ones, and those whose end is not durable yet
             if job.state == State.INACTIVE:
                 jobs["failed" if job.status else "finished"] += 1
             else:

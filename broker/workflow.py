@@ -17,6 +17,7 @@ from typing import Any
 
 import msgpack
 
+from broker import store
 from broker.attempts import Attempts
 from broker.depgraph import BEGIN, SINGLETON, DepGraph, DependencyError, TargetState, Verdict
 from broker.flowstate import Corr, Flow
@@ -77,7 +78,7 @@ class Workflow:
         except DependencyError as exc:
             raise WorkflowRefusal("invalid-jobspec", f"dependencies: {exc}") from None
         for target in targets:
-            owner = self.manager.jobs[target].uid
+            owner = self._target(target).uid
             if uid not in (owner, self.manager.owner_uid):
                 raise WorkflowRefusal("permission", f"dependencies: job {target} belongs to uid {owner}; "
                                                     "depend only on your own jobs")
@@ -85,15 +86,16 @@ class Workflow:
         if len(corr) > 1:
             raise WorkflowRefusal("invalid-jobspec", "dependencies: aftercorr takes one array job")
         if corr:
-            target = self.manager.jobs[corr[0]]
+            corr_target = self._target(corr[0])
             mine = spec.array_ids
             assert mine is not None
-            if target.array is None:
-                raise WorkflowRefusal("invalid-jobspec", f"dependencies: aftercorr:{target.id} is not an array")
-            missing = [i for i in mine if i not in target.array]
+            if corr_target.array is None:
+                raise WorkflowRefusal("invalid-jobspec", f"dependencies: aftercorr:{corr_target.id} is not an array")
+            missing = [i for i in mine if i not in corr_target.array]
             if missing:
                 raise WorkflowRefusal("invalid-jobspec", f"dependencies: indexes {IdSet.from_ints(missing[:1000])} "
-                                                         f"have no counterpart in job {target.id} ({target.array})")
+                                                         f"have no counterpart in job {corr_target.id} "
+                                                         f"({corr_target.array})")
 
     def admit(self, job: Job) -> bool:
         """Register a new job; True when it is a workflow job whose queueing this module took over."""
@@ -116,7 +118,7 @@ class Workflow:
         corr = next((t for kind, t in deps if kind == "aftercorr"), None)
         if corr is not None:
             flow.corr = Corr(corr)
-            self._attach_corr(job, self.manager.jobs[corr])
+            self._attach_corr(job, self._target(corr))
         if spec.hold:
             flow.held = True
             self.manager.post(job, "hold", {"uid": job.uid})
@@ -125,8 +127,14 @@ class Workflow:
         return True
 
     def lookup(self, job_id: int) -> TargetState | None:
-        job = self.manager.jobs.get(job_id)
+        job = self.manager.find(job_id)
         return None if job is None else target_state(job)
+
+    def _target(self, job_id: int) -> Job:
+        """A dependency's target, which the dependency graph found (active, or finished in the journal)."""
+        job = self.manager.find(job_id)
+        assert job is not None, f"job {job_id} was checked to exist"
+        return job
 
     # --- verdicts ------------------------------------------------------------------------------------------
 
@@ -207,9 +215,7 @@ class Workflow:
     async def _load_corr(self, job: Job, target_id: int) -> None:
         # Everything the broker counted before now is committed once this empty write is.
         await self.manager.journal.write([])
-        rows = await self.manager.journal.read(lambda c: c.execute(
-            "SELECT t.idx, t.status, t.exit_code, t.signal, j.spec FROM tasks t JOIN jobs j ON j.id = t.job "
-            "WHERE t.job=?", (target_id,)).fetchall())
+        rows = await self.manager.store.index_results_now(target_id)
         corr = job.flow.corr if job.flow is not None else None
         if corr is None:
             return
@@ -218,7 +224,7 @@ class Workflow:
             self._corr_index(job, idx, ok)
         self._flush_never()
         deferred, corr.deferred = corr.deferred, None
-        target = self.manager.jobs.get(target_id)
+        target = self.manager.find(target_id)
         if deferred is not None:
             self.feed([deferred])
         elif target is not None and target.state == State.INACTIVE:
@@ -357,7 +363,7 @@ class Workflow:
         job.spec = new
         job.urgency = new.urgency
         job.name = new.name
-        row = ("UPDATE jobs SET spec=? WHERE id=?", (_packed(new), job.id))
+        row = store.spec_updated(job.id, _packed(new))
         self.manager.post(job, "update", {"uid": uid, **changes}, extra=[row])
         if "urgency" in changes or "time_limit" in changes:
             self._requeue_entry(job)

@@ -29,6 +29,7 @@ DEFAULT_SOCKETS = ("/run/minicluster/broker.sock", "/var/lib/minicluster/run/bro
 # submit-many batches stay well under the 16 MiB frame limit, whatever the size of each environment.
 BATCH_BYTES = 8 * 1024 * 1024
 BATCH_COUNT = 1000
+JOBS_PAGE = 1000  # jobs per `jobs` response while paging (protocol.md §3.3)
 _SEND_CHUNK = 256 * 1024
 
 JobspecLike: TypeAlias = "Jobspec | dict[str, Any]"
@@ -269,8 +270,9 @@ class Client:
 
     def jobs(self, all: bool = False, ids: Iterable[int] | None = None,
              limit: int | None = None, alloc: bool = False, priority: bool = False) -> list[dict[str, Any]]:
-        """Job summaries (protocol.md §3.6); active jobs only unless `all`; `alloc` adds placements; `priority`
-        adds each pending job's priority factors (`priority_components`, §3.10)."""
+        """Job summaries (protocol.md §3.6), newest first; active jobs only unless `all`; `alloc` adds placements;
+        `priority` adds each pending job's priority factors (`priority_components`, §3.10). Pages through the
+        broker's listing (§3.3) until `limit` jobs, or all of them."""
         fields: dict[str, Any] = {"all": all}
         if alloc:
             fields["alloc"] = True
@@ -278,9 +280,15 @@ class Client:
             fields["priority"] = True
         if ids is not None:
             fields["ids"] = list(ids)
-        if limit is not None:
-            fields["limit"] = limit
-        return self.call("jobs", **fields)["jobs"]
+        out: list[dict[str, Any]] = []
+        while True:
+            fields["limit"] = JOBS_PAGE if limit is None else min(JOBS_PAGE, limit - len(out))
+            msg = self.call("jobs", **fields)
+            out.extend(msg["jobs"])
+            after = msg.get("next")
+            if ids is not None or after is None or (limit is not None and len(out) >= limit):
+                return out
+            fields["before"] = after
 
     def job(self, job_id: int) -> dict[str, Any]:
         """One job summary; arrays also carry `failed`, the idset of failed indices."""

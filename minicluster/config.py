@@ -58,6 +58,8 @@ class InstanceConfig:
     output_cap: int = 16 * 1024 * 1024
     purge_max_age: float = 7 * 24 * 3600.0
     purge_max_count: int = 100_000
+    # How many finished jobs rank 0 keeps in memory; the others are read from the journal when asked for.
+    finished_cache: int = 10_000
     policy: str = "first-fit"
     # The PMI a job of several tasks gets when it does not say (--mpi): "pmi1", "pmix" or "auto".
     mpi_default: str = "pmi1"

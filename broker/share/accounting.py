@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from broker.journal import Journal, Statement
+from broker.share import store
 
 HOUR = 3600.0
 
@@ -102,21 +103,12 @@ def record(acct: Acct, array: bool, ntasks: int, cores: int, gpus: int, mem_per_
 def finish_statements(job_id: int, uid: int, project: str, queue: str, usage: UsageRecord,
                       status: int | None) -> list[Statement]:
     """The job's `job_usage` row and its hourly shares in `usage_hours` (one job counted in its last hour)."""
-    statements: list[Statement] = [
-        ("INSERT OR REPLACE INTO job_usage VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-         (job_id, uid, project, queue, usage.t_start, usage.t_end, usage.ntasks, usage.cores, usage.gpus,
-          usage.mem_mb, usage.wall, usage.core_seconds, usage.gpu_seconds, usage.cpu_seconds, usage.max_rss,
-          status)),
-    ]
+    statements = [store.job_usage(job_id, uid, project, queue, usage, status)]
     last_hour = int(usage.t_end // HOUR)
     for hour, part in _hour_parts(usage.t_start, usage.t_end):
-        statements.append((
-            "INSERT INTO usage_hours VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (hour, uid, project, queue) DO UPDATE "
-            "SET jobs=jobs+excluded.jobs, core_seconds=core_seconds+excluded.core_seconds, "
-            "gpu_seconds=gpu_seconds+excluded.gpu_seconds, wall_seconds=wall_seconds+excluded.wall_seconds, "
-            "cpu_seconds=cpu_seconds+excluded.cpu_seconds",
-            (hour, uid, project, queue, int(hour == last_hour), usage.core_seconds * part,
-             usage.gpu_seconds * part, usage.wall * part, usage.cpu_seconds * part)))
+        statements.append(store.usage_hour_added(hour, uid, project, queue, int(hour == last_hour),
+                                                 usage.core_seconds * part, usage.gpu_seconds * part,
+                                                 usage.wall * part, usage.cpu_seconds * part))
     return statements
 
 
@@ -140,12 +132,9 @@ def restore(journal: Journal, jobs: Iterable[Any]) -> None:
     active = {job.id: job for job in jobs}
     if not active:
         return
-    marks = ",".join("?" * len(active))
-    for job_id, started, ended in journal.query(
-            f"SELECT job, started, ended FROM tasks WHERE job IN ({marks})", list(active)):
+    for job_id, started, ended in store.task_spans(journal, list(active)):
         _acct(active[job_id]).add(started, ended)
-    for job_id, cpu, rss in journal.query(
-            f"SELECT job, cpu, rss FROM task_usage WHERE job IN ({marks})", list(active)):
+    for job_id, cpu, rss in store.task_usages(journal, list(active)):
         _acct(active[job_id]).add(None, None, cpu, rss)
 
 
@@ -154,12 +143,15 @@ def efficiencies(usage: UsageRecord) -> tuple[float | None, float | None]:
     return (usage.cpu_efficiency, usage.memory_efficiency)
 
 
-def load_records(journal: Journal, jobs: dict[int, Any]) -> None:
-    """The efficiencies of finished jobs still listed (for `mc jobs -o eff` after a restart)."""
-    for row in journal.query("SELECT job, t_start, t_end, ntasks, cores, gpus, mem_mb, wall, core_seconds, "
-                             "gpu_seconds, cpu_seconds, max_rss FROM job_usage"):
-        job = jobs.get(row[0])
-        if job is not None and job.acct is None:
+def load_records(journal: Journal, active: Iterable[Any]) -> None:
+    """The efficiencies of the jobs a restart found ending (in CLEANUP: their usage row is written); a finished
+    job's come with it from the journal (broker/history.py)."""
+    jobs = {job.id: job for job in active}
+    if not jobs:
+        return
+    for row in store.job_usages(journal, list(jobs)):
+        job = jobs[row[0]]
+        if job.acct is None:
             job.acct = efficiencies(UsageRecord(*row[1:]))
 
 
@@ -175,4 +167,4 @@ def note_usage(job: Any, acct: Acct, row: list[Any]) -> Statement | None:
     if not (cpu or rss):
         return None
     acct.used(cpu, rss)
-    return ("INSERT INTO task_usage VALUES (?,?,?,?)", (job.id, row[1], cpu, rss))
+    return store.task_usage(job.id, row[1], cpu, rss)

@@ -11,6 +11,7 @@ from typing import Any
 from broker.job import State
 from broker.jobmanager import JobError
 from broker.journal import Statement
+from broker.share import store
 from minicluster.model.sharing import MAX_SHARES, ROOT_BANK, valid_name
 
 
@@ -32,7 +33,7 @@ def add_bank(sharing: Any, name: Any, parent: Any, shares: Any) -> list[Statemen
         sharing.fairshare.set_bank(name, parent, shares)
     except ValueError as exc:
         raise JobError("not-found" if "does not exist" in str(exc) else "bad-request", str(exc)) from None
-    return [("INSERT OR REPLACE INTO banks VALUES (?,?,?)", (name, parent, shares))]
+    return [store.bank_saved(name, parent, shares)]
 
 
 def add_member(sharing: Any, bank: Any, uid: int, shares: Any, default: bool) -> list[Statement]:
@@ -42,11 +43,10 @@ def add_member(sharing: Any, bank: Any, uid: int, shares: Any, default: bool) ->
     if (bank, uid) in sharing.config_members:
         raise JobError("bad-request", f"uid {uid} is in bank {bank} by the config; change it there")
     sharing.fairshare.set_member(bank, uid, shares)
-    statements: list[Statement] = [("INSERT OR REPLACE INTO bank_users VALUES (?,?,?,?)", (bank, uid, shares, 0))]
+    statements: list[Statement] = [store.member_saved(bank, uid, shares)]
     if default:
         sharing.defaults[uid] = bank
-        statements += [("UPDATE bank_users SET is_default=0 WHERE uid=?", (uid,)),
-                       ("UPDATE bank_users SET is_default=1 WHERE uid=? AND bank=?", (uid, bank))]
+        statements += store.default_bank_set(uid, bank)
     return statements
 
 
@@ -60,8 +60,7 @@ def remove_bank(sharing: Any, manager: Any, name: Any) -> list[Statement]:
         raise JobError("not-found" if "does not exist" in str(exc) else "bad-request", str(exc)) from None
     for uid in [u for u, b in sharing.defaults.items() if b == name]:
         del sharing.defaults[uid]
-    return [("DELETE FROM banks WHERE name=?", (name,)), ("DELETE FROM bank_users WHERE bank=?", (name,)),
-            ("DELETE FROM fairshare_usage WHERE bank=?", (name,))]
+    return store.bank_removed(name)
 
 
 def remove_member(sharing: Any, manager: Any, bank: Any, uid: int) -> list[Statement]:
@@ -74,7 +73,7 @@ def remove_member(sharing: Any, manager: Any, bank: Any, uid: int) -> list[State
         raise JobError("not-found", str(exc)) from None
     if sharing.defaults.get(uid) == bank:
         del sharing.defaults[uid]
-    return [("DELETE FROM bank_users WHERE bank=? AND uid=?", (bank, uid))]
+    return [store.member_removed(bank, uid)]
 
 
 def _refuse_active(manager: Any, matches: Any, what: str) -> None:

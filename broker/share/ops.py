@@ -87,7 +87,7 @@ def usage(broker: BrokerView, peer: Peer, req: requests.Usage) -> Any:
     uid = uid_of(req.user) if req.user is not None else None
     project, by_queue = req.project, req.by_queue
     since, until = _time(req.since, "since"), _time(req.until, "until")
-    rows = broker.journal.read(lambda c: reports.usage_rows(c, uid, project, since, until, by_queue))
+    rows = reports.usage_rows(broker.journal, uid, project, since, until, by_queue)
     return asyncio.ensure_future(_wrap(rows))
 
 
@@ -106,7 +106,7 @@ def job_usage(broker: BrokerView, peer: Peer, req: requests.OneJob) -> Any:
 
     async def from_journal() -> dict[str, Any]:
         # A finished job's row was written with its finish event, before anyone could see it end.
-        row = await broker.journal.read(lambda c: reports.job_usage_row(c, job_id))
+        row = await reports.job_usage_row(broker.journal, job_id)
         if row is None:
             raise JobError("not-found", f"job {job_id} has no usage record (it does not exist, or was purged; "
                                         "mc usage still counts it)")

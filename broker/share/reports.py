@@ -6,36 +6,21 @@ yet: they are charged when they end.
 """
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
+from broker.journal import Journal
+from broker.share import store
 from broker.share.accounting import HOUR, UsageRecord
 
 MAX_ROWS = 100_000
 
 
-def usage_rows(c: sqlite3.Connection, uid: int | None, project: str | None, since: float | None,
-               until: float | None, by_queue: bool) -> list[dict[str, Any]]:
-    where: list[str] = []
-    params: list[Any] = []
-    if uid is not None:
-        where.append("uid=?")
-        params.append(uid)
-    if project is not None:
-        where.append("project=?")
-        params.append(project)
-    if since is not None:
-        where.append("hour>=?")
-        params.append(int(since // HOUR))
-    if until is not None:
-        where.append("hour<?")
-        params.append(int(-(-until // HOUR)))
-    group = "uid, project, queue" if by_queue else "uid, project"
-    sql = (f"SELECT {group}, SUM(jobs), SUM(core_seconds), SUM(gpu_seconds), SUM(wall_seconds), "
-           f"SUM(cpu_seconds) FROM usage_hours {'WHERE ' + ' AND '.join(where) if where else ''} "
-           f"GROUP BY {group} ORDER BY {group} LIMIT {MAX_ROWS}")
+async def usage_rows(journal: Journal, uid: int | None, project: str | None, since: float | None,
+                     until: float | None, by_queue: bool) -> list[dict[str, Any]]:
+    first_hour = int(since // HOUR) if since is not None else None
+    end_hour = int(-(-until // HOUR)) if until is not None else None
     rows = []
-    for row in c.execute(sql, params):
+    for row in await store.usage_sums(journal, uid, project, first_hour, end_hour, by_queue, MAX_ROWS):
         keys = row[:3] if by_queue else row[:2]
         jobs, core_s, gpu_s, wall_s, cpu_s = row[len(keys):]
         item: dict[str, Any] = {"uid": keys[0], "project": keys[1]}
@@ -47,10 +32,8 @@ def usage_rows(c: sqlite3.Connection, uid: int | None, project: str | None, sinc
     return rows
 
 
-def job_usage_row(c: sqlite3.Connection, job_id: int) -> dict[str, Any] | None:
-    row = c.execute("SELECT job, uid, project, queue, t_start, t_end, ntasks, cores, gpus, mem_mb, wall, "
-                    "core_seconds, gpu_seconds, cpu_seconds, max_rss, status FROM job_usage WHERE job=?",
-                    (job_id,)).fetchone()
+async def job_usage_row(journal: Journal, job_id: int) -> dict[str, Any] | None:
+    row = await store.job_usage_of(journal, job_id)
     if row is None:
         return None
     record = UsageRecord(*row[4:15])

@@ -21,7 +21,7 @@ from broker.journal import Journal, Statement
 from broker.policy.fairshare import Assoc, FairShare
 from broker.policy.priority import Priority
 from broker.sched.limits import Usage as LimitUsage
-from broker.share import accounting
+from broker.share import accounting, store
 from minicluster.config import InstanceConfig
 from minicluster.model.jobspec import Jobspec
 from minicluster.model.sharing import ROOT_BANK, QueueSpec
@@ -122,25 +122,22 @@ class Sharing:
             uid = self.config_uid(user, "default_projects")
             if uid is not None:
                 self.defaults[uid] = default
-        rows = self.journal.query("SELECT name, parent, shares FROM banks")
-        for name, parent, shares in _rows_parents_first(rows):
+        for name, parent, shares in _rows_parents_first(store.banks(self.journal)):
             try:
                 self.fairshare.set_bank(name, parent, shares)
             except ValueError as exc:
                 log.warning("bank %s from the journal is ignored: %s", name, exc)
-        for bank, uid, shares, is_default in self.journal.query(
-                "SELECT bank, uid, shares, is_default FROM bank_users"):
+        for bank, uid, shares, is_default in store.members(self.journal):
             if bank == ROOT_BANK or bank in self.fairshare.banks:
                 self.fairshare.set_member(bank, uid, shares)
                 if is_default:
                     self.defaults[uid] = bank
-        for name, enabled, started, reason in self.journal.query(
-                "SELECT name, enabled, started, reason FROM queue_state"):
+        for name, enabled, started, reason in store.queue_states(self.journal):
             if name in self.state:
                 self.state[name] = QueueState(bool(enabled), bool(started), reason)
                 if not started:
                     self.scheduler.stop_queue(name)
-        for bank, uid, value, t in self.journal.query("SELECT bank, uid, value, t FROM fairshare_usage"):
+        for bank, uid, value, t in store.fairshare_usage(self.journal):
             self.fairshare.restore((bank, uid), value, t)
 
     @staticmethod
@@ -220,8 +217,7 @@ class Sharing:
 
     def save_usage(self, now: float) -> list[Statement]:
         """The decayed usage of every association, for the journal (restored at the next start)."""
-        return [("INSERT OR REPLACE INTO fairshare_usage VALUES (?,?,?,?)", (bank, uid, value, now))
-                for bank, uid, value in self.fairshare.snapshot(now)]
+        return [store.fairshare_usage_saved(bank, uid, value, now) for bank, uid, value in self.fairshare.snapshot(now)]
 
     def fairshare_of(self, bank: str | None, uid: int) -> float:
         return self.fairshare.factors.get((bank or ROOT_BANK, uid), 1.0)
@@ -290,8 +286,7 @@ class Sharing:
             else:
                 state.enabled = action == "enable"
             state.reason = "" if state.enabled and state.started else reason
-            statements.append(("INSERT OR REPLACE INTO queue_state VALUES (?,?,?,?)",
-                               (name, int(state.enabled), int(state.started), state.reason)))
+            statements.append(store.queue_state_saved(name, state.enabled, state.started, state.reason))
         self.journal.write(statements)
         return names
 

@@ -47,6 +47,7 @@ class Jobs(Request):
     limit: int = 1000
     alloc: bool = False
     priority: bool = False
+    before: int | None = None  # keyset pagination: only ids below it (§3.3)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,10 @@
 """One decoder for every typed wire body: a field table read off the dataclass, built once per class. No I/O.
 
 A message class is a frozen dataclass deriving from `WireMessage`. Its fields and their annotations are the
-schema: a field without a default is required, one with a default may be absent or nil; `int` refuses bools,
-`float` takes ints too, `list[int]`/`list[str]`/`dict[str, str]` check their elements, `dict[int, C]` with `C`
-another message class decodes each value as a `C`. Field metadata adds what annotations cannot say:
+schema: a field without a default is required, one with a default may be absent or nil. Types are checked
+exactly (msgpack makes no subclasses): `int` refuses bools, `float` takes ints too, `Any` takes anything,
+`list[int]`/`list[str]`/`dict[str, str]` check their elements, `dict[int, C]` with `C` another message class
+decodes each value as a `C`. Field metadata adds what annotations cannot say:
 `wire(name)` for a body key that is not a Python name (`from`), `rows(check)` for a list whose rows are checked
 one by one (a bad row is dropped and counted in the class's `dropped` field, the rest still counts), and
 `LOCAL` for a field that never travels (`dropped` itself). A class may add `check(kind)` for rules across fields.
@@ -17,6 +18,7 @@ only the field, a nil is a wrong type rather than an absent field, and integers 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -70,14 +72,13 @@ M = TypeVar("M", bound=WireMessage)
 class _Field:
     attr: str
     key: str
-    types: tuple[type, ...]
+    types: frozenset[type] | None  # the exact types accepted (msgpack makes no subclasses); None: anything
     required: bool
     default: Any
     factory: Callable[[], Any] | None
-    element: tuple[type, ...] | None  # list elements, or dict keys and values, checked one by one
-    nested: type[WireMessage] | None  # dict[int, C]: values decoded as C
+    convert: Callable[[Any, str], Any] | None  # checks elements, decodes nested messages, widens to float
     rows: RowCheck | None
-    as_float: bool
+    nested: bool  # holds messages, encoded one by one
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,35 +89,65 @@ class _Table:
     rest: tuple[str, frozenset[str]] | None  # (attr, keys it leaves out) of a rest() field
 
 
+class _WrongType(Exception):
+    """Raised by a field's `convert`; decode_as names the field."""
+
+
 _TABLES: dict[type, _Table] = {}
+Convert = Callable[[Any, str], Any]
 
 
-def _runtime(hint: Any) -> tuple[tuple[type, ...], bool, tuple[type, ...] | None, type[WireMessage] | None]:
-    """(accepted types, optional, element types, nested class) of one annotation."""
+def _runtime(hint: Any, key: str) -> tuple[frozenset[type] | None, Convert | None]:
+    """(exact types accepted, conversion) of one field's annotation."""
     args = typing.get_args(hint)
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        inner = [a for a in args if a is not type(None)]
-        accepted: tuple[type, ...] = ()
-        element = nested = None
-        for arm in inner:
-            arm_types, _, element, nested = _runtime(arm)
-            accepted += arm_types
-        return accepted, type(None) in args, element, nested
+        accepted: set[type] = set()
+        convert = None
+        for arm in (a for a in args if a is not type(None)):
+            arm_types, arm_convert = _runtime(arm, key)
+            if arm_types is None:
+                return None, None
+            accepted |= arm_types
+            convert = convert or arm_convert
+        return frozenset(accepted), convert
     origin = typing.get_origin(hint) or hint
-    if origin is float:
-        return (int, float), False, None, None
-    if origin is list and args and args[0] in (int, str):
-        return (list,), False, (args[0],), None
-    if origin is dict and args and isinstance(args[1], type) and issubclass(args[1], WireMessage):
-        return (dict,), False, (args[0],), args[1]
-    if origin is dict and args and args[0] is str and args[1] is str:
-        return (dict,), False, (str,), None
     if origin is Any:
-        return (object,), False, None, None
-    return (origin,), False, None, None
+        return None, None
+    if origin is float:
+        return frozenset({int, float}), _to_float
+    if origin is list and args and args[0] in (int, str):
+        return frozenset({list}), functools.partial(_list_of, args[0])
+    if origin is dict and args and isinstance(args[1], type) and issubclass(args[1], WireMessage):
+        return frozenset({dict}), functools.partial(_nested, args[1], key)
+    if origin is dict and args == (str, str):
+        return frozenset({dict}), _str_to_str
+    return frozenset({origin}), None
+
+
+def _to_float(value: Any, _where: str) -> float:
+    return float(value)
+
+
+def _list_of(element: type, value: list[Any], _where: str) -> list[Any]:
+    if not all(type(v) is element for v in value):
+        raise _WrongType
+    return value
+
+
+def _str_to_str(value: dict[Any, Any], _where: str) -> dict[str, str]:
+    if not all(type(k) is str and type(v) is str for k, v in value.items()):
+        raise _WrongType
+    return value
+
+
+def _nested(cls: type[WireMessage], key: str, value: dict[Any, Any], where: str) -> dict[int, WireMessage]:
+    if not all(type(k) is int and type(v) is dict for k, v in value.items()):
+        raise _WrongType
+    return {k: decode_as(cls, v, f"{where}{key}[{k}]") for k, v in value.items()}
 
 
 def field_table(cls: type) -> _Table:
+    """The decoding table of a message class, built from its fields on first use."""
     table = _TABLES.get(cls)
     if table is not None:
         return table
@@ -128,32 +159,21 @@ def field_table(cls: type) -> _Table:
             rest = (f.name, f.metadata["rest"])
         if f.metadata.get("local") or "rest" in f.metadata:
             continue
-        accepted, _optional, element, nested = _runtime(hints[f.name])
+        key = f.metadata.get("wire", f.name)
+        accepted, convert = _runtime(hints[f.name], key)
         factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
         required = f.default is dataclasses.MISSING and factory is None
-        built.append(_Field(f.name, f.metadata.get("wire", f.name), accepted, required, f.default, factory, element,
-                            nested, f.metadata.get("rows"), hints[f.name] in (float, float | None)))
+        nested = isinstance(convert, functools.partial) and convert.func is _nested
+        built.append(_Field(f.name, key, accepted, required, f.default, factory, convert, f.metadata.get("rows"),
+                            nested))
     counts_rows = any(f.name == "dropped" for f in dataclasses.fields(cls))
-    table = _TABLES[cls] = _Table(tuple(built), tuple((f.attr, f.key, f.nested is not None) for f in built),
-                                 counts_rows, rest)
+    table = _TABLES[cls] = _Table(tuple(built), tuple((f.attr, f.key, f.nested) for f in built), counts_rows, rest)
     return table
 
 
-def _wrong(where: str, name: str) -> BadMessage:
-    return BadMessage(f"{where}field {name!r} has the wrong type", "bad-request")
-
-
-def type_ok(value: Any, accepted: tuple[type, ...]) -> bool:
-    return isinstance(value, accepted) and (bool in accepted or not isinstance(value, bool))
-
-
-def _elements_ok(value: Any, element: tuple[type, ...]) -> bool:
-    want = element[0]
-    if isinstance(value, dict):
-        return all(isinstance(k, want) and isinstance(v, str) for k, v in value.items())
-    if want is int:
-        return all(is_int(v) for v in value)
-    return all(isinstance(v, want) for v in value)
+def type_ok(value: Any, accepted: frozenset[type] | None) -> bool:
+    """Whether `value` is of one of the exact types (bools are not ints, and ints are floats)."""
+    return accepted is None or type(value) in accepted
 
 
 def decode_as(cls: type[M], body: Mapping[str, Any], kind: str | None = None) -> M:
@@ -161,31 +181,29 @@ def decode_as(cls: type[M], body: Mapping[str, Any], kind: str | None = None) ->
     name = kind or cls.KIND
     where = f"{name}: " if name else ""  # client requests name only the field (protocol.md §3.2)
     table = field_table(cls)
+    strict_nil, int64 = cls.STRICT_NIL, cls.INT64
     values: dict[str, Any] = {}
     dropped = 0
     for f in table.fields:
         value: Any = body.get(f.key)
-        if value is None and not (cls.STRICT_NIL and f.key in body):
+        if value is None and not (strict_nil and f.key in body):
             if f.required:
                 raise BadMessage(f"{where}missing field {f.key!r}", "bad-request")
             values[f.attr] = f.factory() if f.factory is not None else f.default
             continue
-        if not type_ok(value, f.types):
-            raise _wrong(where, f.key)
-        if cls.INT64 and is_int(value) and not -(1 << 63) <= value < 1 << 63:
+        if f.types is not None and type(value) not in f.types:
+            raise BadMessage(f"{where}field {f.key!r} has the wrong type", "bad-request")
+        if int64 and type(value) is int and not -(1 << 63) <= value < 1 << 63:
             raise BadMessage(f"{where}field {f.key!r} is out of range (a signed 64-bit integer)", "bad-request")
         if f.rows is not None:
             kept = [row for row in value if f.rows(row)]
             dropped += len(value) - len(kept)
             value = kept
-        elif f.nested is not None:
-            if not all(is_int(k) for k in value) or not all(isinstance(v, dict) for v in value.values()):
-                raise _wrong(where, f.key)
-            value = {k: decode_as(f.nested, v, f"{where}{f.key}[{k}]") for k, v in value.items()}
-        elif f.element is not None and not _elements_ok(value, f.element):
-            raise _wrong(where, f.key)
-        elif f.as_float:
-            value = float(value)
+        elif f.convert is not None:
+            try:
+                value = f.convert(value, where)
+            except _WrongType:
+                raise BadMessage(f"{where}field {f.key!r} has the wrong type", "bad-request") from None
         values[f.attr] = value
     if dropped and table.counts_rows:
         values["dropped"] = dropped

@@ -326,14 +326,15 @@ def test_queue_settings_follow_the_config_file(tmp_path: Any) -> None:
 
 
 def test_a_queues_default_time_limit_and_queued_jobs_limit_hold_on_a_real_broker(tmp_path: Any) -> None:
-    queues = {"short": {"default_time_limit": "1s", "user_limits": {"queued_jobs": 2}}, "long": {}}
+    # 3 s, not 1: a loaded CI machine once took over a second to run `true` (status 143).
+    queues = {"short": {"default_time_limit": "3s", "user_limits": {"queued_jobs": 2}}, "long": {}}
     with (LocalCluster(tmp_path, size=1, resources="cores=1", queues=queues, default_queue="long") as cluster,
           cluster.client() as c):
-        # No -t: the queue's default applies (1 s), not the instance's (an hour).
+        # No -t: the queue's default applies (3 s), not the instance's (an hour).
         timed = c.submit(job(["sleep", "30"], queue="short"))
         result = wait_for(c, timed, timeout=20)
         assert result["exception"] == "timeout"
-        assert any(e[2] == "exception" and "time limit of 1s" in e[3]["note"] for e in c.eventlog(timed))
+        assert any(e[2] == "exception" and "time limit of 3s" in e[3]["note"] for e in c.eventlog(timed))
         # Two waiting jobs of this user in `short` at most: the core is held, so these queue up.
         blocker = c.submit(job(["sleep", "30"], queue="long"))
         waiting = [c.submit(job(["true"], queue="short")) for _ in range(2)]

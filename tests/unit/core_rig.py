@@ -57,7 +57,7 @@ async def restarted(previous: Core, advance: float = 5.0) -> AsyncIterator[Core]
     previous.clock.advance(advance)
     core = Core(previous.config, previous.clock)
     core.placed = previous.placed
-    recovered = load(core.journal, core.manager)
+    recovered = load(core.manager)
     core.manager.next_id = recovered.next_id
     core.epoch = recovered.epoch
     core.reattach = Reattach(core.manager, recovered.active)

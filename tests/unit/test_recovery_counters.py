@@ -44,7 +44,7 @@ def test_a_running_job_goes_on_from_its_counters(tmp_path: Path) -> None:
     journal_job(journal, 1, RUNNING, [(0, 0), (1, 3)], [b"a\n", b"bb\n", b"ccc\n"], ntasks=3, mpi="none")
     journal_job(journal, 2, [*RUNNING, ("output-truncated", {"cap": 100})], [], [b"x" * 60], array="1-4")
     manager = manager_on(journal, tmp_path)
-    load(journal, manager)
+    load(manager)
     job = manager.jobs[1]
     assert (job.state, job.seq, job.oseq, job.output_bytes, job.truncated) == (State.RUN, 5, 3, 9, False)
     assert (job.succeeded, job.failed, job.tasks_left, job.ranks) == (1, 1, 1, {0})
@@ -59,7 +59,7 @@ def test_a_job_caught_in_cleanup_keeps_the_counts_of_its_finish(tmp_path: Path) 
               ("finish", finish), ("release", {})]
     journal_job(journal, 1, events, [(0, 0)], [b"one\n"], ntasks=3, mpi="none")
     manager = manager_on(journal, tmp_path)
-    load(journal, manager)
+    load(manager)
     job = manager.jobs[1]
     assert (job.state, job.seq, job.oseq, job.status) == (State.CLEANUP, 8, 1, 143)
     assert (job.succeeded, job.failed, job.cancelled, job.tasks_left) == (1, 0, 2, 0)

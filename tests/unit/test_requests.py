@@ -27,6 +27,7 @@ def test_every_operation_of_the_protocol_has_its_request_class() -> None:
 @pytest.mark.parametrize(("cls", "body", "expected"), [
     (requests.Jobs, {}, requests.Jobs(False, None, 1000, False, False)),
     (requests.Jobs, {"all": True, "ids": [1, "x"], "limit": 5}, requests.Jobs(True, [1, "x"], 5)),
+    (requests.Jobs, {"all": True, "before": 7}, requests.Jobs(True, before=7)),
     (requests.Eventlog, {"job": 4, "from": 2, "follow": True}, requests.Eventlog(4, 2, True)),
     (requests.Attempts, {"job": 4, "index": 0}, requests.Attempts(4, 0, 0, 10_000, False)),
     (requests.Update, {"job": 4, "urgency": 20, "name": "n"}, requests.Update(4, {"urgency": 20, "name": "n"})),

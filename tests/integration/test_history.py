@@ -1,0 +1,124 @@
+"""Finished jobs live in the journal, not in the broker's memory (issue 17 item 4; protocol.md §3.3 `jobs`
+paging): a real broker whose cache holds two finished jobs still lists, shows, replays and counts every one of
+them, before and after a restart and a purge."""
+from __future__ import annotations
+
+import threading
+import time
+
+from minicluster.client import Client
+from minicluster.testing import LocalCluster
+from tests.integration.conftest import job
+
+TIMEOUT = 60.0
+
+
+def finish(c: Client, count: int, start: int = 0) -> list[int]:
+    """`count` jobs that each print their number, one after the other (so they end in id order, which the purge
+    follows); every third one exits 1."""
+    ids = []
+    for i in range(start, start + count):
+        ids.append(c.submit(job(["sh", "-c", f"echo job-{i}; exit {int(i % 3 == 2)}"])))
+        assert next(c.wait(ids[-1:]))["state"] == "INACTIVE"
+    return ids
+
+
+def all_pages(c: Client, limit: int, between=lambda: None) -> list[int]:
+    """Every job id, paging through `jobs` with `before`/`next` as a client does."""
+    listed: list[int] = []
+    fields = {"all": True, "limit": limit}
+    while True:
+        page = c.call("jobs", **fields)
+        assert len(page["jobs"]) <= limit
+        listed += [s["id"] for s in page["jobs"]]
+        if page["next"] is None:
+            return listed
+        fields["before"] = page["next"]
+        between()
+
+
+def assert_visible(c: Client, ids: list[int], first: int = 0) -> None:
+    """Each finished job answers `job`, `output` and a followed `eventlog` (what `mc attach` reads)."""
+    for n, job_id in enumerate(ids, first):
+        summary = c.job(job_id)
+        assert (summary["state"], summary["status"]) == ("INACTIVE", int(n % 3 == 2)), summary
+        assert b"".join(d for _, _, d in c.output(job_id)) == f"job-{n}\n".encode()
+        assert [e[2] for e in c.eventlog(job_id, follow=True)][-1] == "clean"
+
+
+def wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_finished_jobs_stay_listed_visible_and_counted_out_of_the_cache_and_after_a_restart(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=1, finished_cache=2) as cluster:
+        with cluster.client() as c:
+            ids = finish(c, 6)
+            assert sorted(all_pages(c, 4)) == ids
+            assert_visible(c, ids)
+            assert c.status()["queue"]["INACTIVE"] == 6
+            assert [s["id"] for s in c.jobs(all=True)] == ids[::-1], "newest first, across pages"
+        cluster.kill(0)
+        cluster.restart(0)
+        with cluster.client() as c:
+            assert c.status()["queue"]["INACTIVE"] == 6
+            assert_visible(c, ids)
+            assert all_pages(c, 5) == ids[::-1]
+
+
+def test_paging_lists_each_job_exactly_once_while_jobs_are_submitted(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=1, finished_cache=3, test_exec=True) as cluster, cluster.client() as c:
+        before = finish(c, 12)
+        queued = c.submit(job(["true"], hold=True))  # held: active for the whole walk
+        submitted: list[int] = []
+
+        def submit_two() -> None:
+            submitted.extend(c.submit(job(["true"])) for _ in range(2))
+
+        listed = all_pages(c, 3, between=submit_two)
+        assert len(listed) == len(set(listed)), "no job twice"
+        assert set(before) | {queued} <= set(listed), "every job that existed through the walk"
+        assert set(listed) <= set(before) | {queued} | set(submitted)
+        assert listed == sorted(listed, reverse=True)
+
+
+def test_counts_match_a_full_listing_after_purge_and_restart(tmp_path) -> None:
+    with LocalCluster(tmp_path, size=1, finished_cache=1, purge_max_count=4) as cluster:
+        with cluster.client() as c:
+            ids = finish(c, 7)
+            wait_until(lambda: len(all_pages(c, 2)) == 4, "the purge keeps 4")
+            assert c.status()["queue"]["INACTIVE"] == 4
+            assert all_pages(c, 2) == ids[:2:-1]
+        cluster.kill(0)
+        cluster.restart(0)
+        with cluster.client() as c:
+            assert c.status()["queue"]["INACTIVE"] == len(all_pages(c, 3)) == 4
+            more = finish(c, 2, start=7)
+            wait_until(lambda: c.status()["queue"]["INACTIVE"] == 4, "the purge keeps 4 after a restart")
+            assert all_pages(c, 3) == (ids[5:] + more)[::-1]
+            assert_visible(c, ids[5:] + more, first=5)
+
+
+def test_status_counts_follow_concurrent_clients(tmp_path) -> None:
+    """`status` (protocol.md §3.3) counts finished jobs as they end, from other clients too."""
+    with LocalCluster(tmp_path, size=1, finished_cache=2, test_exec=True) as cluster:
+        errors: list[BaseException] = []
+
+        def submitter() -> None:
+            try:
+                with cluster.client() as c:
+                    finish(c, 5)
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=submitter) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert not errors
+        with cluster.client() as c:
+            assert c.status()["queue"]["INACTIVE"] == len(all_pages(c, 4)) == 15
