@@ -22,6 +22,7 @@ from broker.jobmanager import JobManager, request_of
 from broker.journal import Statement, when_durable
 from broker.share import accounting
 from broker.stdin import StdinRelay
+from broker.window import DispatchWindow
 from minicluster.proto import messages
 from minicluster.config import InstanceConfig
 from minicluster.model.idset import IdSet
@@ -64,6 +65,7 @@ class Execution:
         # Array elements being preempted (broker/share/preemption.py): they end counted as cancelled.
         self.preempted: dict[Key, str] = {}
         self.stdin = StdinRelay(send)
+        self.window = DispatchWindow(self, config.dispatch_window, config.dispatch_window_seconds)
         # Since this broker started, for rates (`mc top`).
         self.tasks_started = 0
         self.tasks_ended = 0
@@ -71,22 +73,25 @@ class Execution:
         manager.job_finished = lambda job: self.stdin.ended(job.id)
         manager.retime = self.retime
         manager.running_tasks = lambda job: [task for _, task in self.by_job.get(job.id, ())]
+        manager.recall_ahead = self.window.recall_job
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
     def start(self, starts: list[sched.Start]) -> None:
         batches: dict[int, messages.Run] = {}
+        aheads: dict[int, messages.Ahead] = {}
         gangs: list[tuple[Job, list[tuple[int, sched.Slot]], messages.JobInfo]] = []
         now = self.manager.clock()
         durable: asyncio.Future[None] | None = None
         for st in starts:
             job = self.manager.jobs[st.job_id]
             if job.is_array:
-                self._start_element(job, st, now, batches)
+                self._start_element(job, st, now, batches, aheads)
             else:
                 durable = self._start_job(job, st, now, gangs)
         for rank, run in batches.items():
             messages.send(self.send, rank, run)
+        self._send_ahead(aheads)  # after the `run`s: an entry must find the task it follows
         if durable is not None:
             # Journal writes commit in order: once the last alloc is durable, all of this pass's are.
             durable.add_done_callback(lambda _: self._dispatch_gangs(gangs))
@@ -111,7 +116,8 @@ class Execution:
             self.manager.scheduler.adopt(job.id, element, allocation, now, self.manager.time_limit(job.spec),
                                          job=self.manager.sched_job(job, request_of(job.spec)))
 
-    def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, messages.Run]) -> None:
+    def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, messages.Run],
+                       aheads: dict[int, messages.Ahead]) -> None:
         task = job.pending_map[st.element] if job.pending_map is not None else st.element
         ((rank, slot),) = st.allocation.tasks
         if job.state == State.SCHED:
@@ -123,12 +129,19 @@ class Execution:
         if batch is None:
             batch = batches[rank] = messages.Run()
         if job.id not in batch.jobs:
-            batch.jobs[job.id] = self._jobinfo(job, [[rank, 1]])
-        entry = [job.id, task, job.index_of(task), list(slot.cores), list(slot.gpus)]
+            batch.jobs[job.id] = self.jobinfo(job, [[rank, 1]])
+        cores, gpus = list(slot.cores), list(slot.gpus)
+        entry = [job.id, task, job.index_of(task), cores, gpus]
         flow = job.flow
         if flow is not None and flow.attempts and task in flow.attempts:
             entry.append(flow.attempts[task])   # protocol.md §2.9; absent means attempt 0
         batch.tasks.append(entry)
+        if self.window.depth:
+            self.window.fill(job, (job.id, task), rank, cores, gpus, aheads)
+
+    def _send_ahead(self, aheads: dict[int, messages.Ahead]) -> None:
+        for rank, ahead in aheads.items():
+            messages.send(self.send, rank, ahead)
 
     def _start_job(self, job: Job, st: sched.Start, now: float,
                    gangs: list[tuple[Job, list[tuple[int, sched.Slot]], messages.JobInfo]]) -> asyncio.Future[None]:
@@ -139,7 +152,7 @@ class Execution:
         layout = [[rank, len(ra.slots)] for rank, ra in st.allocation.items()]
         self.manager.post(job, "alloc", {"ranks": str(IdSet.from_ints(job.ranks))})
         self._undispatched.add(job.id)
-        gangs.append((job, slots, self._jobinfo(job, layout)))
+        gangs.append((job, slots, self.jobinfo(job, layout)))
         durable = self.manager.post(job, "start", durable=True)
         assert durable is not None
         return durable
@@ -172,7 +185,7 @@ class Execution:
         for job_id, targets in readers.items():
             self.stdin.dispatched(job_id, targets)
 
-    def _jobinfo(self, job: Job, layout: list[list[int]]) -> messages.JobInfo:
+    def jobinfo(self, job: Job, layout: list[list[int]]) -> messages.JobInfo:
         spec = job.spec
         assert spec is not None
         env = dict(spec.env)
@@ -207,6 +220,8 @@ class Execution:
         statements: list[Statement] = []
         keys = []
         released: list[tuple[int, int]] = []
+        aheads: dict[int, messages.Ahead] = {}
+        killed: list[Key] = []  # started behind a task of a job that is ending
         usage_rows: list[Statement] = []  # after the task rows, so each kind still goes through one executemany
         now = self.manager.clock()
         attempts = self.manager.workflow.attempts
@@ -231,7 +246,7 @@ class Execution:
                     if running is not None:
                         job.running -= 1
                         if job.is_array:
-                            released.append((job_id, running.element))
+                            self._free_slot(job, task, running, released, aheads, killed, now)
                     touched[job_id] = job
                     continue
                 counted, cancelled = judged
@@ -245,7 +260,7 @@ class Execution:
             cancelled = cancelled or preempted is not None
             job.record_result(counted, was_running=running is not None, cancelled=cancelled)
             if running is not None and job.is_array:
-                released.append((job_id, running.element))
+                self._free_slot(job, task, running, released, aheads, killed, now)
             if status and not job.ending and not cancelled:   # a task a workflow rule cut short is a consequence
                 failure = (status, job.failure_note(task, rank, status, error))
                 # A success_task job is decided by its driver: another task failing does not end it.
@@ -261,12 +276,57 @@ class Execution:
         if released:
             # Array elements free their cores together: one accounting pass per node.
             self.manager.scheduler.release_many(released, now)
+        self._send_ahead(aheads)
+        if killed:
+            self._signal(killed, signal.SIGTERM)
         attempts.commit()
         fut = self.manager.journal.write(statements + usage_rows)
+        self._count_unrecorded(fut, len(statements))
         if ack and keys:
             when_durable(fut, lambda: messages.send(self.send, rank, messages.DoneAck(keys)))
         for job in touched.values():
             self._after_results(job, now)
+
+    def _free_slot(self, job: Job, task: int, running: RunningTask, released: list[tuple[int, int]],
+                   aheads: dict[int, messages.Ahead], killed: list[Key], now: float) -> None:
+        """An array element ended: its cores go to the element sent ahead to follow it, which the worker has
+        started in its place (protocol.md §2.10), else back to the scheduler."""
+        started = self.window.successor((job.id, task)) if self.window.ahead else None
+        if started is None:
+            released.append((job.id, running.element))
+            return
+        key, ahead = started
+        self.manager.scheduler.pass_on(job.id, running.element, ahead.element, now)
+        self._track(job, key[1], ahead.rank, ahead.element, now)
+        if job.ending or job.state == State.INACTIVE:
+            killed.append(key)
+        else:
+            self.window.fill(job, key, ahead.rank, ahead.cores, ahead.gpus, aheads)
+
+    def _count_unrecorded(self, fut: asyncio.Future[None], count: int) -> None:
+        """Results recorded but not yet durable, the window's measure of a lagging journal."""
+        if not count or not self.window.depth:
+            return
+        window = self.window
+        window.unrecorded += count
+
+        def durable(_: asyncio.Future[None]) -> None:
+            window.unrecorded -= count
+        fut.add_done_callback(durable)
+
+    def on_returned(self, rank: int, keys: list[list[int]]) -> None:
+        """Elements sent ahead came back unstarted (protocol.md §2.10): queued again."""
+        self._requeue(self.window.returned(rank, keys))
+
+    def _requeue(self, tasks_by_job: dict[int, list[int]]) -> None:
+        for job_id, tasks in tasks_by_job.items():
+            job = self.manager.jobs.get(job_id)
+            if job is None:
+                continue
+            self.manager.workflow.attempts.queue_tasks(job, tasks)  # nothing for a job that is ending
+            self.manager.maybe_finish(job)
+        if tasks_by_job:
+            self.manager.wake_scheduler()
 
     @staticmethod
     def _account(job: Job, result: list[Any], started: float | None, ended: float | None,
@@ -350,6 +410,7 @@ class Execution:
             self._undispatched.discard(job.id)
             self._end_locally(job, list(self.by_job.get(job.id, ())), 128 + sig, "cancelled before start")
             return
+        self.window.recall_job(job)  # before the kill: an entry the worker still holds must not start after it
         self._signal(list(self.by_job.get(job.id, ())), sig)
 
     def task_of_element(self, job: Job, element: int) -> int | None:
@@ -360,6 +421,7 @@ class Execution:
         """End a running array element (SIGTERM, then the kill grace); with `cancel`, counted as cancelled."""
         if cancel:
             self.preempted[(job.id, task)] = note
+        self.window.recall_after((job.id, task))
         self._signal([(job.id, task)], signal.SIGTERM)
 
     def _signal(self, keys: list[Key], sig: int) -> None:
@@ -416,6 +478,7 @@ class Execution:
     # --- ranks ---------------------------------------------------------------------------------------------
 
     def rank_lost(self, rank: int, why: str = "node-lost") -> None:
+        self._requeue(self.window.drop_rank(rank))  # first: their predecessors' ends below must not start them
         keys = list(self.by_rank.get(rank, ()))
         jobs = {key[0] for key in keys}
         for job_id in jobs:
@@ -428,6 +491,7 @@ class Execution:
 
     def reconcile(self, rank: int, reported: list[list[Any]]) -> None:
         """A rank (re)joined listing the tasks it still runs: end the ones it lost, kill the ones we forgot."""
+        self._requeue(self.window.drop_rank(rank))  # a joining worker drops what waited (protocol.md §2.10)
         reported_keys = {(int(r[0]), int(r[1])) for r in reported}
         known = self.by_rank.get(rank, set())
         lost = known - reported_keys

@@ -96,6 +96,8 @@ class JobManager:
         self.wake_scheduler: Callable[[], None] = lambda: None
         # Set by the broker: ends a job's running tasks (execution.kill_job).
         self.kill_tasks: Callable[[Job, int], None] = lambda job, sig: None
+        # Set by the broker: take back the job's elements sent ahead and not started (protocol.md §2.10).
+        self.recall_ahead: Callable[[Job], None] = lambda job: None
         # Set by the broker: the job finished (nothing of it runs any more).
         self.job_finished: Callable[[Job], None] = lambda job: None
         self.all_ranks_seen = False

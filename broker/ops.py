@@ -429,6 +429,7 @@ def drain(broker: BrokerView, peer: Peer, req: requests.Drain) -> asyncio.Future
     reason = req.reason or "drained by the owner"
     for r in ranks:
         broker.graph.drain(r, reason)
+        broker.execution.window.recall_rank(r)  # its elements sent ahead run elsewhere (protocol.md §2.10)
     durable = broker.journal.write([store.rank_drained(r, reason) for r in ranks])
     return _then(durable, {"drained": ranks})
 

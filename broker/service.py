@@ -299,6 +299,9 @@ class Broker:
     def _on_done(self, rank: int, done: messages.Done) -> None:
         self.execution.on_done(rank, done.results)
 
+    def _on_returned(self, rank: int, returned: messages.Returned) -> None:
+        self.execution.on_returned(rank, returned.keys)
+
     def _on_out(self, _rank: int, out: messages.Output) -> None:
         self.execution.on_output(out.chunks)
 
@@ -447,6 +450,7 @@ _HANDLERS: dict[str, Callable[[Broker, int, Any], None]] = {
     messages.Heartbeat.KIND: Broker._on_hb,
     messages.Done.KIND: Broker._on_done,
     messages.Output.KIND: Broker._on_out,
+    messages.Returned.KIND: Broker._on_returned,
     messages.PmiPut.KIND: Broker._on_pmi_put,
     messages.PmiInit.KIND: Broker._on_pmi_init,
     messages.StdinAck.KIND: Broker._on_stdin_ack,

@@ -308,6 +308,7 @@ class Workflow:
             raise WorkflowRefusal("bad-state", f"job {job.id} has already ended")
         flow.held = True
         remaining = self.manager.scheduler.cancel(job.id)
+        self.manager.recall_ahead(job)  # what comes back is queued behind the hold
         if job.is_array and job.state != State.DEPEND:
             # Unstarted elements are the last `remaining`; those queued while held come after them.
             flow.held_from = self._elements(job) - remaining

@@ -66,6 +66,10 @@ class InstanceConfig:
     test_exec: bool = False
     # Whether rank 0 offers its node to jobs (Flux's default) or keeps it for the broker alone.
     broker_runs_tasks: bool = True
+    # Array elements rank 0 sends each worker ahead of every busy one-slot core (protocol.md §2.10), at most
+    # `dispatch_window` (0: none) and as many as take about `dispatch_window_seconds` to run.
+    dispatch_window: int = 32
+    dispatch_window_seconds: float = 0.05
     # Properties and resource override for workers, "k=v,k2" / "cores=64,gpus=4".
     properties: str = ""
     resources: str = ""
@@ -93,6 +97,8 @@ class InstanceConfig:
             raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.mpi_default not in ("pmi1", "pmix", "auto"):
             raise ConfigError(f"mpi_default must be pmi1, pmix or auto, got {self.mpi_default!r}")
+        if self.dispatch_window < 0 or self.dispatch_window_seconds < 0:
+            raise ConfigError("dispatch_window and dispatch_window_seconds must be >= 0")
         if not self.broker_runs_tasks and self.tree_size == 1:
             raise ConfigError("broker_runs_tasks = false leaves no rank to run tasks: size (or max_size) must be >= 2")
         if not self.endpoint.startswith(("tcp://", "ipc://")):

@@ -39,6 +39,11 @@ OUTPUT_FLUSH_BYTES = 256 * 1024
 TRUSTED_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # Unacknowledged results carried by a `join`; any beyond follow in `done` messages.
 JOIN_RESULTS = 10_000
+# Entries sent ahead (protocol.md §2.10) a worker holds at most; any more are returned at once.
+WINDOW_LIMIT = 4096
+# While elements wait in the window, no core waits for rank 0: results (and output) leave at most this often, in
+# fewer and larger messages, which is rank 0's cost per task.
+WINDOW_FLUSH_SECONDS = 0.002
 
 
 class _CannotStart(Exception):
@@ -82,6 +87,10 @@ class WorkerAgent:
         # attempt that wait for the older one, which rank 0 killed, to exit: key -> (entry, jobinfo).
         self.attempts: dict[Key, int] = {}
         self._after_exit: dict[Key, tuple[list[Any], messages.JobInfo]] = {}
+        # The dispatch window (protocol.md §2.10): task -> (run entry, jobinfo) of the element that starts when it
+        # ends, and each waiting element -> the task it follows.
+        self._next: dict[Key, tuple[list[Any], messages.JobInfo]] = {}
+        self._waits_for: dict[Key, Key] = {}
         self.job_running: dict[int, int] = {}
         self.output_sent: dict[int, int] = {}
         self.unacked: dict[Key, list[Any]] = {}
@@ -113,6 +122,9 @@ class WorkerAgent:
                 pass
 
     def join(self) -> None:
+        # Rank 0 counts what waited in the window as not started (protocol.md §2.10): it must not start now.
+        self._next.clear()
+        self._waits_for.clear()
         running = [[job, task, cores, gpus, *self._attempt_list((job, task))]
                    for (job, task), (cores, gpus) in self.running.items()]
         # Results travel with the join, so a restarted rank 0 knows what ended before it settles reattachment.
@@ -121,6 +133,8 @@ class WorkerAgent:
                                                   running, results, self.epoch))
 
     async def shutdown(self) -> None:
+        self._next.clear()
+        self._waits_for.clear()
         await self.executor.shutdown(self.config.kill_grace)
         self.stdin.close_all()
         self.lines.close()
@@ -191,6 +205,41 @@ class WorkerAgent:
                     self._fail_unstarted(job, [task], f"cannot start: {cut(str(exc))}")
             if pmi_env is not None:
                 self.pmi.spawned(job_id)
+
+    def _on_ahead(self, ahead: messages.Ahead) -> None:
+        """Elements to start each when the task it follows ends here (protocol.md §2.10)."""
+        if not self.welcomed.is_set():
+            return  # sent before our join: rank 0 counts them as returned
+        returned = []
+        for entry in ahead.tasks:
+            job, task, after = entry[0], entry[1], (entry[0], entry[6])
+            info = ahead.jobs.get(job)
+            if info is None or len(self._waits_for) >= WINDOW_LIMIT or after in self._next:
+                returned.append([job, task])
+            elif after in self.running or after in self._waits_for:
+                self._next[after] = (entry[:6], info)
+                self._waits_for[(job, task)] = after
+            else:  # the task it follows has ended already
+                self._on_run(messages.Run({job: info}, [entry[:6]]))
+        if returned:
+            messages.send(self.send, 0, messages.Returned(returned))
+
+    def _on_recall(self, recall: messages.Recall) -> None:
+        """Drop these entries if they wait still; a successor of one follows its predecessor instead."""
+        returned = []
+        for job, task in recall.keys:
+            key = (job, task)
+            after = self._waits_for.pop(key, None)
+            if after is None:
+                continue  # started already: rank 0 learns so from its predecessor's result
+            del self._next[after]
+            following = self._next.pop(key, None)
+            if following is not None:
+                self._next[after] = following
+                self._waits_for[(job, following[0][1])] = after
+            returned.append([job, task])
+        if returned:
+            messages.send(self.send, 0, messages.Returned(returned))
 
     def _fresh(self, job_id: int, entries: list[list[Any]], info: messages.JobInfo) -> list[list[Any]]:
         """The entries to start now: not a repeat of a run this rank has (running or ended, not yet
@@ -381,6 +430,11 @@ class WorkerAgent:
         if waiting is not None:
             entry, info = waiting
             self._on_run(messages.Run({key[0]: info}, [entry]))
+        following = self._next.pop(key, None)
+        if following is not None:  # the next element of the window starts on the cores this one freed
+            entry, info = following
+            del self._waits_for[(key[0], entry[1])]
+            self._on_run(messages.Run({key[0]: info}, [entry]))
 
     def _forget_job(self, job: int) -> None:
         """The job's last task here ended: drop its info (every `run` carries it) and PMI server."""
@@ -412,7 +466,11 @@ class WorkerAgent:
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = asyncio.get_running_loop()
+            if self._next:
+                loop.call_later(WINDOW_FLUSH_SECONDS, self._flush)
+            else:
+                loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -436,6 +494,8 @@ _HANDLERS: dict[str, Callable[[WorkerAgent, Any], None]] = {
     messages.Welcome.KIND: WorkerAgent._on_welcome,
     messages.Rejoin.KIND: WorkerAgent._on_rejoin,
     messages.Run.KIND: WorkerAgent._on_run,
+    messages.Ahead.KIND: WorkerAgent._on_ahead,
+    messages.Recall.KIND: WorkerAgent._on_recall,
     messages.Kill.KIND: WorkerAgent._on_kill,
     messages.DoneAck.KIND: WorkerAgent._on_done_ack,
     messages.PmiKvs.KIND: WorkerAgent._on_pmi_kvs,

@@ -508,6 +508,13 @@ class ResourceGraph:
         self.free(key)
         return holds
 
+    def rekey(self, old: Hashable, new: Hashable) -> None:
+        """What `old` holds is held by `new` from now on (nothing is freed or taken): the dispatch window passes
+        an element's core on to the next element of its chain (protocol.md §2.10)."""
+        if new in self._holds:
+            raise ValueError(f"{new!r} already holds resources")
+        self._holds[new] = self._holds.pop(old)
+
     def attach(self, key: Hashable, holds: dict[int, Hold]) -> None:
         """Re-take what detach() returned; the resources must still be free."""
         for rank, hold in holds.items():

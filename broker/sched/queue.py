@@ -359,6 +359,36 @@ class Scheduler:
         for job_id, (n, total) in ends.items():
             self._noted_release(job_id, int(n), now, total)
 
+    def take_ahead(self, job_id: int, count: int) -> range:
+        """Up to `count` more elements of a queued array to send ahead of its free cores (protocol.md §2.10):
+        taken from the queue without resources; each later takes over a running element's with `pass_on`, or
+        comes back with `extend`. None while another job waits (it would be overtaken), for an array off the
+        fast path (one flat CPU-only slot per element) or in a stopped queue."""
+        entry = self._pending.get(job_id)
+        if entry is None or len(self._pending) > 1 or not entry.batch or entry.job.queue in self.stopped:
+            return range(0)
+        n = min(count, entry.remaining)
+        first = entry.started
+        entry.started += n
+        self.limits.queued(entry.job.queue, entry.job.user, -n)
+        self._queue_version += 1
+        return range(first, first + n)
+
+    def pass_on(self, job_id: int, element: int, to: int, now: float) -> None:
+        """Element `element` ended and element `to` (taken with `take_ahead`) runs on its resources from now."""
+        old, new = (job_id, element), (job_id, to)
+        self.graph.rekey(old, new)
+        end = self._running.pop(old)
+        self._dying.discard(old)
+        self._releases += 1  # a running element's planned end moved: reservations are planned again
+        active = self._active.get(job_id)
+        self._noted_release(job_id, 1, now, end)
+        if active is not None:
+            self._running[new] = now + self._time_limit(active[0])
+            self._noted_start(active[0], 1, now, from_queue=False)
+        else:
+            self._running[new] = now + self.default_time_limit
+
     def adopt(self, job_id: int, element: int, allocation: Allocation,
               start_time: float, time_limit: float | None = None, job: SchedJob | None = None) -> None:
         """Re-register a running element (broker restart from its journal); `job` counts it for limits."""

@@ -91,22 +91,23 @@ class Output(WireMessage):
     dropped: int = field(default=0, metadata=LOCAL)
 
 
-def _one_of_kvs_and_data(kind: str, kvs: dict[str, str] | None, data: bytes | None) -> None:
-    if (kvs is None) == (data is None):
-        raise BadMessage(f"{kind}: exactly one of 'kvs' and 'data' is expected", "bad-request")
-
-
 @dataclass(frozen=True, slots=True)
-class PmiPut(WireMessage):
-    """`pmi-put` (§2.8): a PMI-1 barrier's `kvs`, or a PMIx fence's `data`."""
-    KIND: ClassVar[str] = "pmi-put"
+class _Exchange(WireMessage):
+    """A PMI exchange's body (§2.8): a PMI-1 barrier's `kvs`, or a PMIx fence's `data`, never both."""
     job: int
     seq: int
     kvs: dict[str, str] | None = None
     data: bytes | None = None
 
     def check(self, kind: str) -> None:
-        _one_of_kvs_and_data(kind, self.kvs, self.data)
+        if (self.kvs is None) == (self.data is None):
+            raise BadMessage(f"{kind}: exactly one of 'kvs' and 'data' is expected", "bad-request")
+
+
+@dataclass(frozen=True, slots=True)
+class PmiPut(_Exchange):
+    """`pmi-put` (§2.8): one rank's part of barrier or fence `seq`."""
+    KIND: ClassVar[str] = "pmi-put"
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,16 +217,9 @@ class Kill(WireMessage):
 
 
 @dataclass(frozen=True, slots=True)
-class PmiKvs(WireMessage):
-    """`pmi-kvs` (§2.8): the merged set of PMI-1 barrier `seq` (`kvs`), or PMIx fence `seq`'s `data`."""
+class PmiKvs(_Exchange):
+    """`pmi-kvs` (§2.8): the merged set of barrier or fence `seq`."""
     KIND: ClassVar[str] = "pmi-kvs"
-    job: int
-    seq: int
-    kvs: dict[str, str] | None = None
-    data: bytes | None = None
-
-    def check(self, kind: str) -> None:
-        _one_of_kvs_and_data(kind, self.kvs, self.data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,14 +261,51 @@ class DmodexReply(WireMessage):
     data: bytes = b""
 
 
-WorkerMessage = Heartbeat | Join | Done | Output | PmiPut | PmiInit | StdinAck | Abort | Refusal
+def _pair_row(row: Any) -> bool:
+    """[job, task] (§2.10 `recall`, `returned`)."""
+    return type(row) is list and len(row) == 2 and type(row[0]) is int and type(row[1]) is int
+
+
+def _ahead_row(row: Any) -> bool:
+    """[job, task, index, cores, gpus, attempt, after] (§2.10 `ahead`)."""
+    return (type(row) is list and len(row) == 7 and _task_row(row[:6]) and type(row[6]) is int)
+
+
+# --- the dispatch window (§2.10) ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Returned(WireMessage):
+    """`returned` (§2.10, worker → rank 0): entries sent ahead that the worker dropped unstarted."""
+    KIND: ClassVar[str] = "returned"
+    keys: list[Any] = field(metadata=rows(_pair_row))
+    dropped: int = field(default=0, metadata=LOCAL)
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead(WireMessage):
+    """`ahead` (§2.10, rank 0 → worker): elements to start each when the task it follows (`after`) ends."""
+    KIND: ClassVar[str] = "ahead"
+    jobs: dict[int, JobInfo] = field(default_factory=dict)
+    tasks: list[Any] = field(default_factory=list, metadata=rows(_ahead_row))
+    dropped: int = field(default=0, metadata=LOCAL)
+
+
+@dataclass(frozen=True, slots=True)
+class Recall(WireMessage):
+    """`recall` (§2.10, rank 0 → worker): drop these entries sent ahead if they have not started."""
+    KIND: ClassVar[str] = "recall"
+    keys: list[Any] = field(metadata=rows(_pair_row))
+    dropped: int = field(default=0, metadata=LOCAL)
+
+
+WorkerMessage = Heartbeat | Join | Done | Output | PmiPut | PmiInit | StdinAck | Abort | Refusal | Returned
 WorkerOrder = (Welcome | Rejoin | Run | DoneAck | Kill | PmiKvs | Stdin | Shutdown | DmodexRequest | DmodexReply
-               | Refusal)
+               | Refusal | Ahead | Recall)
 
 TO_RANK0: dict[str, type[WorkerMessage]] = {cls.KIND: cls for cls in (
-    Heartbeat, Join, Done, Output, PmiPut, PmiInit, StdinAck, Abort, Refusal)}
+    Heartbeat, Join, Done, Output, PmiPut, PmiInit, StdinAck, Abort, Refusal, Returned)}
 TO_WORKER: dict[str, type[WorkerOrder]] = {cls.KIND: cls for cls in (
-    Welcome, Rejoin, Run, DoneAck, Kill, PmiKvs, Stdin, Shutdown, DmodexRequest, DmodexReply, Refusal)}
+    Welcome, Rejoin, Run, DoneAck, Kill, PmiKvs, Stdin, Shutdown, DmodexRequest, DmodexReply, Refusal, Ahead, Recall)}
 # Kinds one worker sends another (rank 0's agent included), not only rank 0 its workers.
 PEER_KINDS = frozenset({DmodexRequest.KIND, DmodexReply.KIND})
 

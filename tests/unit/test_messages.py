@@ -77,7 +77,7 @@ def test_malformed_rows_are_dropped_and_counted_the_rest_kept() -> None:
 def test_every_kind_a_worker_sends_rank_0_has_a_message() -> None:
     # protocol.md §2.5, "Worker → rank 0", plus `error` (any → any).
     assert set(messages.TO_RANK0) == {"hb", "join", "out", "done", "pmi-put", "pmi-init", "stdin-ack", "abort",
-                                      "error"}
+                                      "error", "returned"}
 
 
 JOBINFO = {"argv": ["true"], "env": {"PATH": "/bin"}, "ntasks": 2, "layout": [[1, 2]], "uid": 1000, "gid": 1000,
@@ -104,6 +104,9 @@ FULL: dict[str, dict[str, Any]] = {
     "shutdown": {},
     "pmix-dmodex": {"job": 7, "task": 3, "id": 12, "from": 2},
     "pmix-dmodex-data": {"job": 7, "id": 12, "status": -46, "data": b""},
+    "ahead": {"jobs": {7: JOBINFO}, "tasks": [[7, 2, 2, [0], [], 0, 0], [7, 3, 3, [0], [], 1, 2]]},
+    "recall": {"keys": [[7, 2], [7, 3]]},
+    "returned": {"keys": [[7, 3]]},
 }
 WRONG = [1.5, "text", b"bin", [1], {"k": "v"}, True, 3]
 

@@ -1,0 +1,191 @@
+"""The dispatch window through real processes (protocol.md §2.10): the worker agent's chains, and a MiniCluster
+whose broker or worker is killed with SIGKILL, whose array is cancelled or whose rank is drained with elements
+sent ahead. Every element runs once: each task appends its index to a file, read at the end."""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minicluster.client import Client
+from minicluster.config import from_mapping
+from minicluster.proto.envelope import Message
+from minicluster.testing import LocalCluster, RecordingSender
+from minicluster.testing.builders import resources
+from tests.integration.conftest import job, wait_for
+from worker.agent import WorkerAgent
+
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def info(argv: list[str]) -> dict[str, Any]:
+    return {"argv": argv, "env": ENV, "cwd": "/tmp", "ntasks": 3, "output": None, "mpi": None,
+            "layout": [[1, 1]], "uid": os.getuid(), "gid": os.getgid(), "array": True}
+
+
+async def results(sender: RecordingSender, count: int, timeout: float = 20.0) -> dict[int, list[Any]]:
+    seen: dict[int, list[Any]] = {}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(seen) < count:
+        assert loop.time() < deadline, f"results of tasks {sorted(seen)} only"
+        for msg in sender.take("done"):
+            seen.update((row[1], row) for row in msg.body["results"])
+        await asyncio.sleep(0.02)
+    return seen
+
+
+async def test_the_agent_starts_each_entry_when_the_one_before_ends_and_returns_recalled_ones(
+        tmp_path: Path) -> None:
+    config = from_mapping({"state_dir": str(tmp_path), "resources": "cores=1"})
+    sender = RecordingSender(rank=1)
+    agent = WorkerAgent(config, 1, sender.send, resources("cores=1"), "unix:///nonexistent")
+    agent.handle(Message("welcome", 0, 1, {"epoch": 1, "size": 2}))
+    jobs = {7: info(["sleep", "0.3"])}
+    agent.handle(Message("run", 0, 1, {"jobs": jobs, "tasks": [[7, 0, 0, [0], []]]}))
+    chain = [[7, 1, 1, [0], [], 0, 0], [7, 2, 2, [0], [], 0, 1], [7, 3, 3, [0], [], 0, 2]]
+    agent.handle(Message("ahead", 0, 1, {"jobs": jobs, "tasks": chain}))
+    try:
+        assert sorted(agent.running) == [(7, 0)], "one task per core: the rest wait"
+        agent.handle(Message("recall", 0, 1, {"keys": [[7, 2], [7, 0]]}))
+        (returned,) = sender.take("returned")
+        assert returned.body["keys"] == [[7, 2]], "a running task is not returned"
+        ended = await results(sender, 3)
+    finally:
+        await agent.shutdown()
+    assert sorted(ended) == [0, 1, 3] and all(row[2] == 0 for row in ended.values())
+    assert ended[0][7] <= ended[1][6] and ended[1][7] <= ended[3][6], "3 followed 1 after 2 was dropped"
+
+
+async def test_a_join_drops_what_waits_and_nothing_is_taken_before_the_welcome(tmp_path: Path) -> None:
+    config = from_mapping({"state_dir": str(tmp_path), "resources": "cores=1"})
+    sender = RecordingSender(rank=1)
+    agent = WorkerAgent(config, 1, sender.send, resources("cores=1"), "unix:///nonexistent")
+    jobs = {7: info(["sleep", "0.2"])}
+    agent.handle(Message("ahead", 0, 1, {"jobs": jobs, "tasks": [[7, 5, 5, [0], [], 0, 4]]}))
+    assert not agent.running, "an `ahead` before the welcome is from a broker that does not know us"
+    agent.handle(Message("welcome", 0, 1, {"epoch": 1, "size": 2}))
+    agent.handle(Message("run", 0, 1, {"jobs": jobs, "tasks": [[7, 0, 0, [0], []]]}))
+    agent.handle(Message("ahead", 0, 1, {"jobs": jobs, "tasks": [[7, 1, 1, [0], [], 0, 0]]}))
+    agent.join()
+    try:
+        ended = await results(sender, 1)
+        await asyncio.sleep(0.4)
+        assert not agent.running and sender.take("returned") == []
+    finally:
+        await agent.shutdown()
+    assert list(ended) == [0] and sender.take("done") == [], "task 1 never started"
+
+
+# --- a MiniCluster ---------------------------------------------------------------------------------------------
+
+def appending(record: Path, seconds: float) -> list[str]:
+    """A task that appends its index and rank to `record` (one short write: whole lines), then sleeps."""
+    return ["sh", "-c", f'echo "{{cc}} $MC_NODE_RANK $(date +%s.%N)" >> {record}; sleep {seconds}']
+
+
+# Chains as long as `dispatch_window` however long the tasks run (by default they hold about 0.05 s of work).
+LONG_CHAINS = {"dispatch_window_seconds": 3600.0}
+
+
+def two_workers(tmp_path: Path, window: int = 4) -> LocalCluster:
+    """Ranks 1 and 2 of 2 cores each run the tasks; rank 0, whose own tasks would die with a killed broker (and
+    run again, which is not the window's doing), runs none."""
+    return LocalCluster(tmp_path / "mc", size=3, resources="cores=2", broker_runs_tasks=False, dispatch_window=window,
+                        **LONG_CHAINS)
+
+
+def lines(record: Path) -> list[tuple[int, int, float]]:
+    out = []
+    for line in record.read_text().splitlines():
+        index, rank, when = line.split()
+        out.append((int(index), int(rank), float(when)))
+    return out
+
+
+def each_once(client: Client, array: int, count: int) -> list[list[Any]]:
+    rows = client.task_results(array)
+    assert sorted(row[1] for row in rows) == list(range(count)), "every index recorded exactly once"
+    return rows
+
+
+def progressed(client: Client, array: int, succeeded: int, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    while client.job(array)["counts"]["succeeded"] < succeeded:
+        assert time.time() < deadline, "the array does not progress"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_kill9_of_the_broker_with_full_windows_runs_every_element_once(tmp_path: Path) -> None:
+    record = tmp_path / "ran"
+    # Chains of 8 elements of 0.4 s outlast the restart: the workers still hold entries when they join.
+    with two_workers(tmp_path, window=8) as cluster:
+        with cluster.client() as c:
+            array = c.submit(job(appending(record, 0.4), array="0-79"))
+            progressed(c, array, 4)
+        cluster.kill(0)
+        cluster.restart(0)
+        with cluster.client() as c:
+            result = wait_for(c, array, timeout=120)
+            assert result["status"] == 0 and c.job(array)["counts"]["succeeded"] == 80
+            each_once(c, array, 80)
+    ran = Counter(index for index, _, _ in lines(record))
+    assert sorted(ran) == list(range(80)) and set(ran.values()) == {1}, "no element ran twice, none was lost"
+
+
+@pytest.mark.slow
+def test_kill9_of_a_worker_returns_its_window_and_each_element_is_recorded_once(tmp_path: Path) -> None:
+    record = tmp_path / "ran"
+    with two_workers(tmp_path) as cluster, cluster.client() as c:
+        array = c.submit(job(appending(record, 0.05), array="0-199"))
+        progressed(c, array, 30)
+        cluster.kill(2)
+        result = wait_for(c, array, timeout=120)
+        rows = each_once(c, array, 200)
+    lost = {row[1] for row in rows if row[6] == "node-lost"}
+    assert result["status"] != 0 and 1 <= len(lost) <= 2, "what rank 2 ran when it died, nothing it held ahead"
+    assert {row[1] for row in rows if row[3] != 0} == lost
+    ran = Counter(index for index, _, _ in lines(record))
+    assert set(range(200)) - lost <= set(ran) and set(ran.values()) == {1}, "no element ran twice"
+
+
+def test_cancelling_an_array_with_full_windows_ends_every_element(tmp_path: Path) -> None:
+    record = tmp_path / "ran"
+    with (LocalCluster(tmp_path / "mc", size=2, resources="cores=2", dispatch_window=4, kill_grace=0.5,
+                       **LONG_CHAINS) as cluster, cluster.client() as c):
+        array = c.submit(job(appending(record, 0.5), array="0-99"))
+        while c.job(array)["counts"]["running"] < 4:
+            time.sleep(0.05)
+        time.sleep(0.1)  # the windows behind the 4 cores are on their way
+        c.cancel([array])
+        result = wait_for(c, array, timeout=30)
+        counts = c.job(array)["counts"]
+        assert result["exception"] == "cancel" and counts["running"] == 0
+        assert counts["succeeded"] + counts["failed"] + counts["cancelled"] == 100
+        ended = {row[1] for row in c.task_results(array)}
+        assert len(ended) <= 12, "only what ran when the cancel came (and the next of a chain that ended)"
+        time.sleep(1.0)
+        assert c.job(array)["counts"]["running"] == 0
+    started = [index for index, _, _ in lines(record)]
+    assert set(started) <= ended and len(started) == len(set(started)), "nothing started after the job ended"
+
+
+@pytest.mark.slow
+def test_draining_a_rank_returns_its_window(tmp_path: Path) -> None:
+    record = tmp_path / "ran"
+    with two_workers(tmp_path) as cluster, cluster.client() as c:
+        array = c.submit(job(appending(record, 0.4), array="0-59"))
+        progressed(c, array, 4)
+        drained_at = time.time()
+        c.drain([2], "maintenance")
+        result = wait_for(c, array, timeout=120)
+        assert result["status"] == 0
+        each_once(c, array, 60)
+    late = [(index, when - drained_at) for index, rank, when in lines(record) if rank == 2 and when > drained_at + 0.3]
+    assert late == [], "rank 2 started nothing after the drain but what its running tasks' ends had started"
