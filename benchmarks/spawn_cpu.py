@@ -6,7 +6,8 @@
 A `LocalCluster` of 2 ranks with broker_runs_tasks = false, so rank 1 runs every task and its process is the
 worker agent alone.  After a warm-up array, one array of --tasks `/bin/true` (real executor, --cores slots) runs
 to completion; the figure is rank 1's utime + stime (/proc/PID/stat) over that array divided by the tasks: CPU
-time, which the other tenants of a shared machine disturb much less than the wall clock.  Two output modes:
+time, which the other tenants of a shared machine disturb much less than the wall clock.  The same for the thread
+that runs the worker's event loop alone (/proc/PID/task/PID/stat): what spawning costs the loop.  Two output modes:
 `streamed` (no `output`: stdout and stderr go back to rank 0 through the worker's pipes) and `to_file`
 (`output = /dev/null`: no pipes).
 
@@ -31,27 +32,31 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODES = {"streamed": {}, "to_file": {"output": "/dev/null"}}
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """utime + stime of process `pid`, or of its thread `tid` alone."""
+    with open(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def measure(tasks: int, cores: int, mode: str) -> dict[str, float]:
-    """Rank 1's CPU µs per task and the wall-clock tasks/s of one `tasks`-element /bin/true array."""
+    """Rank 1's CPU µs per task (all of it, and its event loop's thread alone) and the wall-clock tasks/s of one
+    `tasks`-element /bin/true array."""
     spec: dict[str, Any] = {"argv": ["/bin/true"], "env": {"PATH": os.environ["PATH"]}, "cwd": "/tmp", **MODES[mode]}
     with (tempfile.TemporaryDirectory(prefix="mc-spawn-") as state_dir,
           LocalCluster(state_dir, size=2, resources=f"cores={cores}", broker_runs_tasks=False) as cluster,
           cluster.client() as client):
         worker = cluster.procs[1].pid
         for count in (50, tasks):
-            cpu0, start = cpu_seconds(worker), time.perf_counter()
+            cpu0, loop0, start = cpu_seconds(worker), cpu_seconds(worker, worker), time.perf_counter()
             job = client.submit({**spec, "array": f"1-{count}"})
             bad = [r for r in client.wait([job]) if r["status"] != 0]
             if bad:
                 raise RuntimeError(f"array failed: {bad[0]}")
             wall, cpu = time.perf_counter() - start, cpu_seconds(worker) - cpu0
-    return {"worker_cpu_us_per_task": 1e6 * cpu / tasks, "tasks_per_s": tasks / wall}
+            loop = cpu_seconds(worker, worker) - loop0
+    return {"worker_cpu_us_per_task": 1e6 * cpu / tasks, "loop_thread_cpu_us_per_task": 1e6 * loop / tasks,
+            "tasks_per_s": tasks / wall}
 
 
 def one_run(args: argparse.Namespace) -> dict[str, dict[str, float]]:

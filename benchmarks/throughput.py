@@ -48,14 +48,18 @@ class Sizes:
     spawn_tasks: int
     queued_tasks: int
     retained_jobs: int
+    sweep: tuple[int, ...]  # array sizes whose per-task cost is compared; the last two give the ratio
 
 
-FULL = Sizes(array_tasks=100_000, jobs=20_000, spawn_tasks=4_000, queued_tasks=1_000_000, retained_jobs=20_000)
-QUICK = Sizes(array_tasks=10_000, jobs=2_000, spawn_tasks=400, queued_tasks=100_000, retained_jobs=2_000)
+FULL = Sizes(array_tasks=100_000, jobs=20_000, spawn_tasks=4_000, queued_tasks=1_000_000, retained_jobs=20_000,
+             sweep=(10_000, 100_000, 1_000_000))
+QUICK = Sizes(array_tasks=10_000, jobs=2_000, spawn_tasks=400, queued_tasks=100_000, retained_jobs=2_000,
+              sweep=(1_000, 10_000, 100_000))
 IN_FLIGHT = 8
 RETAIN_CHUNK = 1000
 TARGETS = {  # name: (target, "min" | "max")
     "array_tasks_per_s": (20_000.0, "min"),
+    "sweep_largest_vs_middle": (0.90, "min"),
     "spawn_vs_raw": (0.85, "min"),
     "spawn_vs_hyperqueue": (1.0, "min"),
     "queued_1m_rss_mb": (300.0, "max"),
@@ -162,17 +166,27 @@ def submit_ids(client: Client, specs: list[dict[str, Any]]) -> list[int]:
 
 # --- control plane ---------------------------------------------------------------------------------------
 
+def array_run(cluster: LocalCluster, client: Client, n: int) -> dict[str, float]:
+    """One n-task test-executor array, submit -> complete: its rate and the CPU time per task of the broker and of
+    all ranks."""
+    pids = [p.pid for p in cluster.procs.values()]
+    broker = cluster.procs[0].pid
+    cpu0, all0, start = cpu_seconds(broker), sum(map(cpu_seconds, pids)), time.perf_counter()
+    run_all(client, [client.submit(spec(["true", "{cc}"], array=f"1-{n}"))])
+    elapsed = time.perf_counter() - start
+    return {
+        "array_tasks_per_s": n / elapsed,
+        "array_broker_cpu_us_per_task": (cpu_seconds(broker) - cpu0) / n * 1e6,
+        "array_all_ranks_cpu_us_per_task": (sum(map(cpu_seconds, pids)) - all0) / n * 1e6,
+    }
+
+
 def control_plane_run(sizes: Sizes) -> dict[str, float]:
     """One 4-rank test-executor cluster: a big array, then many single jobs."""
     with local_cluster(4, test_exec=True, resources="cores=64") as cluster, cluster.client() as client:
-        pids = [p.pid for p in cluster.procs.values()]
         broker = cluster.procs[0].pid
         run_all(client, submit_ids(client, [spec(["true"])] * 100))  # warm-up
-
-        cpu0, all0, start = cpu_seconds(broker), sum(map(cpu_seconds, pids)), time.perf_counter()
-        run_all(client, [client.submit(spec(["true", "{cc}"], array=f"1-{sizes.array_tasks}"))])
-        array_s = time.perf_counter() - start
-        array_cpu, array_all = cpu_seconds(broker) - cpu0, sum(map(cpu_seconds, pids)) - all0
+        array = array_run(cluster, client, sizes.array_tasks)
 
         cpu0, start = cpu_seconds(broker), time.perf_counter()
         ids = submit_ids(client, [spec(["true"])] * sizes.jobs)
@@ -181,9 +195,7 @@ def control_plane_run(sizes: Sizes) -> dict[str, float]:
         jobs_s = time.perf_counter() - start
         jobs_cpu = cpu_seconds(broker) - cpu0
     return {
-        "array_tasks_per_s": sizes.array_tasks / array_s,
-        "array_broker_cpu_us_per_task": array_cpu / sizes.array_tasks * 1e6,
-        "array_all_ranks_cpu_us_per_task": array_all / sizes.array_tasks * 1e6,
+        **array,
         "jobs_per_s": sizes.jobs / jobs_s,
         "jobs_submit_per_s": sizes.jobs / submitted_s,
         "jobs_broker_cpu_us_per_job": jobs_cpu / sizes.jobs * 1e6,
@@ -202,6 +214,30 @@ def control_plane(sizes: Sizes, runs: int) -> dict[str, Any]:
     med["array_cpu_bound_tasks_per_s"] = 1e6 / med["array_broker_cpu_us_per_task"]
     med["jobs_cpu_bound_per_s"] = 1e6 / med["jobs_broker_cpu_us_per_job"]
     return {"array_tasks": sizes.array_tasks, "jobs": sizes.jobs, "ranks": 4, "cores_per_rank": 64, **result}
+
+
+def array_sweep(sizes: Sizes, runs: int) -> dict[str, Any]:
+    """Arrays of each size of `sizes.sweep` on fresh 4-rank test-executor clusters, interleaved run by run (the
+    order rotates); the largest size's rate over the middle one's is taken run by run."""
+    rates: dict[int, list[dict[str, float]]] = {n: [] for n in sizes.sweep}
+    for i in range(runs):
+        order = sizes.sweep[i % len(sizes.sweep):] + sizes.sweep[:i % len(sizes.sweep)]
+        for n in order:
+            with local_cluster(4, test_exec=True, resources="cores=64") as cluster, cluster.client() as client:
+                run_all(client, submit_ids(client, [spec(["true"])] * 100))  # warm-up
+                rates[n].append(array_run(cluster, client, n))
+            progress(f"sweep run {i + 1}/{runs}: array of {n:,}: {rates[n][-1]['array_tasks_per_s']:,.0f} tasks/s")
+    middle, largest = sizes.sweep[-2], sizes.sweep[-1]
+    ratio = [big["array_tasks_per_s"] / mid["array_tasks_per_s"]
+             for big, mid in zip(rates[largest], rates[middle], strict=True)]
+    cpu_ratio = [big["array_broker_cpu_us_per_task"] / mid["array_broker_cpu_us_per_task"]
+                 for big, mid in zip(rates[largest], rates[middle], strict=True)]
+    return {
+        "ranks": 4, "cores_per_rank": 64,
+        "sizes": {str(n): summary(r) for n, r in rates.items()},
+        "largest_vs_middle": {"runs": ratio, "median": statistics.median(ratio)},
+        "broker_cpu_largest_vs_middle": {"runs": cpu_ratio, "median": statistics.median(cpu_ratio)},
+    }
 
 
 # --- real processes --------------------------------------------------------------------------------------
@@ -338,14 +374,23 @@ def memory(sizes: Sizes) -> dict[str, Any]:
 # --- report ----------------------------------------------------------------------------------------------
 
 def target_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    values = {
-        "array_tasks_per_s": results["control"]["median"]["array_tasks_per_s"],
-        "spawn_vs_raw": results["spawn"]["spawn_vs_raw"]["median"],
-        "spawn_vs_hyperqueue": results["spawn"]["spawn_vs_hyperqueue"]["median"],
-        "queued_1m_rss_mb": results["memory"]["queued"]["rss_mb"],
-        "bytes_per_retained_job": results["memory"]["retained"]["bytes_per_retained_job"],
+    """The targets of the experiments that ran."""
+    paths = {  # target: (experiment, keys to its value)
+        "array_tasks_per_s": ("control", ("median", "array_tasks_per_s")),
+        "sweep_largest_vs_middle": ("sweep", ("largest_vs_middle", "median")),
+        "spawn_vs_raw": ("spawn", ("spawn_vs_raw", "median")),
+        "spawn_vs_hyperqueue": ("spawn", ("spawn_vs_hyperqueue", "median")),
+        "queued_1m_rss_mb": ("memory", ("queued", "rss_mb")),
+        "bytes_per_retained_job": ("memory", ("retained", "bytes_per_retained_job")),
     }
-    return compare(values, TARGETS)
+    values = {}
+    for name, (experiment, keys) in paths.items():
+        if experiment in results:
+            value = results[experiment]
+            for key in keys:
+                value = value[key]
+            values[name] = value
+    return compare(values, {name: target for name, target in TARGETS.items() if name in values})
 
 
 def compare(values: dict[str, float], targets: dict[str, tuple[float, str]]) -> list[dict[str, Any]]:
@@ -359,13 +404,9 @@ def compare(values: dict[str, float], targets: dict[str, tuple[float, str]]) -> 
     return rows
 
 
-def print_table(results: dict[str, Any]) -> None:
-    m = results["machine"]
-    print(f"load average at start {m['loadavg_start']}, at end {m['loadavg_end']}, {m['cpus']} CPUs, "
-          f"{m['runs']} runs{' (quick)' if m['quick'] else ''}")
-    c, s, mem = results["control"], results["spawn"], results["memory"]
+def control_rows(c: dict[str, Any]) -> list[tuple[str, str]]:
     cm = c["median"]
-    rows = [
+    return [
         (f"array of {c['array_tasks']:,}, test exec, 4 ranks", f"{cm['array_tasks_per_s']:,.0f} tasks/s"),
         ("  broker CPU per task", f"{cm['array_broker_cpu_us_per_task']:.1f} us "
                                   f"(one core: {cm['array_cpu_bound_tasks_per_s']:,.0f} tasks/s)"),
@@ -375,18 +416,45 @@ def print_table(results: dict[str, Any]) -> None:
         ("  broker CPU per job", f"{cm['jobs_broker_cpu_us_per_job']:.1f} us "
                                  f"(one core: {cm['jobs_cpu_bound_per_s']:,.0f} jobs/s)"),
     ]
-    for name, rate in s["tasks_per_s"].items():
-        rows.append((f"/bin/true x {s['tasks']:,}, {s['in_flight']} in flight: {name}",
-                     f"{rate['median']:,.0f} tasks/s"))
-    rows += [
+
+
+def sweep_rows(w: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for n, r in w["sizes"].items():
+        med = r["median"]
+        rows.append((f"array of {int(n):,}, test exec, 4 ranks (sweep)", f"{med['array_tasks_per_s']:,.0f} tasks/s, "
+                     f"broker {med['array_broker_cpu_us_per_task']:.1f} us/task"))
+    cpu = w["broker_cpu_largest_vs_middle"]["median"]
+    rows.append(("  largest / middle (run by run)",
+                 f"{w['largest_vs_middle']['median']:.2f} (broker CPU per task {cpu:.2f})"))
+    return rows
+
+
+def spawn_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = [(f"/bin/true x {s['tasks']:,}, {s['in_flight']} in flight: {name}", f"{rate['median']:,.0f} tasks/s")
+            for name, rate in s["tasks_per_s"].items()]
+    return [
+        *rows,
         ("  minicluster / raw (run by run)", f"{s['spawn_vs_raw']['median']:.2f}"),
         ("  minicluster / hyperqueue (run by run)", f"{s['spawn_vs_hyperqueue']['median']:.2f}"),
         ("  minicluster, broker runs no tasks / raw", f"{s['broker_free_spawn_vs_raw']['median']:.2f}"),
+    ]
+
+
+def memory_rows(mem: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
         (f"broker RSS, {mem['queued']['tasks']:,} queued tasks", f"{mem['queued']['rss_mb']:.0f} MB "
                                                                  f"(empty {mem['queued']['rss_before_mb']:.0f} MB)"),
         (f"broker RSS per retained job ({mem['retained']['jobs']:,})",
          f"{mem['retained']['bytes_per_retained_job']:,.0f} B"),
     ]
+
+
+def print_table(results: dict[str, Any]) -> None:
+    m = results["machine"]
+    print(f"load average at start {m['loadavg_start']}, at end {m['loadavg_end']}, {m['cpus']} CPUs, "
+          f"{m['runs']} runs{' (quick)' if m['quick'] else ''}")
+    rows = [row for name, (_, show) in EXPERIMENTS.items() if name in results for row in show(results[name])]
     width = max(len(r[0]) for r in rows)
     for label, value in rows:
         print(f"{label:<{width}}  {value}")
@@ -397,11 +465,23 @@ def print_table(results: dict[str, Any]) -> None:
               f"{'met' if row['met'] else 'MISSED'} (x{row['ratio']:.2f})")
 
 
+Rows = list[tuple[str, str]]
+# name: (run(sizes, runs), table rows of its result)
+EXPERIMENTS: dict[str, tuple[Callable[[Sizes, int], dict[str, Any]], Callable[[dict[str, Any]], Rows]]] = {
+    "control": (control_plane, control_rows),
+    "sweep": (array_sweep, sweep_rows),
+    "spawn": (real_processes, spawn_rows),
+    "memory": (lambda sizes, _runs: memory(sizes), memory_rows),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     parser.add_argument("--quick", action="store_true", help="small sizes, a few seconds per experiment")
     parser.add_argument("--runs", type=int, default=None, help="runs per timed experiment (3, or 2 with --quick)")
+    parser.add_argument("--only", action="append", choices=list(EXPERIMENTS),
+                        help="run this experiment only (repeatable); all of them by default")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     runs = args.runs or (2 if args.quick else 3)
@@ -411,9 +491,9 @@ def main() -> None:
     machine: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_start": loadavg(), "quick": args.quick,
                                "runs": runs, "python": platform.python_version()}
     results: dict[str, Any] = {"machine": machine}
-    results["control"] = control_plane(sizes, runs)
-    results["spawn"] = real_processes(sizes, runs)
-    results["memory"] = memory(sizes)
+    for name, (run, _) in EXPERIMENTS.items():
+        if not args.only or name in args.only:
+            results[name] = run(sizes, runs)
     machine["loadavg_end"] = loadavg()
     results["targets"] = target_rows(results)
     results["published"] = PUBLISHED
