@@ -168,6 +168,10 @@ class Scheduler:
         self.preempt_grace = 0.0
         self._pending: dict[int, _Pending] = {}
         self._ordering = Ordering()
+        # The time every queued job's term is dated at (its age): the last reprioritize, or the first enqueue.
+        # Dated at each job's own enqueue, a job whose submission took longer to become durable would count as
+        # older than one submitted before it, and overtake it until the next reprioritize.
+        self._term_time: float | None = None
         self._running: dict[tuple[int, int], float] = {}  # (job, element) -> expected end
         # Jobs with running elements: the job and how many of its elements run.
         self._active: dict[int, list[Any]] = {}
@@ -184,10 +188,13 @@ class Scheduler:
     # ------------------------------------------------------------- the queue
 
     def enqueue(self, job: SchedJob, now: float | None = None) -> None:
-        """Queue a job (the broker checks graph.check_feasible at submit); `now` dates its priority term."""
+        """Queue a job (the broker checks graph.check_feasible at submit); its priority term is dated at the last
+        `reprioritize`, or at `now` if there was none yet."""
         if job.job_id in self._pending:
             raise ValueError(f"job {job.job_id} is already queued")
-        key = self._order_key(job, job.submit_time if now is None else now)
+        if self._term_time is None:
+            self._term_time = job.submit_time if now is None else now
+        key = self._order_key(job, self._term_time)
         self._pending[job.job_id] = _Pending(job, key, self.array_fast_path)
         self._ordering.insert(job.bucket, key)
         self.limits.queued(job.queue, job.user, job.count)
@@ -228,6 +235,7 @@ class Scheduler:
     def reprioritize(self, now: float) -> None:
         """Every pending job's term again (its age moved on): O(queue log queue), for a periodic caller."""
         pending = self._pending
+        self._term_time = now
         for entry in pending.values():
             entry.key = self._order_key(entry.job, now)
         self._ordering.resort(lambda job_id: pending[job_id].key)

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from broker.sched import LimitCounters, QueueLimits, Request, SchedJob, Scheduler
 from broker.sched.ordering import Ordering
 from broker.sched.preempt import choose_victims
-from minicluster.model.sharing import Limits
+from broker.policy.priority import Priority
+from minicluster.model.sharing import Limits, Weights
 
 from conftest import make_graph
 
@@ -54,6 +55,16 @@ def test_merge_equals_a_global_sort():
     ordering.set_bases(bases.__getitem__)
     walked = [jid for _, jid in ordering.merged()]
     assert walked == [jid for _, _, jid in sorted(expected)]
+
+
+def test_a_job_queued_later_after_its_submission_does_not_overtake_an_older_one_by_age():
+    """The age term is dated at one time for every job queued since the last reprioritize: a job whose
+    submission took longer to become durable is not older for it (an array queued this way took every core
+    from the one before it, whose last elements then waited with none running)."""
+    s = Scheduler(make_graph(1), default_time_limit=1000.0, term=Priority(Weights(), {}).term)
+    s.enqueue(job(1, t=100.0, count=8), now=100.001)
+    s.enqueue(job(2, t=100.002, count=8), now=100.5)
+    assert {start.job_id for start in s.schedule(100.5)} == {1}
 
 
 def test_reprioritize_resorts_by_a_new_term():
