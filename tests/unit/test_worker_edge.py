@@ -2,6 +2,7 @@
 malformed one is answered with `error` and changes nothing (protocol.md §2.5). No sockets: a RecordingSender."""
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from minicluster.config import from_mapping
 from minicluster.proto.envelope import Message
 from minicluster.testing import RecordingSender
 from minicluster.testing.builders import resources
-from worker.agent import WorkerAgent
+from worker.agent import RESEND_HEARTBEATS, WorkerAgent
 
 
 @pytest.fixture
@@ -48,5 +49,33 @@ async def test_malformed_rows_of_a_run_are_reported_and_the_rest_started(
                                          "ref": "run"}
     try:
         assert list(agent.running) == [(1, 1)]
+    finally:
+        await agent.shutdown()
+
+
+async def test_an_unacknowledged_result_goes_again_only_once_it_is_overdue(
+        agent_and_sender: tuple[WorkerAgent, RecordingSender]) -> None:
+    """Results re-sent at every heartbeat while their commit was on its way doubled rank 0's CPU per task."""
+    agent, sender = agent_and_sender
+    agent.handle(Message("welcome", 0, 1, {"epoch": 1, "size": 2}))
+    info = {"argv": ["true"], "env": {}, "ntasks": 1, "layout": [[1, 1]], "uid": 0, "gid": 0}
+    try:
+        agent.handle(Message("run", 0, 1, {"jobs": {1: info}, "tasks": [[1, 0, 0, [0], []]]}))
+        for _ in range(200):
+            if agent.unacked and "done" in sender.kinds():
+                break
+            await asyncio.sleep(0.01)
+        assert [row[:2] for m in sender.take("done") for row in m.body["results"]] == [[1, 0]]
+        def heartbeats(n: int) -> list[list[Any]]:
+            for _ in range(n):
+                agent._resend_overdue_results()
+            return [row[:2] for m in sender.take("done") for row in m.body["results"]]
+
+        assert heartbeats(RESEND_HEARTBEATS) == [], "the first time after it was sent it is on its way"
+        assert heartbeats(RESEND_HEARTBEATS - 1) == [], "only every RESEND_HEARTBEATS heartbeats"
+        assert heartbeats(1) == [[1, 0]], "still unacknowledged the next time: lost, so again"
+        agent.handle(Message("done-ack", 0, 1, {"keys": [[1, 0]]}))
+        assert heartbeats(2 * RESEND_HEARTBEATS) == []
+        assert not agent.unacked
     finally:
         await agent.shutdown()
