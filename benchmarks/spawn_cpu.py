@@ -20,11 +20,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
+
+import trees
 
 from minicluster.testing import LocalCluster
 
@@ -64,27 +64,12 @@ def one_run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 
 def interleaved(args: argparse.Namespace) -> dict[str, Any]:
-    trees = dict(item.split("=", 1) for item in args.trees.split(","))
-    names = list(trees)
-    runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in names}
-    for i in range(args.runs):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            env = dict(os.environ, PYTHONPATH=os.path.abspath(trees[name]))
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--runs", "1", "--json",
-                                  "--tasks", str(args.tasks), "--cores", str(args.cores)],
-                                 env=env, cwd=tempfile.gettempdir(), check=True, capture_output=True, text=True)
-            runs[name].append(json.loads(out.stdout)["runs"][0])
-            print(f"run {i + 1}/{args.runs} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
-    result: dict[str, Any] = {"trees": trees, "runs": runs, "median": {}}
-    for name in names:
-        result["median"][name] = {mode: {k: statistics.median(r[mode][k] for r in runs[name])
-                                         for k in runs[name][0][mode]} for mode in MODES}
-    if len(names) == 2:
-        first, second = names
-        result[f"ratio_{second}_over_{first}"] = {mode: {k: statistics.median(
-            b[mode][k] / a[mode][k] for a, b in zip(runs[first], runs[second], strict=True))
-            for k in runs[first][0][mode]} for mode in MODES}
-    return result
+    def argv(_name: str, _i: int) -> list[str]:
+        return [os.path.abspath(__file__), "--runs", "1", "--json", "--tasks", str(args.tasks),
+                "--cores", str(args.cores)]
+
+    return trees.interleave(trees.parse_trees(args.trees), args.runs, argv,
+                            lambda stdout: json.loads(stdout)["runs"][0])
 
 
 def main() -> None:

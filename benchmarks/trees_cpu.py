@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
+
+import trees
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CASES = ("array0", "array", "jobs")
@@ -79,32 +78,14 @@ def measure(case: str, tasks: int, profile: str | None) -> dict[str, float]:
 
 
 def interleaved(args: argparse.Namespace) -> dict[str, Any]:
-    trees = dict(item.split("=", 1) for item in args.trees.split(","))
-    names = list(trees)
-    runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in names}
-    for i in range(args.runs):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            env = dict(os.environ, PYTHONPATH=os.path.abspath(trees[name]))
-            argv = [sys.executable, os.path.abspath(__file__), "--one", "--array-tasks", str(args.array_tasks),
-                    "--jobs", str(args.jobs), "--cases", args.cases]
-            if args.profile and i == args.runs - 1:
-                argv += ["--profile", os.path.join(os.path.abspath(args.profile), name)]
-            out = subprocess.run(argv, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True)
-            if out.returncode:
-                raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
-            runs[name].append(json.loads(out.stdout))
-            print(f"run {i + 1}/{args.runs} {name}: {json.dumps(runs[name][-1])}", file=sys.stderr, flush=True)
-    cases = args.cases.split(",")
-    result: dict[str, Any] = {"trees": trees, "runs": runs, "median": {}}
-    for name in names:
-        result["median"][name] = {case: {k: statistics.median(r[case][k] for r in runs[name])
-                                         for k in runs[name][0][case]} for case in cases}
-    first = names[0]
-    for name in names[1:]:
-        result[f"ratio_{name}_over_{first}"] = {case: {k: statistics.median(
-            b[case][k] / a[case][k] for a, b in zip(runs[first], runs[name], strict=True))
-            for k in runs[first][0][case]} for case in cases}
-    return result
+    def argv(name: str, i: int) -> list[str]:
+        one = [os.path.abspath(__file__), "--one", "--array-tasks", str(args.array_tasks), "--jobs", str(args.jobs),
+               "--cases", args.cases]
+        if args.profile and i == args.runs - 1:
+            one += ["--profile", os.path.join(os.path.abspath(args.profile), name)]
+        return one
+
+    return trees.interleave(trees.parse_trees(args.trees), args.runs, argv, json.loads)
 
 
 def main() -> None:
