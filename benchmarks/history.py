@@ -30,8 +30,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from broker import store
-from broker.jobmanager import pack
 from broker.journal import Journal, Statement
+from broker.store import pack
 from minicluster.testing import LocalCluster
 from minicluster.testing.builders import jobspec_wire
 

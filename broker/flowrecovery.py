@@ -12,15 +12,13 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-import msgpack
-
 from broker.depgraph import BEGIN, SINGLETON, Verdict
 from broker.flowstate import Corr, Flow
 from broker.job import Job, State
 from broker.journal import Journal
-from broker.store import JobStore
-from broker.workflow import Workflow, index_outcomes, target_state
+from broker.store import JobStore, unpack
 from broker.taskmap import TaskMap
+from broker.workflow import Workflow, index_outcomes, target_state
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +85,7 @@ def _workflow_events(store: JobStore, ids: list[int]) -> dict[int, dict[str, Any
     out: dict[int, dict[str, Any]] = defaultdict(lambda: {"removed": set(), "retry": 0, "requeue": 0})
     for job_id, _, _, name, blob in store.events_of(ids, _FLOW_EVENTS):
         seen = out[job_id]
-        context = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+        context = unpack(blob)
         if name == "dependency-remove":
             seen["removed"].add(context.get("description"))
         elif name == "hold":

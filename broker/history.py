@@ -10,25 +10,23 @@ from the journal's state index, and nothing else of the history is read.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
-
-import msgpack
 
 from broker.job import Job, State
-from broker.store import JobStore, Row
 from broker.share.accounting import UsageRecord, efficiencies
+from broker.store import JobStore, Row, unpack
 from minicluster.model import jobspec as jobspec_model
+
 
 def record_of(row: Row) -> Job:
     """A job's record from its JOB_COLUMNS row (broker/store.py); an inactive one is retired at once."""
     job_id, uid, gid, state, spec_blob, t_submit, t_run, t_inactive, status, exception, seq, counts = row[:12]
-    spec = jobspec_model.from_wire(_unpack(spec_blob))
+    spec = jobspec_model.from_wire(unpack(spec_blob))
     job = Job(job_id, uid, spec, t_submit, gid)
     job.state = State(state)
     job.t_run, job.t_inactive, job.status, job.exception, job.seq = t_run, t_inactive, status, exception, seq
     if job.state == State.INACTIVE:
         if counts is not None:
-            job.restore_counts(_unpack(counts))
+            job.restore_counts(unpack(counts))
         job.tasks_left = 0
         job.closed = True
         job.retire()
@@ -42,10 +40,6 @@ def finished_record_of(row: Row) -> Job:
     if row[14] is not None:  # t_end: the job has a usage record
         job.acct = efficiencies(UsageRecord(*row[13:24]))
     return job
-
-
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
 class History:

@@ -13,8 +13,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import msgpack
-
 from broker import sched, store
 from broker.history import History
 from broker.job import Effect, Event, Job, State
@@ -67,14 +65,6 @@ def request_of(spec: Jobspec) -> sched.Request:
 
 # The most finished jobs one purge pass forgets: one journal write of bounded size.
 PURGE_BATCH = 50_000
-
-
-def pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
-
-
-def unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
 class JobManager:
@@ -178,7 +168,7 @@ class JobManager:
         self.next_id += 1
         self.jobs[job.id] = job
         self.unacknowledged.add(job.id)
-        statements = store.job_submitted(job.id, uid, gid, job.state.value, pack(spec.to_wire()), now,
+        statements = store.job_submitted(job.id, uid, gid, job.state.value, store.pack(spec.to_wire()), now,
                                          self.next_id)
         submitted = ("submit", {"uid": uid, "ntasks": job.total_tasks, "array": spec.array})
         if spec.workflow:
@@ -254,7 +244,7 @@ class JobManager:
         for name, context in events:
             seq, ts = job.seq, self.clock()
             effects.extend(job.apply(Event(name, context, seq, ts)))
-            statements.append(store.event(job_id, seq, ts, name, pack(context)))
+            statements.append(store.event(job_id, seq, ts, name, store.pack(context)))
             published.append([seq, ts, name, context])
 
         def publish() -> None:
@@ -306,7 +296,7 @@ class JobManager:
         """The last step, also taken alone for a job a restart found in CLEANUP."""
         job.t_inactive = job.t_inactive or self.clock()
         row = store.job_closed(job.id, job.seq + 1, job.status, job.exception, job.t_run, job.t_inactive,
-                               pack(job.counts_wire()))
+                               store.pack(job.counts_wire()))
         self.post(job, "clean", extra=[row], durable=True)
 
     def _closed(self, job: Job, result: dict[str, Any]) -> None:

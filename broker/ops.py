@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from broker import store
-from broker.brokerview import BrokerView
 from broker.access import check_readable, listed
+from broker.brokerview import BrokerView
 from broker.clientapi import MAX_ERROR_MESSAGE, Peer
 from broker.history import finished_record_of
 from broker.job import State
-from broker.jobmanager import JobError, unpack
+from broker.jobmanager import JobError
 from minicluster.model import jobspec as jobspec_model
 from minicluster.model.idset import IdSet
 from minicluster.proto import requests
@@ -216,7 +216,7 @@ def eventlog(broker: BrokerView, peer: Peer, req: requests.Eventlog) -> AsyncIte
 
     async def history() -> list[list[Any]]:
         rows = await broker.manager.store.events_since(record.id, start)
-        return [[seq, ts, name, unpack(ctx)] for seq, ts, name, ctx in rows]
+        return [[seq, ts, name, store.unpack(ctx)] for seq, ts, name, ctx in rows]
 
     return _follow(broker, record, follow, history, broker.watchers.follow_events, "events",
                    lambda item: item[0], start)
@@ -309,7 +309,7 @@ async def _output_files(broker: BrokerView, record: Any) -> str | None:
     if record.spec is not None:
         return record.spec.output
     spec = await broker.manager.store.spec(record.id)
-    return unpack(spec).get("output") if spec is not None else None
+    return store.unpack(spec).get("output") if spec is not None else None
 
 
 async def _truncated(broker: BrokerView, record: Any) -> int | None:
@@ -317,7 +317,7 @@ async def _truncated(broker: BrokerView, record: Any) -> int | None:
     if record.truncated:
         return broker.config.output_cap
     context = await broker.manager.store.truncation(record.id)
-    return unpack(context).get("cap") if context is not None else None
+    return store.unpack(context).get("cap") if context is not None else None
 
 
 def _task_of_index(record: Any, index: int) -> int:

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker import sched
-from broker.job import Event, Job, State
 from broker.history import record_of
-from broker.jobmanager import JobManager, request_of, unpack
-from broker.store import JobStore
+from broker.job import Event, Job, State
+from broker.jobmanager import JobManager, request_of
+from broker.store import JobStore, unpack
 from broker.taskmap import TaskMap
 from minicluster.proto import messages
 

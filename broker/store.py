@@ -12,7 +12,18 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import msgpack
+
 from broker.journal import Journal, Statement
+
+
+def pack(value: Any) -> bytes:
+    """A jobspec, an event's context or a counts blob as the journal stores it."""
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 Row = tuple[Any, ...]
 

@@ -15,11 +15,9 @@ import signal
 from collections import deque
 from typing import Any
 
-import msgpack
-
 from broker import store
 from broker.attempts import Attempts
-from broker.depgraph import BEGIN, SINGLETON, DepGraph, DependencyError, TargetState, Verdict
+from broker.depgraph import BEGIN, SINGLETON, DependencyError, DepGraph, TargetState, Verdict
 from broker.flowstate import Corr, Flow
 from broker.job import Job, State
 from broker.retry import IGNORE, SUCCESS, Policy
@@ -472,7 +470,7 @@ def index_outcomes(rows: list[tuple[Any, ...]]) -> list[tuple[int, bool]]:
     exit 0 or a failure the array's own rules ignore."""
     if not rows:
         return []
-    spec = jobspec_model.from_wire(msgpack.unpackb(rows[0][4], raw=False, strict_map_key=False))
+    spec = jobspec_model.from_wire(store.unpack(rows[0][4]))
     policy = Policy.of(spec) if spec.failure_policy else None
     if policy is None:
         return [(idx, status == 0) for idx, status, *_ in rows]
@@ -480,4 +478,4 @@ def index_outcomes(rows: list[tuple[Any, ...]]) -> list[tuple[int, bool]]:
 
 
 def _packed(spec: Jobspec) -> bytes:
-    return msgpack.packb(spec.to_wire(), use_bin_type=True)
+    return store.pack(spec.to_wire())

@@ -23,9 +23,10 @@ from typing import Any
 from broker import flowrecovery, nodes, sched
 from broker.execution import Execution
 from broker.job import Job
-from broker.jobmanager import JobManager, unpack
+from broker.jobmanager import JobManager
 from broker.journal import Journal, Statement
 from broker.recovery import Reattach, load
+from broker.store import unpack
 from broker.watchers import Watchers
 from minicluster.config import InstanceConfig
 from minicluster.testing import FakeClock, RecordingSender, flushed, jobspec, resources
