@@ -334,6 +334,7 @@ class Broker:
         starts = self.scheduler.schedule(time.time())
         if starts:
             self.execution.start(starts)
+        self.execution.window.recall_overtaken()
         preemptions = self.scheduler.take_preemptions()
         if preemptions:
             preemption.carry_out(self.manager, self.execution, self.sharing, preemptions)

@@ -43,6 +43,8 @@ from .preempt import choose_victims, lost_work
 from .request import Request
 
 DEFAULT_BACKFILL_DEPTH = 1000
+# The requests a single job sent ahead may have: one core, nothing else (it takes over another's core).
+_ONE_CORE = (Request(), Request(nnodes=1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,10 @@ class Scheduler:
         self._queue_version = 0
         self._releases = 0
         self._quiet_stamp: tuple[int, int] | None = None
+        # Single jobs sent ahead (protocol.md §2.10): out of the queue, not yet running; and whether a job was
+        # queued or re-prioritized since `overtaken_ahead` last looked.
+        self._ahead_jobs: dict[int, SchedJob] = {}
+        self._ahead_check = False
 
     # ------------------------------------------------------------- the queue
 
@@ -199,6 +205,7 @@ class Scheduler:
         self._ordering.insert(job.bucket, key)
         self.limits.queued(job.queue, job.user, job.count)
         self._queue_version += 1
+        self._ahead_check = bool(self._ahead_jobs)
 
     def _order_key(self, job: SchedJob, now: float) -> OrderKey:
         return (-self.term(job, now), job.submit_time, job.job_id)
@@ -240,11 +247,13 @@ class Scheduler:
             entry.key = self._order_key(entry.job, now)
         self._ordering.resort(lambda job_id: pending[job_id].key)
         self._queue_version += 1
+        self._ahead_check = bool(self._ahead_jobs)
 
     def set_bucket_bases(self, base_of: Callable[[Hashable], float]) -> None:
         """The shared part of each bucket's priority (fair share): O(buckets)."""
         if self._ordering.set_bases(base_of):
             self._queue_version += 1
+            self._ahead_check = bool(self._ahead_jobs)
 
     def pending_job(self, job_id: int) -> SchedJob | None:
         entry = self._pending.get(job_id)
@@ -370,10 +379,11 @@ class Scheduler:
     def take_ahead(self, job_id: int, count: int) -> range:
         """Up to `count` more elements of a queued array to send ahead of its free cores (protocol.md §2.10):
         taken from the queue without resources; each later takes over a running element's with `pass_on`, or
-        comes back with `extend`. None while another job waits (it would be overtaken), for an array off the
-        fast path (one flat CPU-only slot per element) or in a stopped queue."""
+        comes back with `extend`. None unless the array is the head of the queue (a job that comes first would be
+        overtaken; one behind it waits for its elements anyway), for an array off the fast path (one flat CPU-only
+        slot per element) or in a stopped queue."""
         entry = self._pending.get(job_id)
-        if entry is None or len(self._pending) > 1 or not entry.batch or entry.job.queue in self.stopped:
+        if entry is None or not entry.batch or entry.job.queue in self.stopped or self._head() != job_id:
             return range(0)
         n = min(count, entry.remaining)
         first = entry.started
@@ -382,20 +392,87 @@ class Scheduler:
         self._queue_version += 1
         return range(first, first + n)
 
-    def pass_on(self, job_id: int, element: int, to: int, now: float) -> None:
-        """Element `element` ended and element `to` (taken with `take_ahead`) runs on its resources from now."""
-        old, new = (job_id, element), (job_id, to)
+    def pass_on(self, job_id: int, element: int, to: int, now: float, to_job: int | None = None) -> None:
+        """Element `element` ended and element `to` (taken with `take_ahead`) runs on its resources from now; or,
+        with `to_job`, the single job `to_job` (taken with `take_ahead_job`) as its element `to`."""
+        new_job = job_id if to_job is None else to_job
+        old, new = (job_id, element), (new_job, to)
         self.graph.rekey(old, new)
         end = self._running.pop(old)
         self._dying.discard(old)
         self._releases += 1  # a running element's planned end moved: reservations are planned again
         active = self._active.get(job_id)
         self._noted_release(job_id, 1, now, end)
-        if active is not None:
-            self._running[new] = now + self._time_limit(active[0])
-            self._noted_start(active[0], 1, now, from_queue=False)
+        job = active[0] if active is not None else None
+        if to_job is not None:
+            job = self._ahead_jobs.pop(to_job, None)
+        if job is not None:
+            self._running[new] = now + self._time_limit(job)
+            self._noted_start(job, 1, now, from_queue=False)
         else:
             self._running[new] = now + self.default_time_limit
+
+    def take_ahead_job(self, eligible: Callable[[int], bool]) -> SchedJob | None:
+        """The job at the head of the queue, to send ahead behind a busy core (protocol.md §2.10), if it is one
+        task on one core (no GPUs, memory, exclusivity or constraints), `eligible` says yes, no core is free
+        anywhere and its queue's limits leave room for it; taken out of the queue without resources. It later
+        takes over a running job's with `pass_on(..., to_job=)`, or comes back with `drop_ahead` + `enqueue`."""
+        if self.graph.cluster.free_cores:
+            return None  # it would wait behind a busy core where it could start at once
+        head = self._head()
+        if head is None:
+            return None
+        job = self._pending[head].job
+        if job.count != 1 or job.request not in _ONE_CORE or not eligible(head):
+            return None
+        if self.limits.room(job.queue, job.user, job.cores, job.gpus, 1)[0] < 1:
+            return None
+        self.cancel(head)
+        self._ahead_jobs[head] = job
+        return job
+
+    def drop_ahead(self, job_id: int) -> None:
+        """A single job sent ahead came back unstarted (or its job ended): forgotten here."""
+        self._ahead_jobs.pop(job_id, None)
+
+    def overtaken_ahead(self) -> list[int]:
+        """Single jobs sent ahead and not started that a job waiting in the queue comes before (queued or
+        re-prioritized since they were taken): the broker recalls them. Empty unless the queue changed so."""
+        if not self._ahead_check:
+            return []
+        self._ahead_check = False
+        head = self._head_key()
+        if head is None:
+            return []
+        term_time = self._term_time if self._term_time is not None else 0.0
+        out = []
+        for job_id, job in self._ahead_jobs.items():
+            key = self._order_key(job, term_time)
+            if (key[0] - self._ordering.base_for(job.bucket), key[1], key[2]) > head:
+                out.append(job_id)
+        return out
+
+    def _head_key(self) -> tuple[float, float, int] | None:
+        """The merged order key of the first job of the queue that may start (its queue runs, no limit holds its
+        bucket), or None."""
+        best = None
+        for bucket in self._ordering.buckets.values():
+            if not bucket.keys or bucket.reason:
+                continue
+            for key in bucket.keys:
+                entry = self._pending[key[2]]
+                if entry.job.queue in self.stopped:
+                    break
+                if entry.remaining:
+                    merged = (key[0] - bucket.base, key[1], key[2])
+                    if best is None or merged < best:
+                        best = merged
+                    break
+        return best
+
+    def _head(self) -> int | None:
+        head = self._head_key()
+        return head[2] if head is not None else None
 
     def adopt(self, job_id: int, element: int, allocation: Allocation,
               start_time: float, time_limit: float | None = None, job: SchedJob | None = None) -> None:
