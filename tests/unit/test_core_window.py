@@ -439,3 +439,40 @@ async def test_after_a_restart_a_single_job_that_started_ahead_is_reattached_or_
         rest = [life.manager.jobs[j.id] for j in jobs if j.id in life.manager.jobs]
         await drive_jobs(life, rest)
         assert await recorded_jobs(life, jobs) == [j.id for j in jobs], "each job recorded exactly once"
+
+
+async def test_an_urgency_change_takes_a_job_back_from_the_window_and_queues_it_anew(core: Core) -> None:
+    jobs = await queued_jobs(core, 4)
+    sent = job_aheads(core)
+    rank = single_rank(core, jobs[0])
+    moved = core.manager.jobs[sent[rank][1][0]]
+    core.manager.workflow.update(moved, os.getuid(), {"urgency": 20})
+    (recall,) = core.sender.take("recall")
+    assert recall.body["keys"] == [[moved.id, 0]] and core.scheduler.pending_job(moved.id) is None
+    core.execution.on_returned(rank, recall.body["keys"])
+    queued = core.scheduler.pending_job(moved.id)
+    assert queued is not None and queued.urgency == 20
+    await drive_jobs(core, jobs)
+    assert core.execution.tasks_started == 4
+
+
+async def test_ending_a_jobs_tasks_recalls_the_single_jobs_behind_it(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)
+    sent = job_aheads(core)
+    rank = single_rank(core, jobs[0])
+    core.manager.kill_tasks(jobs[0], signal.SIGTERM)  # as a preemption does: its cores are wanted
+    assert [kind for kind in core.sender.kinds() if kind in ("recall", "kill")] == ["recall", "kill"]
+    (recall,) = core.sender.take("recall")
+    assert recall.dst == rank and sorted(k[0] for k in recall.body["keys"]) == sorted(j for j, _ in sent[rank])
+    assert core.kills() == [(rank, [[jobs[0].id, 0]], signal.SIGTERM)]
+
+
+async def test_no_single_job_goes_ahead_while_the_journal_lags(core: Core) -> None:
+    core.execution.window.unrecorded = 10**6
+    jobs = await queued_jobs(core, 6)
+    assert core.sender.take("ahead") == []
+    core.execution.window.unrecorded = 0
+    core.done(single_rank(core, jobs[0]), jobs[0], 0)
+    core.schedule()
+    await core.durable()
+    assert sum(map(len, job_aheads(core).values())) == 2, "the journal caught up: the next start fills a chain"
