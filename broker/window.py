@@ -26,6 +26,8 @@ LAG_RESULTS = 4096
 # How many (user, argv) shapes of single jobs keep a mean run time, and how much a new run time moves it.
 SHAPES = 1024
 SHAPE_WEIGHT = 0.2
+# A chain of single jobs waits behind a job at most this much longer than that job's expected run time.
+OVERDUE_SECONDS = 1.0
 
 
 class Ahead(NamedTuple):
@@ -116,8 +118,9 @@ class DispatchWindow:
                   out: dict[int, messages.Ahead]) -> None:
         """Top up the chain behind single job `head` (running on `rank`, one core) with small single jobs from the
         head of the queue, to about `seconds` of expected work (at least one, at most `depth`)."""
-        if not self._open_rank(rank) or gpus or len(cores) != 1:
-            return
+        manager = self.execution.manager
+        if not self._open_rank(rank) or gpus or len(cores) != 1 or not self.is_small(manager.jobs[head[0]]):
+            return  # behind a job that may run long, jobs would wait where another core could take them
         tail, length, planned = head, 0, 0.0
         while (following := self.next_of.get(tail)) is not None:
             tail, length = following, length + 1
@@ -125,7 +128,6 @@ class DispatchWindow:
         room = self.depth - length
         if rank in self.limit:
             room = min(room, self.limit[rank] - len(self.by_rank.get(rank, ())))
-        manager = self.execution.manager
         while room > 0 and (planned < self.seconds or not length):
             taken = manager.scheduler.take_ahead_job(self.small)
             if taken is None:
@@ -146,10 +148,13 @@ class DispatchWindow:
             tail, length, planned, room = key, length + 1, planned + expect, room - 1
 
     def small(self, job_id: int) -> bool:
-        """Whether a queued job may go ahead (protocol.md §2.10): one task, no workflow state, no stdin or PMI,
-        and an expected run time known and within `seconds`."""
+        """Whether a queued job may go ahead (protocol.md §2.10)."""
         job = self.execution.manager.jobs.get(job_id)
-        if job is None or job.is_array or job.flow is not None or job.ending or job.state != State.SCHED:
+        return job is not None and job.state == State.SCHED and not job.ending and self.is_small(job)
+
+    def is_small(self, job: Job) -> bool:
+        """One task, no workflow state, no stdin or PMI, and an expected run time known and within `seconds`."""
+        if job.is_array or job.flow is not None:
             return False
         spec = job.spec
         if spec is None or spec.ntasks != 1 or spec.stdin_tasks or spec.pmi_mode is not None:
@@ -252,6 +257,25 @@ class DispatchWindow:
             overtaken = self.execution.manager.scheduler.overtaken_ahead()
             if overtaken:
                 self._recall([(job_id, 0) for job_id in overtaken if (job_id, 0) in self.ahead])
+
+    def recall_overdue(self, now: float) -> None:
+        """Take back the chains of single jobs whose running head has run `OVERDUE_SECONDS` longer than expected
+        (`now`: monotonic), so that they wait no longer where another core may take them first."""
+        if not self.ahead:
+            return
+        tasks, jobs = self.execution.tasks, self.execution.manager.jobs
+        overdue = []
+        for key, ahead in self.ahead.items():
+            after = ahead.after
+            running = tasks.get(after) if after[0] != key[0] else None
+            if running is None:
+                continue  # an array element, or not first in its chain
+            head = jobs.get(after[0])
+            expect = self.expected(head) if head is not None and head.spec is not None else None
+            if now - running.timed_from > (expect or 0.0) + OVERDUE_SECONDS:
+                overdue.append(after)
+        for after in overdue:
+            self.recall_after(after)
 
     def recall_after(self, key: Key) -> None:
         """The chain behind `key` (a task about to be preempted)."""

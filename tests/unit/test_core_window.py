@@ -476,3 +476,30 @@ async def test_no_single_job_goes_ahead_while_the_journal_lags(core: Core) -> No
     core.schedule()
     await core.durable()
     assert sum(map(len, job_aheads(core).values())) == 2, "the journal caught up: the next start fills a chain"
+
+
+async def test_no_chain_waits_behind_a_job_that_may_run_long(core: Core) -> None:
+    long = core.submit(argv=("sleep", "100"))  # no time limit and no runs of its shape: it may run for hours
+    jobs = [core.submit(time_limit=5.0) for _ in range(4)]
+    await core.durable()
+    core.schedule()
+    await core.durable()
+    sent = job_aheads(core)
+    assert list(sent) == [single_rank(core, jobs[0])] and single_rank(core, long) not in sent
+
+
+async def test_a_chain_behind_a_job_that_runs_longer_than_expected_goes_back_to_the_queue(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)  # expected 5 s each (their time limit)
+    sent = job_aheads(core)
+    core.clock.advance(5.5)
+    core.execution.window.recall_overdue(core.clock())
+    assert core.sender.take("recall") == [], "within its expected time and the grace"
+    core.clock.advance(1.0)
+    core.execution.window.recall_overdue(core.clock())
+    recalled = {m.dst: sorted(k[0] for k in m.body["keys"]) for m in core.sender.take("recall")}
+    assert recalled == {rank: sorted(job_id for job_id, _ in chain) for rank, chain in sent.items()}
+    for rank, keys in recalled.items():
+        core.execution.on_returned(rank, [[job_id, 0] for job_id in keys])
+    assert all(core.scheduler.pending_job(job.id) is not None for job in jobs[2:]), "queued again"
+    await drive_jobs(core, jobs)
+    assert core.execution.tasks_started == 6
