@@ -109,9 +109,10 @@ class Merge:
     def __iter__(self) -> Iterator[tuple[Bucket, int]]:
         buckets = self._buckets
         if len(buckets) == 1:
-            # One user in one queue (the common single-tenant case): its own order, no heap.
+            # One user in one queue (the common single-tenant case): its own order, no heap, and no copy of it (a
+            # pass would cost O(queue)): nothing queues or cancels during a walk.
             only = buckets[0]
-            for key in list(only.keys):
+            for key in only.keys:
                 if self._dropped:
                     return
                 yield only, key[2]

@@ -191,6 +191,9 @@ class Scheduler:
         # queued or re-prioritized since `overtaken_ahead` last looked.
         self._ahead_jobs: dict[int, SchedJob] = {}
         self._ahead_check = False
+        # Queued jobs whose last element started since the last pass: `schedule` drops them from the queue (looking
+        # only at these, not at every queued job: a pass must not cost O(queue)).
+        self._exhausted: list[int] = []
 
     # ------------------------------------------------------------- the queue
 
@@ -389,6 +392,8 @@ class Scheduler:
         n = min(count, entry.remaining)
         first = entry.started
         entry.started += n
+        if not entry.remaining:
+            self._exhausted.append(job_id)
         self.limits.queued(entry.job.queue, entry.job.user, -n)
         self._queue_version += 1
         return range(first, first + n)
@@ -491,9 +496,11 @@ class Scheduler:
             return []
         cycle = Cycle(self, now, limit)
         cycle.run()
-        done = [jid for jid, e in self._pending.items() if not e.remaining]
-        for jid in done:
-            self.cancel(jid)
+        exhausted, self._exhausted = self._exhausted, []
+        for jid in exhausted:
+            entry = self._pending.get(jid)
+            if entry is not None and not entry.remaining:
+                self.cancel(jid)
         self._quiet_stamp = None if cycle.truncated else (self.graph.version, self._queue_version)
         return cycle.starts
 
@@ -506,6 +513,8 @@ class Scheduler:
         self.graph.alloc(key, allocation)
         self._running[key] = now + self._time_limit(job)
         entry.started += 1
+        if not entry.remaining:
+            self._exhausted.append(job.job_id)
         self._noted_start(job, 1, now)
         self._preempting.pop(job.job_id, None)
         return Start(job.job_id, key[1], allocation)
@@ -529,6 +538,8 @@ class Scheduler:
         self._running.update(dict.fromkeys(keys[:n] if n < want else keys,
                                            now + self._time_limit(job)))
         entry.started += n
+        if not entry.remaining:
+            self._exhausted.append(job_id)
         self._noted_start(job, n, now)
         # Start(job_id, e, alloc) for each, built without a Python-level call per element
         return list(map(_new_tuple, repeat(Start, n), zip(repeat(job_id, n),
