@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from worker.memlimit import write_control
+from worker.spawn import in_cgroup
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,6 @@ class CgroupTasks:
     def __init__(self, own: Path, base: Path) -> None:
         self.own = own
         self.base = base
-        self._own_procs = str(own / "cgroup.procs")
         self._groups: dict[Key, str] = {}  # the group of each task spawned and not yet killed
         self._spare: list[str] = []  # empty groups of ended tasks, for the next ones
         self._made = 0
@@ -118,19 +118,26 @@ class CgroupTasks:
     @contextlib.contextmanager
     def spawning(self, key: Key) -> Iterator[None]:
         """Give the task a group and hold this process in it while the task is spawned."""
-        group = self._new_group(key)
+        group = self.take(key)
         try:
-            write_control(os.path.join(group, "cgroup.procs"), str(os.getpid()))
-            try:
+            with in_cgroup(group, str(self.own)):
                 yield
-            finally:
-                write_control(self._own_procs, str(os.getpid()))
         except BaseException:
-            # No task started in it. Not reused: what failed may be the group itself (a task run as root can
-            # change its group, e.g. enable controllers in it, and then no process can join it).
-            self._remove(group, tries=40)
+            self.abandon(key)
             raise
+
+    def take(self, key: Key) -> str:
+        """The group the task is to be spawned in (by this process, or by a spawn helper that joins it)."""
+        group = self._new_group(key)
         self._groups[key] = group
+        return group
+
+    def abandon(self, key: Key) -> None:
+        """No task started in the group taken for `key`. Not reused: what failed may be the group itself (a task
+        run as root can change its group, e.g. enable controllers in it, and then no process can join it)."""
+        group = self._groups.pop(key, None)
+        if group is not None:
+            self._remove(group, tries=40)
 
     def _new_group(self, key: Key) -> str:
         old = self._groups.pop(key, None)
