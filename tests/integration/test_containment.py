@@ -73,8 +73,9 @@ def escaped_pid(out: Path) -> int:
     return pid
 
 
-def test_an_escaped_child_ends_with_its_task_and_with_a_cancel(tmp_path: Path) -> None:
-    with LocalCluster(tmp_path / "mc", size=2) as cluster, cluster.client() as c:
+@pytest.mark.parametrize("helpers", [0, 1])
+def test_an_escaped_child_ends_with_its_task_and_with_a_cancel(tmp_path: Path, helpers: int) -> None:
+    with LocalCluster(tmp_path / "mc", size=2, spawn_helpers=helpers) as cluster, cluster.client() as c:
         spec, out = escaping_task(tmp_path, "ends", 0.2)
         ends = c.submit(spec)
         pid = escaped_pid(out)
