@@ -63,7 +63,8 @@ class SpawnHelpers:
         self._on_lost = on_lost
         self._helpers = [self._start() for _ in range(count)]
         self._flush_scheduled = False
-        self._closing = False
+        # Received into, not allocated per packet: a packet may be as large as this.
+        self._buffer = bytearray(MAX_PACKET)
 
     @property
     def pids(self) -> list[int]:
@@ -85,10 +86,12 @@ class SpawnHelpers:
 
     async def close(self) -> None:
         """End the helpers (end of file on their channel) and reap them."""
-        self._closing = True
         for helper in self._helpers:
             self._watch.remove(helper.pidfd)
-            self._watch.remove(helper.channel.fileno())
+            if helper.channel.fileno() in self._watch:  # else it read the end of file already
+                self._watch.remove(helper.channel.fileno())
+            if helper.waiting_to_write:
+                asyncio.get_running_loop().remove_writer(helper.channel)
             helper.channel.close()
         for helper in self._helpers:
             for _ in range(200):
@@ -141,13 +144,13 @@ class SpawnHelpers:
     def _readable(self, helper: _Helper) -> None:
         while True:
             try:
-                data = helper.channel.recv(MAX_PACKET)
+                size = helper.channel.recv_into(self._buffer)
             except (BlockingIOError, OSError):
                 return
-            if not data:  # the helper is going: its pidfd follows
+            if not size:  # the helper is going: its pidfd follows
                 self._watch.remove(helper.channel.fileno())
                 return
-            self._on_reports(msgpack.unpackb(data))
+            self._on_reports(msgpack.unpackb(self._buffer[:size]))
 
     def _died(self, helper: _Helper) -> None:
         try:
@@ -157,8 +160,11 @@ class SpawnHelpers:
         self._watch.remove(helper.pidfd)
         os.close(helper.pidfd)
         if helper.channel.fileno() in self._watch:
-            self._readable(helper)  # what it reported before it died counts
+            self._readable(helper)  # what it reported before it died counts, up to the end of file
+        if helper.channel.fileno() in self._watch:
             self._watch.remove(helper.channel.fileno())
+        if helper.waiting_to_write:
+            asyncio.get_running_loop().remove_writer(helper.channel)
         helper.channel.close()
         how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                else f"exited with status {os.WEXITSTATUS(status)}")

@@ -10,6 +10,7 @@ kill them anyway.
 """
 from __future__ import annotations
 
+import array
 import contextlib
 import os
 import resource
@@ -36,6 +37,8 @@ MAX_FRAME = 256 * 1024  # bytes of requests per frame, unless one request is lar
 # What one frame may hold at most (the socket buffers are as large); execve refuses far less (ARG_MAX, 2 MiB).
 MAX_PACKET = 4 << 20
 MAX_REPORTS = 2000  # per frame
+
+_FDS_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 Key = tuple[int, int]
 
@@ -81,6 +84,7 @@ class Helper:
         self.spawner = Spawner(threads_share_cwd=False)
         self.children: dict[int, tuple[Key, int]] = {}  # pid -> task, our peak RSS when we spawned it
         self.reports: list[list[Any]] = []
+        self.buffer = bytearray(MAX_PACKET)  # received into, not allocated per packet
 
     def serve(self) -> None:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -106,14 +110,18 @@ class Helper:
         """Spawn what the agent asked for; False when the agent is gone."""
         while True:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(self.channel, MAX_PACKET, MAX_FDS,
-                                                           socket.MSG_CMSG_CLOEXEC)
+                size, ancillary, _flags, _addr = self.channel.recvmsg_into([self.buffer], _FDS_SPACE,
+                                                                           socket.MSG_CMSG_CLOEXEC)
             except BlockingIOError:
                 return True
-            if not data:
+            if not size:
                 return False
+            fds = array.array("i")
+            for level, kind, data in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
             fds.reverse()
-            for fields in _requests(data):
+            for fields in _requests(self.buffer[:size]):
                 request = Request.unpack(fields)
                 mine = [fds.pop() for _ in range(request.fd_count())]
                 try:
@@ -182,7 +190,7 @@ class Helper:
             killpg(pid, signal.SIGKILL)
 
 
-def _requests(data: bytes) -> Iterator[list[Any]]:
+def _requests(data: bytes | bytearray) -> Iterator[list[Any]]:
     unpacker = msgpack.Unpacker(raw=False)
     unpacker.feed(data)
     yield from unpacker
