@@ -14,7 +14,6 @@ control plane can be benchmarked at rates real processes cannot reach.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import resource
 import functools
 import logging
@@ -500,17 +499,15 @@ def _result(task: _Task) -> TaskResult:
         return TaskResult(task.key, 255, None, None, task.lost or "exit status lost (reaped elsewhere)",
                           task.pid or None, task.started, task.ended)
     if os.WIFSIGNALED(ws):
-        result = _exited(task.key, task.pid, None, os.WTERMSIG(ws), task.started, task.ended)
-    else:
-        result = _exited(task.key, task.pid, os.WEXITSTATUS(ws), None, task.started, task.ended)
-    return dataclasses.replace(result, cpu=task.cpu, max_rss=task.max_rss)
+        return _exited(task.key, task.pid, None, os.WTERMSIG(ws), task.started, task.ended, task.cpu, task.max_rss)
+    return _exited(task.key, task.pid, os.WEXITSTATUS(ws), None, task.started, task.ended, task.cpu, task.max_rss)
 
 
 def _exited(key: TaskKey, pid: int, code: int | None, sig: int | None,
-            started: float, ended: float) -> TaskResult:
+            started: float, ended: float, cpu: float = 0.0, max_rss: int = 0) -> TaskResult:
     # Exactly one of code and sig is given (os.WIFSIGNALED decides which).
     status = 128 + sig if sig is not None else code if code is not None else 0
-    return TaskResult(key, status, code, sig, None, pid, started, ended)
+    return TaskResult(key, status, code, sig, None, pid, started, ended, cpu, max_rss)
 
 
 # -- mock execution ----------------------------------------------------------
