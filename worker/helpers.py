@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,10 @@ Key = tuple[int, int]
 # helper per CORES_PER_HELPER cores (docs/performance.md, "Spawn helpers").
 AUTO_MIN_CORES = 16
 CORES_PER_HELPER = 16
+# A helper that dies sooner than this after its start, having reported nothing, is replaced only this much later: a
+# helper that cannot run (a broken installation) must not be restarted in a busy loop.  Spawns asked for meanwhile
+# fail at once when no helper runs.
+RESTART_DELAY = 1.0
 
 OnReports = Callable[[list[list[Any]]], None]
 OnLost = Callable[[set[Key], str], None]
@@ -51,6 +56,8 @@ class _Helper:
     keys: set[Key] = field(default_factory=set)  # asked for and not yet reported ended
     queued: list[tuple[Request, bytes, list[int]]] = field(default_factory=list)  # not yet sent, with our fds
     waiting_to_write: bool = False
+    started: float = field(default_factory=time.monotonic)
+    reported: bool = False  # it sent something: it works
 
 
 class SpawnHelpers:
@@ -63,6 +70,7 @@ class SpawnHelpers:
         self._on_lost = on_lost
         self._helpers = [self._start() for _ in range(count)]
         self._flush_scheduled = False
+        self._closing = False
         # Received into, not allocated per packet: a packet may be as large as this.
         self._buffer = bytearray(MAX_PACKET)
 
@@ -72,6 +80,12 @@ class SpawnHelpers:
 
     def send(self, request: Request, fds: list[int]) -> None:
         """Ask for a spawn; `fds` (in the request's order) are ours to close once sent."""
+        if not self._helpers:
+            for fd in fds:
+                os.close(fd)
+            asyncio.get_running_loop().call_soon(self._on_reports, [
+                ["f", *request.key, STATUS_CANNOT_RUN, "no spawn helper runs: they die as they start"]])
+            return
         helper = min(self._helpers, key=lambda h: len(h.keys))
         helper.keys.add(request.key)
         helper.queued.append((request, request.pack(), fds))
@@ -86,6 +100,7 @@ class SpawnHelpers:
 
     async def close(self) -> None:
         """End the helpers (end of file on their channel) and reap them."""
+        self._closing = True
         for helper in self._helpers:
             self._watch.remove(helper.pidfd)
             if helper.channel.fileno() in self._watch:  # else it read the end of file already
@@ -150,6 +165,7 @@ class SpawnHelpers:
             if not size:  # the helper is going: its pidfd follows
                 self._watch.remove(helper.channel.fileno())
                 return
+            helper.reported = True
             self._on_reports(msgpack.unpackb(self._buffer[:size]))
 
     def _died(self, helper: _Helper) -> None:
@@ -172,12 +188,25 @@ class SpawnHelpers:
         for _, _, fds in helper.queued:
             for fd in fds:
                 os.close(fd)
-        index = self._helpers.index(helper)
-        self._helpers[index] = self._start()
+        self._helpers.remove(helper)
+        loop = asyncio.get_running_loop()
+        if not helper.reported and time.monotonic() - helper.started < RESTART_DELAY:
+            loop.call_later(RESTART_DELAY, self._restart)
+        else:
+            self._restart()
         if helper.keys:
             self._on_lost(set(helper.keys), f"spawn helper (pid {helper.pid}) {how}")
 
     # -- starting ---------------------------------------------------------------------------------------------
+
+    def _restart(self) -> None:
+        if self._closing:
+            return
+        try:
+            self._helpers.append(self._start())
+        except OSError as exc:  # e.g. EAGAIN: out of processes for now
+            log.error("cannot start a spawn helper: %s", exc)
+            asyncio.get_running_loop().call_later(RESTART_DELAY, self._restart)
 
     def _start(self) -> _Helper:
         ours, theirs = socket_pair()

@@ -5,6 +5,7 @@ The executor's and the task start failures' tests also run with a helper (test_e
 test_task_start_failures.py)."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -17,6 +18,7 @@ from tests.integration.conftest import job, wait_for
 from tests.integration.test_executor import ENV, Harness, wait_dead
 from tests.integration.test_window import each_once, progressed
 from worker.containment import CgroupTasks
+from worker.helpers import RESTART_DELAY
 
 # Every task of this module carries this variable, so a leftover is recognised by its environment.
 MARK = f"MC_SPAWNHELP_TEST={os.getpid()}"
@@ -111,6 +113,24 @@ async def test_a_helper_killed_with_kill_9_loses_its_tasks_once_and_leaves_nothi
     finally:
         await h.ex.shutdown(0)
     assert await wait_dead(helper)
+
+
+async def test_a_helper_that_dies_before_it_ever_reported_is_replaced_a_second_later() -> None:
+    """As a helper that cannot start at all would: not restarted in a busy loop, and no spawn waits for it."""
+    h = Harness(spawn_helpers=1)
+    try:
+        first, _ = h.start("true")
+        [helper] = h.ex._helpers.pids
+        os.kill(helper, signal.SIGKILL)
+        assert "spawn helper" in (await h.wait(first)).error
+        assert h.ex._helpers.pids == []
+        r, _, _ = await h.run("true")
+        assert (r.status, r.error) == (126, "no spawn helper runs: they die as they start")
+        await asyncio.sleep(RESTART_DELAY + 0.2)
+        r, _, _ = await h.run("true")
+        assert r.status == 0
+    finally:
+        await h.ex.shutdown(0)
 
 
 @pytest.mark.slow
