@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import fcntl
 import os
 import resource
 import select
@@ -135,7 +136,7 @@ class Helper:
         it = iter(fds)
         stdin = next(it) if request.stdin else None
         pipes = (next(it) if request.pipes[0] else None, next(it) if request.pipes[1] else None)
-        passed = list(it)
+        passed = _out_of_the_way(list(it), request.order.pass_fds, fds)
         try:
             pid = self.spawner.spawn(request.order, stdin, pipes, passed, self._groups(request))
         except SpawnError as e:
@@ -188,6 +189,18 @@ class Helper:
     def abandon(self) -> None:
         for pid in self.children:
             killpg(pid, signal.SIGKILL)
+
+
+def _out_of_the_way(passed: list[int], targets: Sequence[int], owned: list[int]) -> list[int]:
+    """Our fds to pass, none at another one's target number: the dup2s in the child go one by one, and one must not
+    overwrite an fd a later one still reads.  Copies made are added to `owned` (closed after the spawn)."""
+    taken = set(targets)
+    if all(fd == target or fd not in taken for fd, target in zip(passed, targets, strict=True)):
+        return passed
+    above = max(taken) + 1
+    copies = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for fd in passed]
+    owned += copies
+    return copies
 
 
 def _requests(data: bytes | bytearray) -> Iterator[list[Any]]:

@@ -15,10 +15,11 @@ import pytest
 
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, wait_for
-from tests.integration.test_executor import ENV, Harness, wait_dead
+from tests.integration.test_executor import ENV, PY, Harness, wait_dead
 from tests.integration.test_window import each_once, progressed
 from worker.containment import CgroupTasks
 from worker.helpers import RESTART_DELAY
+from worker.spawnhelper import _out_of_the_way
 
 # Every task of this module carries this variable, so a leftover is recognised by its environment.
 MARK = f"MC_SPAWNHELP_TEST={os.getpid()}"
@@ -131,6 +132,46 @@ async def test_a_helper_that_dies_before_it_ever_reported_is_replaced_a_second_l
         assert r.status == 0
     finally:
         await h.ex.shutdown(0)
+
+
+async def test_stdin_and_passed_fds_reach_a_helpers_task_at_their_numbers() -> None:
+    h = Harness(spawn_helpers=1)
+    stdin_r, stdin_w = os.pipe()
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    try:
+        os.write(stdin_w, b"from stdin\n")
+        os.close(stdin_w)
+        os.write(a_w, b"A")
+        os.write(b_w, b"B")
+        # The task sees pipe a's read end at b's number and b's at a's: the helper's dup2s must not clobber.
+        script = f"import os, sys; print(sys.stdin.read().strip(), os.read({b_r}, 1), os.read({a_r}, 1))"
+        first = os.dup(a_r)
+        second = os.dup(b_r)
+        os.dup2(first, b_r)
+        os.dup2(second, a_r)
+        os.close(first)
+        os.close(second)
+        r, out, err = await h.run(PY, "-c", script, stdin_fd=stdin_r, pass_fds=(a_r, b_r))
+        assert (r.status, out) == (0, b"from stdin b'A' b'B'\n"), err
+    finally:
+        for fd in (stdin_r, a_r, a_w, b_r, b_w):
+            os.close(fd)
+        await h.ex.shutdown(0)
+
+
+def test_passed_fds_are_moved_out_of_each_others_way() -> None:
+    r, w = os.pipe()
+    owned: list[int] = []
+    try:
+        assert _out_of_the_way([r, w], (r, w), owned) == [r, w] and owned == []
+        copies = _out_of_the_way([w, r], (r, w), owned)
+        assert copies == owned and min(copies) > max(r, w)
+        assert [os.readlink(f"/proc/self/fd/{fd}") for fd in copies] == [os.readlink(f"/proc/self/fd/{fd}")
+                                                                          for fd in (w, r)]
+    finally:
+        for fd in (r, w, *owned):
+            os.close(fd)
 
 
 @pytest.mark.slow
