@@ -128,7 +128,7 @@ SUBREAPER = textwrap.dedent("""
             ended.append(r)
             if len(ended) == 2:
                 both.set_result(None)
-        ex = TaskExecutor(lambda *a: None, result, containment=Subreaper())
+        ex = TaskExecutor(lambda *a: None, result, containment=Subreaper(), spawn_helpers=int(sys.argv[3]))
         env = {"PATH": "/usr/bin:/bin", "MC_JOB_ID": "7", "MC_TASK_RANK": "0"}
         ex.start(TaskSpec((7, 0), (sys.executable, "-c", sys.argv[1], sys.argv[2], "0.2"), env))
         # A child left in the task's own group: killed with it at its end, an orphan of ours by then.
@@ -147,10 +147,11 @@ SUBREAPER = textwrap.dedent("""
 """)
 
 
-def test_a_subreaper_kills_what_escaped_an_ended_task(tmp_path: Path) -> None:
+@pytest.mark.parametrize("helpers", [0, 1])
+def test_a_subreaper_kills_what_escaped_an_ended_task(tmp_path: Path, helpers: int) -> None:
     out = tmp_path / "escapee"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
-    done = subprocess.run([sys.executable, "-c", SUBREAPER, ESCAPE, str(out)], env=env, timeout=60,
+    done = subprocess.run([sys.executable, "-c", SUBREAPER, ESCAPE, str(out), str(helpers)], env=env, timeout=60,
                           capture_output=True, text=True)
     assert done.stdout.strip() == "ended 0", f"left zombies or failed: {done.stdout} {done.stderr}"
     pid = int(out.read_text().split()[0])
