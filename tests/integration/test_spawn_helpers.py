@@ -19,6 +19,7 @@ from tests.integration.test_executor import ENV, PY, Harness, wait_dead
 from tests.integration.test_window import each_once, progressed
 from worker.containment import CgroupTasks
 from worker.helpers import RESTART_DELAY
+from worker.memlimit import MemoryLimits
 from worker.spawnhelper import _out_of_the_way
 
 # Every task of this module carries this variable, so a leftover is recognised by its environment.
@@ -78,6 +79,24 @@ async def test_a_task_is_a_helpers_child_in_its_cgroup_from_its_first_instructio
             assert Path(f"/proc/{helper}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()
     finally:
         await h.ex.shutdown(0)
+
+
+@pytest.mark.skipif(MemoryLimits.detect() is None, reason="no writable cgroup v1 memory controller here")
+async def test_a_helpers_task_starts_in_its_memory_group() -> None:
+    limits = MemoryLimits.detect()
+    assert limits is not None
+    group = limits.create(99, 0, 64)
+    h = Harness(spawn_helpers=1)
+    try:
+        r, out, _ = await h.run("cat", "/proc/self/cgroup", memory_group=group)
+        assert r.status == 0
+        [line] = [x for x in out.decode().splitlines() if ":memory:" in x]
+        assert line.endswith(f"/{group.path.name}"), "the task started in its memory group"
+        [helper] = h.ex._helpers.pids
+        assert f"/{group.path.name}" not in Path(f"/proc/{helper}/cgroup").read_text(), "the helper went back"
+    finally:
+        await h.ex.shutdown(0)
+        group.remove()
 
 
 async def test_a_kill_before_the_spawn_is_reported_reaches_the_task() -> None:
