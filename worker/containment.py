@@ -156,15 +156,16 @@ class CgroupTasks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
-    def kill(self, key: Key) -> None:
-        """SIGKILL everything left in the task's group and remove it, or keep it for the next task if empty."""
+    def kill(self, key: Key, empty: bool = False) -> None:
+        """SIGKILL everything left in the task's group and remove it, or keep it for the next task if empty.
+        `empty`: known to be (a spawn helper read it when it reaped the task; nothing can enter an empty group)."""
         group = self._groups.pop(key, None)
         if group is not None:
-            self._end(group)
+            self._end(group, empty)
 
-    def _end(self, group: str) -> None:
+    def _end(self, group: str, empty: bool = False) -> None:
         # Most tasks leave nothing behind (this runs once per task): one read says so, and the group is reused.
-        if not _populated(group):
+        if empty or not populated(group):
             if len(self._spare) < SPARE_GROUPS:  # a group the task made below it, empty too, may stay
                 self._spare.append(group)
             else:
@@ -347,7 +348,7 @@ def _subgroups(group: Path | str) -> list[str]:
     return found
 
 
-def _populated(group: str) -> bool:
+def populated(group: str) -> bool:
     """Whether any process is in `group` or below it (cgroup.events); a missing group holds none."""
     try:
         # os.open/os.read, not open(): this runs once per task and the buffered file object costs more.

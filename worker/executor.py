@@ -92,6 +92,7 @@ class _Task:
     ended: float = 0.0
     waitstatus: int | None = None
     lost: str | None = None  # why its exit status is not known
+    group_empty: bool = False  # its cgroup was empty when its helper reaped it
     # Accounting: utime + stime of the task and the children it waited for, and its peak RSS in KiB.
     cpu: float = 0.0
     max_rss: int = 0
@@ -319,7 +320,7 @@ class TaskExecutor(_Executor):
                 self._release(task)
                 self._report(TaskResult(task.key, status, None, None, error, None, task.started, time.time()))
             else:
-                task.waitstatus, task.cpu, task.max_rss, task.ended = rest
+                task.waitstatus, task.cpu, task.max_rss, task.ended, task.group_empty = rest
                 self._exited(task)
 
     def _on_lost(self, keys: set[TaskKey], reason: str) -> None:
@@ -401,7 +402,7 @@ class TaskExecutor(_Executor):
         del self._tasks[task.key]
         self._release(task)
         if isinstance(self._contained, CgroupTasks):
-            self._contained.kill(task.key)
+            self._contained.kill(task.key, task.group_empty)
         elif self._contained is not None:
             self._sweep_orphans()
         if self._pidfile_lines > 2 * len(self._tasks) + 256:

@@ -28,7 +28,7 @@ from typing import Any
 
 import msgpack
 
-from worker.containment import starttime
+from worker.containment import populated, starttime
 from worker.memlimit import TaskMemoryGroup
 from worker.spawn import STATUS_CANNOT_RUN, Order, SpawnError, Spawner, in_cgroup, killpg
 
@@ -83,7 +83,8 @@ class Helper:
         self.home = home
         self.record_starttime = record_starttime
         self.spawner = Spawner(threads_share_cwd=False)
-        self.children: dict[int, tuple[Key, int]] = {}  # pid -> task, our peak RSS when we spawned it
+        # pid -> task, our peak RSS when we spawned it, its cgroup
+        self.children: dict[int, tuple[Key, int, str | None]] = {}
         self.reports: list[list[Any]] = []
         self.buffer = bytearray(MAX_PACKET)  # received into, not allocated per packet
 
@@ -145,7 +146,7 @@ class Helper:
         except Exception as e:  # one bad request must not take the helper, and its other tasks, along
             self.reports.append(["f", job, task, STATUS_CANNOT_RUN, f"cannot start: {e}"])
             return
-        self.children[pid] = ((job, task), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        self.children[pid] = ((job, task), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, request.group)
         self.reports.append(["s", job, task, pid, starttime(pid) if self.record_starttime else None])
 
     def _groups(self, request: Request) -> list[AbstractContextManager[None]]:
@@ -169,11 +170,13 @@ class Helper:
             child = self.children.pop(pid, None)
             if child is None:
                 continue
-            (job, task), spawner_rss = child
+            (job, task), spawner_rss, group = child
             # ru_maxrss is never less than ours when we spawned it (posix_spawn's child shares our memory until
             # it execs): only a larger value is the task's.
             rss = ru.ru_maxrss if ru.ru_maxrss > spawner_rss else 0
-            self.reports.append(["x", job, task, status, ru.ru_utime + ru.ru_stime, rss, time.time()])
+            # Whether its cgroup is empty now, so stays so: the agent then reuses it without reading it again.
+            empty = group is not None and not populated(group)
+            self.reports.append(["x", job, task, status, ru.ru_utime + ru.ru_stime, rss, time.time(), empty])
 
     def send_reports(self) -> None:
         self.channel.setblocking(True)  # the agent reads while it runs: waiting here is waiting for it
