@@ -216,6 +216,23 @@ def test_kill9_of_a_helper_mid_array_ends_every_element_once(tmp_path: Path) -> 
     assert len(ran) == len(set(ran)) >= 40 - len(lost), "the rest ran, once each"
 
 
+def test_cancelling_an_array_while_its_elements_are_spawned_ends_every_element(tmp_path: Path) -> None:
+    spec = job(["sleep", "30"], array="0-63")
+    spec["env"] = MARKED
+    with LocalCluster(tmp_path / "mc", size=2, resources="cores=8", broker_runs_tasks=False, spawn_helpers=2,
+                      kill_grace=0.5) as cluster, cluster.client() as c:
+        array = c.submit(spec)
+        deadline = time.monotonic() + 30
+        while not leftovers():  # the first spawns happened; others are on their way
+            assert time.monotonic() < deadline, "nothing started"
+            time.sleep(0.01)
+        c.cancel([array])
+        assert wait_for(c, array, timeout=60)["exception"] == "cancel"
+        started = [row[1] for row in c.task_results(array)]  # the elements that had started: each once
+        assert started and len(started) == len(set(started))
+        assert no_leftovers(), "an element spawned around the cancel still runs"
+
+
 def test_the_helper_path_runs_in_an_agent(tmp_path: Path) -> None:
     """spawn_helpers reaches the agent: a rank with 2 helpers has them as children once it ran a task."""
     with LocalCluster(tmp_path / "mc", size=2, resources="cores=2", broker_runs_tasks=False,
