@@ -92,6 +92,10 @@ class Helper:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        # It lives as long as its channel: a terminal's Ctrl-C or a SIGTERM to the worker's process group is for the
+        # agent, which still needs its helpers to end its tasks.  (Tasks get every signal's default back.)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
         poller = select.poll()
         poller.register(self.channel, select.POLLIN)
         poller.register(wake_r, select.POLLIN)

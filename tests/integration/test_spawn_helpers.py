@@ -77,6 +77,13 @@ async def test_a_task_is_a_helpers_child_in_its_cgroup_from_its_first_instructio
         assert f"0::/{tree.base.relative_to(tree.own)}/t" in "".join(groups).replace(str(tree.own), "")
         for helper in h.ex._helpers.pids:  # and the helpers are back in the worker's own group
             assert Path(f"/proc/{helper}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()
+        # Signals for the worker's process group are the agent's business: the helpers stay.
+        helpers = h.ex._helpers.pids
+        for helper in helpers:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                os.kill(helper, sig)
+        r, out, _ = await h.run("sh", "-c", "echo $PPID")
+        assert r.status == 0 and int(out) in helpers and h.ex._helpers.pids == helpers
     finally:
         await h.ex.shutdown(0)
 
