@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from minicluster.model.idset import IdSet, IdSetError
 from worker.containment import CgroupTasks, Subreaper, kill_orphans, starttime
 from worker.fdwatch import FdWatch
-from worker.helpers import SpawnHelpers
+from worker.helpers import LARGEST_ORDER, SpawnHelpers
 from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup
 from worker.spawn import STATUS_CANNOT_RUN, STATUS_NOT_FOUND, Order, SpawnError, Spawner, killpg
@@ -178,7 +178,7 @@ class TaskExecutor(_Executor):
         except SpawnError as e:
             self._fail_soon(loop, spec.key, e.status, str(e), started)
             return None
-        if self._helper_count:
+        if self._helper_count and order.size() <= LARGEST_ORDER:
             self._start_in_helper(spec, order, started, pipes, writes)
             return None
         try:

@@ -36,6 +36,10 @@ CORES_PER_HELPER = 16
 # helper that cannot run (a broken installation) must not be restarted in a busy loop.  Spawns asked for meanwhile
 # fail at once when no helper runs.
 RESTART_DELAY = 1.0
+# An order larger than this is spawned on the loop instead: a channel packet may hold as little as the host's
+# wmem_max (208 KiB by default) while execve takes up to ARG_MAX (2 MiB), so a big environment must not fail only
+# because helpers run.
+LARGEST_ORDER = 128 * 1024
 
 OnReports = Callable[[list[list[Any]]], None]
 OnLost = Callable[[set[Key], str], None]

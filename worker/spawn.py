@@ -52,6 +52,11 @@ class Order:
     stderr_path: str | None
     pass_fds: tuple[int, ...]  # the numbers the task sees them at
 
+    def size(self) -> int:
+        """About how many bytes the order's strings take (argv and environment dominate)."""
+        return (sum(map(len, self.argv)) + sum(len(k) + len(v) + 2 for k, v in self.env.items())
+                + len(self.cwd or "") + len(self.stdout_path or "") + len(self.stderr_path or ""))
+
 
 class Spawner:
     """Spawns in this process; `threads_share_cwd`: other threads would see a task's cwd (made per thread then)."""

@@ -106,6 +106,22 @@ async def test_a_helpers_task_starts_in_its_memory_group() -> None:
         group.remove()
 
 
+async def test_an_order_too_large_for_a_helpers_channel_is_spawned_on_the_loop_and_runs() -> None:
+    """A host's wmem_max may cap a channel packet near 208 KiB, below what execve takes: a 1 MiB environment
+    must run with helpers as it does without them."""
+    h = Harness(spawn_helpers=1)
+    big = {**MARKED, **{f"BIG{i}": "x" * 100_000 for i in range(10)}}
+    try:
+        small, _ = h.start("sh", "-c", "echo $PPID", env=MARKED)
+        large, _ = h.start("sh", "-c", 'echo $PPID ${#BIG9}', env=big)
+        for key in (small, large):
+            assert (await h.wait(key)).status == 0
+        assert int(h.out[small, "stdout"].split()[0]) in h.ex._helpers.pids
+        assert h.out[large, "stdout"].split() == [str(os.getpid()).encode(), b"100000"], "spawned by the agent itself"
+    finally:
+        await h.ex.shutdown(0)
+
+
 async def test_a_kill_before_the_spawn_is_reported_reaches_the_task() -> None:
     h = Harness(spawn_helpers=1)
     killed, _ = h.start("sleep", "30", env=MARKED)
