@@ -62,11 +62,11 @@ def submit_loop(count: int) -> tuple[float, float]:
         return timed_loop(count, dict(os.environ, MC_URI=cluster.uri))
 
 
-def timed_loop(count: int, env: dict[str, str]) -> tuple[float, float]:
-    """The shell loop of `count` mc-submit calls, with the `mc-submit` that `env`'s PATH finds."""
+def timed_loop(count: int, env: dict[str, str], command: str = "mc-submit true") -> tuple[float, float]:
+    """The shell loop of `count` calls of `command` (by default mc-submit, the one `env`'s PATH finds)."""
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
-    subprocess.run(["sh", "-c", f"for i in $(seq {count}); do mc-submit true >/dev/null || exit 1; done"],
+    subprocess.run(["sh", "-c", f"for i in $(seq {count}); do {command} >/dev/null || exit 1; done"],
                    env=env, check=True, timeout=600)
     rate = count / (time.time() - t0)
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -90,7 +90,11 @@ def regular_install(tree: str, where: str) -> str:
 
 
 def installs_loop(installs: dict[str, str], runs: int, count: int) -> dict[str, object]:
-    """The submit loop of each regular install, taking turns run by run against one 2-rank instance."""
+    """The submit loop of each regular install, taking turns run by run against one 2-rank instance.
+
+    Each run also times the same loop of `python -c pass` of that install, right before: the floor of any
+    Python client, on the machine as loaded as it is then.  With valgrind, the instructions of one call of each
+    (user space, the process only): a figure the machine's load does not move."""
     with tempfile.TemporaryDirectory() as tmp:
         bins = {}
         for name, tree in installs.items():
@@ -101,11 +105,28 @@ def installs_loop(installs: dict[str, str], runs: int, count: int) -> dict[str, 
             for i in range(runs):
                 for name in names[i % len(names):] + names[:i % len(names)]:
                     env = dict(os.environ, MC_URI=cluster.uri, PATH=f"{bins[name]}:{os.environ['PATH']}")
+                    floor, floor_cpu = timed_loop(count, env, "python -c pass")
                     rate, cpu = timed_loop(count, env)
-                    results[name].append({"submit": {"calls_per_s": rate, "cpu_ms_per_call": cpu}})
-                    print(f"run {i + 1}/{runs} {name}: {rate:.1f} calls/s, {cpu:.1f} ms CPU per call",
-                          file=sys.stderr, flush=True)
-        return summarize(installs, results)
+                    results[name].append({"submit": {"calls_per_s": rate, "cpu_ms_per_call": cpu,
+                                                     "share_of_python_pass_rate": rate / floor},
+                                          "python_pass": {"calls_per_s": floor, "cpu_ms_per_call": floor_cpu}})
+                    print(f"run {i + 1}/{runs} {name}: {rate:.1f} calls/s, {cpu:.1f} ms CPU per call "
+                          f"(python -c pass: {floor:.1f}/s, {floor_cpu:.1f} ms)", file=sys.stderr, flush=True)
+            counted = {name: instructions(bins[name], dict(os.environ, MC_URI=cluster.uri)) for name in names}
+        return {**summarize(installs, results), "instructions_per_call": counted}
+
+
+def instructions(bin_dir: str, env: dict[str, str]) -> dict[str, int] | None:
+    """Instructions of one `mc-submit true` and one `python -c pass` of this install (valgrind), or None."""
+    if shutil.which("valgrind") is None:
+        return None
+    out = {}
+    for label, argv in (("mc_submit_true", [os.path.join(bin_dir, "mc-submit"), "true"]),
+                        ("python_pass", [os.path.join(bin_dir, "python"), "-c", "pass"])):
+        run = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True, timeout=300)
+        out[label] = int(run.stderr.rsplit("Collected : ", 1)[1].split()[0])
+    return out
 
 
 def main() -> None:
