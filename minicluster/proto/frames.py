@@ -24,9 +24,11 @@ class FrameError(ValueError):
     pass
 
 
-# Up to this size the client's frames go through smallpack: a submit's answer is 30 bytes and its jobspec a few KiB
-# (the environment), while a page of `mc jobs` (many KiB) decodes much faster in msgpack than in Python.
-SMALL_FRAME = 64 * 1024
+# Up to these sizes the client's frames go through smallpack.  A jobspec is a few KiB (its environment; tens in
+# some), quick to encode in Python; a submit's answer is 20 bytes, while `mc jobs` pages or `mc top`'s status,
+# many objects each, decode much faster in msgpack.
+SMALL_REQUEST = 64 * 1024
+SMALL_ANSWER = 4 * 1024
 
 
 def pack(message: dict[str, Any]) -> bytes:
@@ -38,7 +40,7 @@ def pack(message: dict[str, Any]) -> bytes:
 def pack_request(message: dict[str, Any]) -> bytes:
     """pack(), for a client: a small message is encoded without importing msgpack."""
     try:
-        return _framed(smallpack.packb(message, SMALL_FRAME))
+        return _framed(smallpack.packb(message, SMALL_REQUEST))
     except smallpack.Unsupported:
         return pack(message)
 
@@ -72,7 +74,7 @@ def read_blocking(sock: Any) -> dict[str, Any] | None:
     body = _recv_exactly(sock, length)
     if body is None:
         raise FrameError("connection closed inside a frame")
-    if length <= SMALL_FRAME:
+    if length <= SMALL_ANSWER:
         try:
             value = smallpack.unpackb(body)
         except smallpack.Unsupported:

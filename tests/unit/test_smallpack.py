@@ -63,7 +63,7 @@ class _Sock:
 
 
 MESSAGES = [{"v": 1, "id": 1, "ok": True, "job": 7}, {"x": msgpack.ExtType(1, b"x")},
-            {"big": "x" * (frames.SMALL_FRAME + 1)}, {"list": [1, 2]}]
+            {"big": "x" * (frames.SMALL_REQUEST + 1)}, {"answer": "x" * frames.SMALL_ANSWER}, {"list": [1, 2]}]
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: repr(m)[:40])
