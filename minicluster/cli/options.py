@@ -9,6 +9,7 @@ import os
 import time
 
 from minicluster.cli.quickparse import add_options, option
+from minicluster.model import workflowforms as forms
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobterms import MPI_MODES, POLICIES, InvalidJobspec
 
@@ -20,10 +21,9 @@ if TYPE_CHECKING:
 
     from minicluster.cli.quickparse import Option, Parsed
 
-# argparse, re and the jobspec and workflow models are imported where they are used, not here: `mc-submit true`,
+# argparse, re and the jobspec model are imported where they are used, not here: `mc-submit true`,
 # run from shell loops, needs none of them (tests/unit/test_client_imports.py).
 
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _MEM_UNITS = {"": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
@@ -69,19 +69,14 @@ def time_limit(text: str) -> float:
     return seconds
 
 
-# Parsed by hand, not with re: importing re (with enum, functools and collections) would cost each mc-submit call
-# in a shell loop as much as the rest of its imports.  isdecimal() is what re's \d matches in a str.
 def _unit_time(text: str) -> float | None:
-    """`90s`, `1.5h`: a number, then one of s, m, h, d; None for anything else."""
-    number, unit = text[:-1], text[-1:]
-    whole, dot, fraction = number.partition(".")
-    if unit not in _DURATION_UNITS or not _decimal(whole) or (dot and not _decimal(fraction)):
+    """`90s`, `1.5h`: a number, then one of s, m, h, d (a workflow duration with its unit); None for anything else."""
+    if text[-1:] not in ("s", "m", "h", "d"):
         return None
-    return float(number) * _DURATION_UNITS[unit]
-
-
-def _decimal(text: str) -> bool:
-    return text != "" and text.isdecimal()
+    try:
+        return forms.parse_duration(text)
+    except forms.WorkflowError:
+        return None
 
 
 def _slurm_time(text: str) -> float:
@@ -110,7 +105,9 @@ def memory_mb(text: str) -> int:
     unit = number[-1:].lower() if number[-1:] in tuple("mMgGtT") else ""
     if unit:
         number = number[:-1]
-    if not _decimal(number):
+    # By hand, not with re: importing re (with enum, functools and collections) would cost each mc-submit call in a
+    # shell loop as much as the rest of its imports.
+    if not forms.decimal_digits(number):
         raise _type_error(f"bad memory size {text!r}: use MiB (512) or 512M, 4G, 1T")
     return int(number) * _MEM_UNITS[unit]
 
@@ -154,26 +151,21 @@ def parse_job_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argp
     return parser.parse_args(out)
 
 
-def _checked(parse: Callable[[Any, str], Any]) -> Callable[[str], Any]:
-    """An argparse type from a workflow parser, called with the workflow module: its error becomes a one-line
-    usage error."""
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a workflow parser: its error becomes a one-line usage error."""
     def check(text: str) -> Any:
-        from minicluster.model import workflow
-
         try:
-            parse(workflow, text)
-        except workflow.WorkflowError as exc:
+            parse(text)
+        except forms.WorkflowError as exc:
             raise _type_error(str(exc)) from None
         return text
     return check
 
 
 def duration(text: str) -> float:
-    from minicluster.model import workflow
-
     try:
-        return workflow.parse_duration(text)
-    except workflow.WorkflowError as exc:
+        return forms.parse_duration(text)
+    except forms.WorkflowError as exc:
         raise _type_error(str(exc)) from None
 
 
@@ -231,10 +223,10 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
 
 WORKFLOW_OPTIONS: tuple[Option, ...] = (
     option("-d", "--dependency", action="append", default=[], metavar="TYPE:ID[:ID...]",
-           type=_checked(lambda workflow, t: workflow.parse_dependencies([t])),
+           type=_checked(lambda t: forms.parse_dependencies([t])),
            help="wait for jobs: afterok, afterany, afternotok, afterstart (after), aftercorr (array "
                 "index by index), or singleton; comma-separated or repeated"),
-    option("--begin-time", metavar="TIME", type=_checked(lambda workflow, t: workflow.parse_begin_time(t, 0.0)),
+    option("--begin-time", metavar="TIME", type=_checked(lambda t: forms.parse_begin_time(t, 0.0)),
            help="not before TIME: +10m, 12:30, 2025-01-31T12:00, @EPOCH"),
     option("--hold", action="store_true", help="submit held; `mc release ID` lets it run"),
     option("--retries", type=int_at_least(0, "a number of retries"), metavar="N",
@@ -242,10 +234,10 @@ WORKFLOW_OPTIONS: tuple[Option, ...] = (
     option("--retry-delay", type=duration, metavar="TIME",
            help="wait TIME (90s, 10m) before the first retry, doubling for each next one"),
     option("--on-exit", action="append", default=[], metavar="CODES=ACTION,...",
-           type=_checked(lambda workflow, t: workflow.parse_exit_rules(t)),
+           type=_checked(forms.parse_exit_rules),
            help="by exit code, first match wins: 42=fail-job,3-5=retry,2=fail,0=ignore"),
     option("--on-signal", action="append", default=[], metavar="SIGNALS=ACTION,...",
-           type=_checked(lambda workflow, t: workflow.parse_signal_rules(t)),
+           type=_checked(forms.parse_signal_rules),
            help="by signal: KILL=retry,SEGV+ABRT=fail"),
     option("--max-retries-per-index", type=int_at_least(0, "a number of retries"), metavar="N",
            help="arrays: retries of each index"),
@@ -286,20 +278,18 @@ def workflow_fields(args: Parsed, now: float) -> dict[str, Any]:
 
 
 def _parsed_workflow(args: Parsed, now: float) -> dict[str, Any]:
-    from minicluster.model import workflow
-
     out: dict[str, Any] = {}
     try:
         if args.dependency:
-            out["dependencies"] = workflow.parse_dependencies(args.dependency)
+            out["dependencies"] = forms.parse_dependencies(args.dependency)
         if args.begin_time:
-            out["begin_time"] = workflow.parse_begin_time(args.begin_time, now)
-        rules = [("on_exit", args.on_exit, workflow.parse_exit_rules),
-                 ("on_signal", args.on_signal, workflow.parse_signal_rules)]
+            out["begin_time"] = forms.parse_begin_time(args.begin_time, now)
+        rules = [("on_exit", args.on_exit, forms.parse_exit_rules),
+                 ("on_signal", args.on_signal, forms.parse_signal_rules)]
         for name, texts, parse in rules:
             if texts:
                 out[name] = [rule for text in texts for rule in parse(text)]
-    except workflow.WorkflowError as exc:
+    except forms.WorkflowError as exc:
         raise InvalidJobspec(str(exc)) from None
     return out
 

@@ -3,8 +3,9 @@
 Every call pays Python's start-up and these imports (issue 17 item 6; benchmarks/startup.py measures the loop).
 A fresh interpreter imports the submit path, parses typical options and builds the wire jobspec, and must not
 have loaded the heavy modules: the event loop, ZeroMQ, rich, the config and jobspec models and what they pull in.
-mc-submit itself (a plain line: options it parses without argparse) must not even load argparse, re, socket.py,
-msgpack or what they pull in (enum, collections, datetime): on this machine they were most of its start-up.
+mc-submit itself (a plain line: options it parses without argparse, workflow options too) must not even load
+argparse, re, socket.py, msgpack or what they pull in (enum, collections, datetime): on this machine they were
+most of its start-up.
 tests/integration/test_cli.py::test_mc_submit_script_imports runs the installed script against an instance.
 """
 from __future__ import annotations
@@ -47,9 +48,11 @@ from minicluster.cli.submit import _submit_args
 from minicluster.cli.options import command_of, jobspec_from_args
 from minicluster.proto import frames
 args = _submit_args(["-n", "2", "--mem", "1G", "--env", "A=1", "--cc", "0-3", "--urgency", "20", "--hold",
-                     "--", "echo", "{cc}"], "mc-submit")
+                     "-t", "1:00:00", "-d", "afterok:1", "--on-exit", "2=fail", "--on-signal", "9=retry",
+                     "--retry-delay", "10m", "--begin-time", "+10m", "--", "echo", "{cc}"], "mc-submit")
 spec = jobspec_from_args(args, command_of(args), check=False)
 assert spec["array"] == "0-3" and spec["ntasks"] == 2 and spec["hold"] and spec["env"]["A"] == "1", spec
+assert spec["dependencies"] == [{"type": "afterok", "jobs": [1]}] and spec["retry_delay"] == 600.0, spec
 assert len(frames.pack_request({"v": 1, "id": 1, "op": "submit", "jobspec": spec})) > 100
 answer = frames.pack_request({"v": 1, "id": 1, "ok": True, "job": 7})
 class Sock:
@@ -60,9 +63,10 @@ assert frames.read_blocking(Sock()) == {"v": 1, "id": 1, "ok": True, "job": 7}
 print(repr(sorted(set(sys.modules) - before)))
 """
 
-# On mc-submit's path on top of HEAVY: these were two thirds of its imports (issue 17 item 6).
+# On mc-submit's path on top of HEAVY: these were two thirds of its imports (issue 17 item 6), and the workflow
+# options' parsers imported re, datetime and signal (enum).
 NOT_ON_MC_SUBMIT = ("argparse", "re", "socket", "selectors", "enum", "functools", "collections", "msgpack",
-                    "datetime", "gettext", "minicluster.cli.argparser", "minicluster.cli.main")
+                    "datetime", "gettext", "signal", "minicluster.cli.argparser", "minicluster.cli.main")
 
 
 def _heavy(loaded: list[str], heavy: tuple[str, ...]) -> list[str]:

@@ -11,6 +11,7 @@ import pytest
 
 from minicluster.cli.options import _unit_time, memory_mb, parse_job_args
 from minicluster.cli.submit import SUBMIT_HELP, _parser, _submit_args
+from minicluster.model.workflowforms import WorkflowError, parse_duration
 
 SAME = [
     ["true"], ["--", "true"], ["echo", "-n", "--wait"], ["-n", "2", "hostname"], ["--ntasks", "2", "hostname"],
@@ -70,13 +71,21 @@ def test_argparse_errors_unchanged() -> None:
 
 
 def test_hand_parsed_sizes_match_the_regular_expressions() -> None:
-    """time_limit's `90s` form and memory_mb parse without re exactly what the expressions they replace matched."""
+    """time_limit's `90s` form, memory_mb and the workflow durations (--retry-delay, --begin-time +10m) parse
+    without re exactly what the expressions they replace matched."""
     seconds = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     mib = {"": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
     alphabet = ["", "1", "0", "٣", "²", ".", "m", "M", "b", "B", "g", "t", "s", "h", "d", "x", " ", "-"]
     for text in {"".join(p) for n in (1, 2, 3, 4) for p in itertools.product(alphabet, repeat=n)}:
-        duration = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text)
-        assert _unit_time(text) == (float(duration[1]) * seconds[duration[2]] if duration else None), text
+        duration = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())  # time_limit strips first
+        assert _unit_time(text.strip()) == (float(duration[1]) * seconds[duration[2]] if duration else None), text
+        workflow_duration = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip())
+        try:
+            parsed: float | None = parse_duration(text)
+        except WorkflowError:
+            parsed = None
+        assert parsed == (float(workflow_duration[1]) * ({"": 1} | seconds)[workflow_duration[2]]
+                          if workflow_duration else None), text
         size = re.fullmatch(r"(\d+)([mMgGtT]?)[bB]?", text.strip())
         try:
             got: int | None = memory_mb(text)
