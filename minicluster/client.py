@@ -7,7 +7,6 @@ id, so many requests may be in flight at once (pipelining) and several streams (
 from __future__ import annotations
 
 import os
-import select
 import time
 
 # The C module under `socket`: socket.py imports enum and selectors, about a third of mc-submit's start-up (issue
@@ -147,6 +146,8 @@ class Client:
                         del self._inbox[rid]
                     return rid, _checked(msg)
             if deadline is not None or wake:
+                import select  # here, not at the top: see _send
+
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 readable, _, _ = select.select([self._sock.fileno(), *wake], [], [], left)
                 if self._sock.fileno() not in readable:
@@ -210,17 +211,21 @@ class Client:
         """
         view = memoryview(data)
         while view:
-            readable, writable, _ = select.select([self._sock], [self._sock], [])
-            if writable:
-                try:
-                    sent = self._sock.send(view[:_SEND_CHUNK], _socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    sent = 0
-                except (BrokenPipeError, ConnectionResetError):
-                    raise ClientError("disconnected", "the broker closed the connection") from None
-                view = view[sent:]
-            elif readable:
-                self._receive()
+            try:
+                sent = self._sock.send(view[:_SEND_CHUNK], _socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except (BrokenPipeError, ConnectionResetError):
+                raise ClientError("disconnected", "the broker closed the connection") from None
+            view = view[sent:]
+            if view and not sent:
+                # The socket is full: wait until it takes more, reading the broker's answers meanwhile.  Only
+                # now: a request that fits (mc-submit's) never imports select.
+                import select
+
+                readable, writable, _ = select.select([self._sock], [self._sock], [])
+                if readable and not writable:
+                    self._receive()
 
     # ------------------------------------------------------------ jobs
 

@@ -66,7 +66,7 @@ print(repr(sorted(set(sys.modules) - before)))
 # On mc-submit's path on top of HEAVY: these were two thirds of its imports (issue 17 item 6), and the workflow
 # options' parsers imported re, datetime and signal (enum).
 NOT_ON_MC_SUBMIT = ("argparse", "re", "socket", "selectors", "enum", "functools", "collections", "msgpack",
-                    "datetime", "gettext", "signal", "minicluster.cli.argparser", "minicluster.cli.main")
+                    "datetime", "gettext", "signal", "select", "minicluster.cli.argparser", "minicluster.cli.main")
 
 
 def _heavy(loaded: list[str], heavy: tuple[str, ...]) -> list[str]:
