@@ -1,6 +1,6 @@
 """The dispatch window (protocol.md §2.10) on and off, interleaved run by run (not a timed test).
 
-    python benchmarks/window.py [--runs N] [--quick] [--windows 0,4] [--only slots8|jobs8|real] [--jobs N]
+    python benchmarks/window.py [--runs N] [--quick] [--windows 0,4] [--only slots8|jobs8|real|realjobs] [--jobs N]
 
 Two experiments on fresh `LocalCluster`s, each run trying every `dispatch_window` setting (0 is the dispatch of
 before the window: every core reused only after a round trip through rank 0) in a rotating order:
@@ -10,6 +10,7 @@ jobs8    the same 8 slots, N single `true` jobs sent with `submit_many` (small s
          submit -> all done; the rate counts from the first submit, so it includes the submissions.
 real     `/bin/true` on 2 ranks of 4 cores (real executor), 8 in flight, and in the same run the bare
          `os.posix_spawn` loop of benchmarks/throughput.py: the ratio is taken run by run.
+realjobs the same with N single `/bin/true` jobs through `submit_many` instead of one array.
 
 Prints one JSON document: every run, the medians, and the ratios to window 0 (and to the raw loop) run by run.
 The machine may be shared: compare ratios measured in one run, not absolute rates across runs.
@@ -62,6 +63,16 @@ def jobs8(n: int, window: int, cpu: dict[str, list[float]]) -> float:
         return rate
 
 
+def realjobs(n: int, window: int) -> float:
+    """Jobs/s of n single /bin/true jobs on 2 ranks x IN_FLIGHT/2 cores (real executor), submissions included."""
+    with (local_cluster(2, resources=f"cores={IN_FLIGHT // 2}", dispatch_window=window) as cluster,
+          cluster.client() as client):
+        run_all(client, submit_ids(client, [spec(["/bin/true"])] * 50))  # warm-up: the shape's run time
+        start = time.perf_counter()
+        run_all(client, submit_ids(client, [spec(["/bin/true"])] * n))
+        return n / (time.perf_counter() - start)
+
+
 def real(n: int, window: int) -> float:
     """Tasks/s of an n-element /bin/true array on 2 ranks x IN_FLIGHT/2 cores."""
     with (local_cluster(2, resources=f"cores={IN_FLIGHT // 2}", dispatch_window=window) as cluster,
@@ -96,7 +107,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="small arrays")
     parser.add_argument("--windows", default="0,4", help="dispatch_window settings, comma-separated")
-    parser.add_argument("--only", choices=("slots8", "jobs8", "real"), default=None)
+    parser.add_argument("--only", choices=("slots8", "jobs8", "real", "realjobs"), default=None)
     parser.add_argument("--jobs", type=int, default=None, help="single jobs of the jobs8 case (default 20,000)")
     args = parser.parse_args()
     windows = [int(w) for w in args.windows.split(",")]
@@ -113,6 +124,9 @@ def main() -> None:
         rates = interleaved(args.runs, {f"window{w}": (lambda w=w: jobs8(njobs, w, cpu)) for w in windows})
         results["jobs8"] = {"jobs": njobs, **report(rates, f"window{windows[0]}"),
                             "cpu": {name: {"runs": r, "median": statistics.median(r)} for name, r in cpu.items()}}
+    if args.only in (None, "realjobs"):
+        rates = interleaved(args.runs, {f"window{w}": (lambda w=w: realjobs(nreal, w)) for w in windows})
+        results["realjobs"] = {"jobs": nreal, **report(rates, f"window{windows[0]}")}
     if args.only in (None, "real"):
         contenders: dict[str, Any] = {f"window{w}": (lambda w=w: real(nreal, w)) for w in windows}
         contenders["raw_posix_spawn"] = lambda: spawn_raw(nreal)

@@ -129,7 +129,7 @@ class DispatchWindow:
         if rank in self.limit:
             room = min(room, self.limit[rank] - len(self.by_rank.get(rank, ())))
         while room > 0 and (planned < self.seconds or not length):
-            taken = manager.scheduler.take_ahead_job(self.small)
+            taken = manager.scheduler.take_ahead_job(self.small, tail[0])
             if taken is None:
                 return
             job = manager.jobs[taken.job_id]

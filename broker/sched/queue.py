@@ -418,11 +418,12 @@ class Scheduler:
         else:
             self._running[new] = now + self.default_time_limit
 
-    def take_ahead_job(self, eligible: Callable[[int], bool]) -> SchedJob | None:
-        """The job at the head of the queue, to send ahead behind a busy core (protocol.md §2.10), if it is one
-        task on one core (no GPUs, memory, exclusivity or constraints), `eligible` says yes, no core is free
-        anywhere and its queue's limits leave room for it; taken out of the queue without resources. It later
-        takes over a running job's with `pass_on(..., to_job=)`, or comes back with `drop_ahead` + `enqueue`."""
+    def take_ahead_job(self, eligible: Callable[[int], bool], after: int) -> SchedJob | None:
+        """The job at the head of the queue, to send ahead behind job `after` (running or itself taken) on a busy
+        core (protocol.md §2.10), if it is one task on one core (no GPUs, memory, exclusivity or constraints),
+        `eligible` says yes and no core is free anywhere; taken out of the queue without resources. In a queue
+        with limits only behind a job of the same queue and user: starting in its place keeps the counts. It later
+        takes over a running job's resources with `pass_on(..., to_job=)`, or comes back with `drop_ahead`."""
         if self.graph.cluster.free_cores:
             return None  # it would wait behind a busy core where it could start at once
         head = self._head()
@@ -431,8 +432,10 @@ class Scheduler:
         job = self._pending[head].job
         if job.count != 1 or job.request not in _ONE_CORE or not eligible(head):
             return None
-        if self.limits.room(job.queue, job.user, job.cores, job.gpus, 1)[0] < 1:
-            return None
+        if self.limits.limited(job.queue):
+            before = self._ahead_jobs.get(after) or (self._active[after][0] if after in self._active else None)
+            if before is None or (before.queue, before.user) != (job.queue, job.user):
+                return None
         self.cancel(head)
         self._ahead_jobs[head] = job
         return job
