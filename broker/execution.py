@@ -259,7 +259,7 @@ class Execution:
                     continue
                 counted, cancelled = judged
             if job.state == State.SCHED and flow is None and not job.is_array:
-                self.started_ahead(job, rank, now)  # it started ahead before a restart (protocol.md §2.10)
+                self.window.started_ahead(job, rank, now)  # it started ahead before a restart (protocol.md §2.10)
             job.mark_done(task)
             running = self._untrack((job_id, task))
             self.tasks_ended += 1
@@ -311,7 +311,7 @@ class Execution:
         key, ahead = started
         following = self.manager.jobs[key[0]]  # a single job sent ahead finishes only once it is back or ran
         if following is not job:
-            self.started_ahead(following, ahead.rank, now)
+            self.window.started_ahead(following, ahead.rank, now)
         self.manager.scheduler.pass_on(job.id, running.element, ahead.element, now, to_job=key[0])
         self._track(following, key[1], ahead.rank, ahead.element, now)
         if following.ending or following.state == State.INACTIVE:
@@ -320,16 +320,6 @@ class Execution:
             self.window.fill(job, key, ahead.rank, ahead.cores, ahead.gpus, aheads)
         else:
             self.window.fill_jobs(key, ahead.rank, ahead.cores, ahead.gpus, aheads)
-
-    def started_ahead(self, job: Job, rank: int, now: float) -> None:
-        """A single job sent ahead (or, after a restart, one the journal still holds as queued) started on
-        `rank`: its `alloc` and `start` come now, after its task (protocol.md §2.10)."""
-        if job.state != State.SCHED:
-            return
-        self.manager.scheduler.cancel(job.id)  # queued again after a restart, if its worker came back late
-        job.t_run = now
-        self.manager.post(job, "alloc", {"ranks": str(rank)})
-        self.manager.post(job, "start")
 
     def _count_unrecorded(self, fut: asyncio.Future[None], count: int) -> None:
         """Results recorded but not yet durable, the window's measure of a lagging journal."""

@@ -183,6 +183,17 @@ class DispatchWindow:
         else:
             shapes[shape] = mean + SHAPE_WEIGHT * (seconds - mean)
 
+    def started_ahead(self, job: Job, rank: int, now: float) -> None:
+        """A single job sent ahead (or, after a restart, one the journal still holds as queued) started on
+        `rank`: its `alloc` and `start` come now, after its task."""
+        if job.state != State.SCHED:
+            return
+        manager = self.execution.manager
+        manager.scheduler.cancel(job.id)  # queued again after a restart, if its worker came back late
+        job.t_run = now
+        manager.post(job, "alloc", {"ranks": str(rank)})
+        manager.post(job, "start")
+
     def waits(self, job: Job) -> bool:
         """A single job sent ahead and neither started nor given back yet."""
         return not job.is_array and job.id in self.by_job
