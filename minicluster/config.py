@@ -70,6 +70,9 @@ class InstanceConfig:
     # `dispatch_window` (0: none) and as many as take about `dispatch_window_seconds` to run.
     dispatch_window: int = 32
     dispatch_window_seconds: float = 0.05
+    # Spawn helper processes per rank (docs/architecture.md, "Spawn helpers"): a number (0: tasks are spawned on
+    # the agent's event loop), or "auto": none on small nodes, more with the node's cores (worker/helpers.py).
+    spawn_helpers: int | str = "auto"
     # Properties and resource override for workers, "k=v,k2" / "cores=64,gpus=4".
     properties: str = ""
     resources: str = ""
@@ -101,6 +104,9 @@ class InstanceConfig:
             raise ConfigError("dispatch_window and dispatch_window_seconds must be >= 0")
         if not self.broker_runs_tasks and self.tree_size == 1:
             raise ConfigError("broker_runs_tasks = false leaves no rank to run tasks: size (or max_size) must be >= 2")
+        if not (self.spawn_helpers == "auto" or (type(self.spawn_helpers) is int and 0 <= self.spawn_helpers <= 256)):
+            raise ConfigError(f"spawn_helpers must be \"auto\" or a number of helpers per rank from 0 to 256,"
+                              f" got {self.spawn_helpers!r}")
         if not self.endpoint.startswith(("tcp://", "ipc://")):
             raise ConfigError(f"endpoint must be tcp:// or ipc://, got {self.endpoint!r}")
         try:
@@ -240,6 +246,9 @@ def from_mapping(data: dict[str, Any], source: str = "config") -> InstanceConfig
     values: dict[str, Any] = {}
     for key, value in data.items():
         expected = type(getattr(_DEFAULTS, key))
+        if key in _ANY_TYPE:  # its own check says what it accepts
+            values[key] = value
+            continue
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
@@ -249,6 +258,7 @@ def from_mapping(data: dict[str, Any], source: str = "config") -> InstanceConfig
 
 
 _DEFAULTS = InstanceConfig()
+_ANY_TYPE = frozenset({"spawn_helpers"})  # a number or a word
 
 
 def write(config: InstanceConfig, path: str | os.PathLike[str]) -> None:

@@ -21,6 +21,7 @@ from minicluster.model.text import cut
 from minicluster.proto import messages, topology
 from minicluster.proto.envelope import BadMessage, Message
 from worker.containment import contain
+from worker.helpers import helper_count
 from worker.executor import STATUS_CANNOT_RUN, STATUS_NOT_FOUND, TaskExecutor, TaskResult, TaskSpec, TestExecutor
 from worker.lines import LineBuffers
 from worker.memlimit import MemoryLimits, TaskMemoryGroup
@@ -69,7 +70,8 @@ class WorkerAgent:
             self.executor: TaskExecutor | TestExecutor = TestExecutor(self.lines.feed, self._on_exit)
         else:
             self.executor = TaskExecutor(self.lines.feed, self._on_exit, pidfile=pidfile,
-                                         containment=contain(config.state_dir, rank))
+                                         containment=contain(config.state_dir, rank),
+                                         spawn_helpers=self._spawn_helpers(config, resources))
         self.pmi = PMIJobs(rank, send)
         self.stdin = StdinPipes()
         # --mem is a limit where this worker may make memory cgroups, else a scheduling hint.
@@ -106,6 +108,13 @@ class WorkerAgent:
         self._flush_scheduled = False
         self._hb_seq = 0
         self._stopping: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _spawn_helpers(config: InstanceConfig, resources: NodeResources) -> int:
+        """Helpers for this rank: `auto` counts the cores it really has, not a resource override's (tests,
+        benchmarks pretend to have 64 cores on 2)."""
+        cores = len(os.sched_getaffinity(0)) if config.resources else len(resources.cores)
+        return helper_count(config.spawn_helpers, cores)
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from worker.memlimit import write_control
+from worker.spawn import in_cgroup
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,6 @@ class CgroupTasks:
     def __init__(self, own: Path, base: Path) -> None:
         self.own = own
         self.base = base
-        self._own_procs = str(own / "cgroup.procs")
         self._groups: dict[Key, str] = {}  # the group of each task spawned and not yet killed
         self._spare: list[str] = []  # empty groups of ended tasks, for the next ones
         self._made = 0
@@ -118,19 +118,26 @@ class CgroupTasks:
     @contextlib.contextmanager
     def spawning(self, key: Key) -> Iterator[None]:
         """Give the task a group and hold this process in it while the task is spawned."""
-        group = self._new_group(key)
+        group = self.take(key)
         try:
-            write_control(os.path.join(group, "cgroup.procs"), str(os.getpid()))
-            try:
+            with in_cgroup(group, str(self.own)):
                 yield
-            finally:
-                write_control(self._own_procs, str(os.getpid()))
         except BaseException:
-            # No task started in it. Not reused: what failed may be the group itself (a task run as root can
-            # change its group, e.g. enable controllers in it, and then no process can join it).
-            self._remove(group, tries=40)
+            self.abandon(key)
             raise
+
+    def take(self, key: Key) -> str:
+        """The group the task is to be spawned in (by this process, or by a spawn helper that joins it)."""
+        group = self._new_group(key)
         self._groups[key] = group
+        return group
+
+    def abandon(self, key: Key) -> None:
+        """No task started in the group taken for `key`. Not reused: what failed may be the group itself (a task
+        run as root can change its group, e.g. enable controllers in it, and then no process can join it)."""
+        group = self._groups.pop(key, None)
+        if group is not None:
+            self._remove(group, tries=40)
 
     def _new_group(self, key: Key) -> str:
         old = self._groups.pop(key, None)
@@ -149,15 +156,16 @@ class CgroupTasks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
-    def kill(self, key: Key) -> None:
-        """SIGKILL everything left in the task's group and remove it, or keep it for the next task if empty."""
+    def kill(self, key: Key, empty: bool = False) -> None:
+        """SIGKILL everything left in the task's group and remove it, or keep it for the next task if empty.
+        `empty`: known to be (a spawn helper read it when it reaped the task; nothing can enter an empty group)."""
         group = self._groups.pop(key, None)
         if group is not None:
-            self._end(group)
+            self._end(group, empty)
 
-    def _end(self, group: str) -> None:
+    def _end(self, group: str, empty: bool = False) -> None:
         # Most tasks leave nothing behind (this runs once per task): one read says so, and the group is reused.
-        if not _populated(group):
+        if empty or not populated(group):
             if len(self._spare) < SPARE_GROUPS:  # a group the task made below it, empty too, may stay
                 self._spare.append(group)
             else:
@@ -340,13 +348,17 @@ def _subgroups(group: Path | str) -> list[str]:
     return found
 
 
-def _populated(group: str) -> bool:
+def populated(group: str) -> bool:
     """Whether any process is in `group` or below it (cgroup.events); a missing group holds none."""
     try:
-        with open(os.path.join(group, "cgroup.events"), "rb") as f:
-            return b"populated 1" in f.read()
+        # os.open/os.read, not open(): this runs once per task and the buffered file object costs more.
+        fd = os.open(os.path.join(group, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
+    try:
+        return b"populated 1" in os.read(fd, 4096)
+    finally:
+        os.close(fd)
 
 
 def _rmdir_when_empty(group: Path, seconds: float = 2.0) -> None:

@@ -1,9 +1,11 @@
 """Task execution on a worker: spawn, bind, capture, reap and kill real processes.
 
 Everything here runs on the worker's single asyncio event loop and never
-blocks it: processes are started with posix_spawn (no fork of the big worker
-process), reaped through pidfds registered with the loop (no SIGCHLD handler,
-no thread per child), and their output is read from non-blocking pipes.
+blocks it: processes are started with posix_spawn (worker/spawn.py: no fork
+of the big worker process), either on the loop or by spawn helper processes
+(worker/helpers.py), which reap theirs and report how they ended.  Tasks
+spawned on the loop are reaped through pidfds registered with the loop (no
+SIGCHLD handler, no thread per child); output is read from non-blocking pipes.
 Each task leads its own session/process group so signals reach grandchildren.
 
 `TestExecutor` has the same interface but spawns nothing; it exists so the
@@ -12,28 +14,26 @@ control plane can be benchmarked at rates real processes cannot reach.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import dataclasses
 import resource
-import errno
 import functools
 import logging
 import os
-import shutil
 import signal as _signal
-import threading
 import time
-from dataclasses import dataclass
-from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 
 from minicluster.model.idset import IdSet, IdSetError
-from minicluster.model.text import cut
-from worker.asuser import acting_as_user
 from worker.containment import CgroupTasks, Subreaper, kill_orphans, starttime
 from worker.fdwatch import FdWatch
+from worker.helpers import LARGEST_ORDER, SpawnHelpers
 from worker.jobenv import accelerator_env
 from worker.memlimit import TaskMemoryGroup
+from worker.spawn import STATUS_CANNOT_RUN, STATUS_NOT_FOUND, Order, SpawnError, Spawner, killpg
+from worker.spawnhelper import Request
+
+__all__ = ["STATUS_CANNOT_RUN", "STATUS_NOT_FOUND", "TaskExecutor", "TaskResult", "TaskSpec", "TestExecutor"]
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,6 @@ TaskKey = tuple[int, int]
 
 READ_CHUNK = 64 * 1024
 DRAIN_SECONDS = 0.5  # how long output may trail the exit of a task's main process
-STATUS_NOT_FOUND = 127
-STATUS_CANNOT_RUN = 126  # also used for every other spawn-time failure (cwd, cores, files)
-
-_CLONE_FS = 0x200
-# Python ignores SIGPIPE (and maybe more); ignored dispositions survive exec.
-_RESET_SIGNALS = tuple(sorted(_signal.valid_signals() - {_signal.SIGKILL, _signal.SIGSTOP}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,26 +81,26 @@ OnOutput = Callable[[TaskKey, str, bytes], None]
 OnExit = Callable[[TaskResult], None]
 
 
-class _SpawnError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 @dataclass(slots=True, eq=False)
 class _Task:
     key: TaskKey
-    pid: int
-    pidfd: int
+    pid: int  # 0 while a spawn helper has not reported it spawned
+    pidfd: int  # -1 for a helper's task: the helper reaps it
     pipes: dict[int, str]  # read end -> "stdout" | "stderr"
     started: float
-    starttime: int | None  # from /proc, for the orphan pidfile
+    starttime: int | None = None  # from /proc, for the orphan pidfile
     ended: float = 0.0
     waitstatus: int | None = None
-    rusage: resource.struct_rusage | None = None  # wait4's, for the task's CPU time and peak RSS
+    lost: str | None = None  # why its exit status is not known
+    group_empty: bool = False  # its cgroup was empty when its helper reaped it
+    # Accounting: utime + stime of the task and the children it waited for, and its peak RSS in KiB.
+    cpu: float = 0.0
+    max_rss: int = 0
     # This process's peak RSS when it spawned the task: posix_spawn's child shares our memory until it execs,
     # and the kernel keeps that high-water mark in the child's ru_maxrss.
     spawner_rss: int = 0
+    # Sent while a helper spawns it: (signal, grace), a grace for a terminate; replayed once it runs.
+    pending: list[tuple[int, float | None]] = field(default_factory=list)
     kill_timer: asyncio.TimerHandle | None = None
     drain_timer: asyncio.TimerHandle | None = None
 
@@ -152,7 +146,7 @@ class _Executor:
 
 class TaskExecutor(_Executor):
     def __init__(self, on_output: OnOutput, on_exit: OnExit, pidfile: str | None = None,
-                 containment: CgroupTasks | Subreaper | None = None) -> None:
+                 containment: CgroupTasks | Subreaper | None = None, spawn_helpers: int = 0) -> None:
         super().__init__(on_exit)
         self._on_output = on_output
         if pidfile and os.path.exists(pidfile):
@@ -167,44 +161,66 @@ class TaskExecutor(_Executor):
         self._next_sweep: asyncio.TimerHandle | None = None
         self._pidfile_fd: int | None = None
         self._pidfile_lines = 0
-        self._allowed_cores = frozenset(os.sched_getaffinity(0))
-        self._watch = FdWatch()  # every task's pidfd and output pipes
-        # The cores the loop thread is bound to while it spawns; None: all of _allowed_cores (see _bind).
-        self._bound: frozenset[int] | None = None
-        self._private_cwd_threads: set[int] = set()
+        self._watch = FdWatch()  # every task's pidfd and output pipes, and the helpers' channels
+        self._spawner = Spawner(threads_share_cwd=True)
+        self._unbind_scheduled = False
+        self._helper_count = spawn_helpers
+        self._helpers: SpawnHelpers | None = None  # started with the first task
 
     def start(self, spec: TaskSpec) -> int | None:
+        """Spawn the task; its pid, or None when a helper spawns it or it failed (on_exit says how it ends)."""
         loop = self._check_new(spec.key)
         started = time.time()
+        order = Order(spec.argv, accelerator_env(spec.env, spec.gpus), spec.cwd, spec.cores, spec.user,
+                      spec.stdout_path, spec.stderr_path, spec.pass_fds)
         try:
-            pid, pidfd, pipes = self._spawn(spec)
-        except _SpawnError as e:
+            pipes, writes = _pipes(order)
+        except SpawnError as e:
             self._fail_soon(loop, spec.key, e.status, str(e), started)
             return None
-        task = _Task(spec.key, pid, pidfd, pipes, started,
-                     starttime(pid) if self._pidfile else None)
+        if self._helper_count and order.size() <= LARGEST_ORDER:
+            self._start_in_helper(spec, order, started, pipes, writes)
+            return None
+        try:
+            pid = self._spawn_here(spec, order, pipes, writes)
+            pidfd = _pidfd_or_kill(pid, pipes)
+        except SpawnError as e:
+            self._fail_soon(loop, spec.key, e.status, str(e), started)
+            return None
+        task = _Task(spec.key, pid, pidfd, pipes, started, starttime(pid) if self._pidfile else None)
         task.spawner_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        self._tasks[spec.key] = task
-        self._watch.add(pidfd, functools.partial(self._on_pidfd, task))
-        for fd in pipes:
-            self._watch.add(fd, functools.partial(self._on_pipe, task, fd))
+        self._add(task)
         self._record_pid(task)
         return pid
 
+    def _add(self, task: _Task) -> None:
+        self._tasks[task.key] = task
+        if task.pidfd >= 0:
+            self._watch.add(task.pidfd, functools.partial(self._on_pidfd, task))
+        for fd in task.pipes:
+            self._watch.add(fd, functools.partial(self._on_pipe, task, fd))
+
     def signal(self, key: TaskKey, sig: int) -> None:
         task = self._tasks.get(key)
-        if task is not None:
-            self._signal_all(task, sig)
+        if task is None:
+            return
+        if not task.pid:
+            task.pending.append((sig, None))
+            return
+        self._signal_all(task, sig)
 
     def _signal_all(self, task: _Task, sig: int) -> None:
         """The task's process group, and in a cgroup tree also what left that group."""
-        _killpg(task.pid, sig)
+        killpg(task.pid, sig)
         if isinstance(self._contained, CgroupTasks):
             self._contained.signal(task.key, sig)
 
     def terminate(self, key: TaskKey, grace: float) -> None:
         task = self._tasks.get(key)
         if task is None:
+            return
+        if not task.pid:
+            task.pending.append((_signal.SIGTERM, grace))
             return
         if grace <= 0:
             self._signal_all(task, _signal.SIGKILL)
@@ -219,124 +235,132 @@ class TaskExecutor(_Executor):
         await super().shutdown(grace)
         if self._next_sweep is not None:
             self._next_sweep.cancel()
+        if self._helpers is not None:
+            await self._helpers.close()
         self._watch.close()
         self._write_pidfile()
         if isinstance(self._contained, CgroupTasks):
             self._contained.close()
 
-    # -- spawning ---------------------------------------------------------
+    # -- spawning on the loop -----------------------------------------------
 
-    def _spawn(self, spec: TaskSpec) -> tuple[int, int, dict[int, str]]:
-        path = _resolve(spec)
-        if spec.cwd is not None and not _is_dir(spec.cwd, spec.user):
-            raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(spec.cwd)}: no such directory")
-        bad = sorted(set(spec.cores) - self._allowed_cores)
-        if bad:
-            raise _SpawnError(STATUS_CANNOT_RUN, f"cores {bad} are not in this worker's"
-                              f" allowed set {sorted(self._allowed_cores)}")
-        if any(fd < 3 for fd in spec.pass_fds):
-            raise _SpawnError(STATUS_CANNOT_RUN, f"pass_fds {spec.pass_fds}: 0-2 are taken")
-        env = accelerator_env(spec.env, spec.gpus)
-        pipes: dict[int, str] = {}
-        child_fds: list[int] = []
+    def _spawn_here(self, spec: TaskSpec, order: Order, pipes: dict[int, str],
+                    writes: tuple[int | None, int | None]) -> int:
+        groups: list[AbstractContextManager[None]] = []
+        if spec.memory_group is not None:
+            groups.append(spec.memory_group.spawning())
+        if isinstance(self._contained, CgroupTasks):
+            groups.append(self._contained.spawning(spec.key))
         try:
-            child_fds.append(_open_output("stdout", spec.stdout_path, pipes, spec.user))
-            if spec.stderr_path is not None and spec.stderr_path == spec.stdout_path:
-                child_fds.append(_dup_output(child_fds[0]))  # one file for both (--output): opened once
-            else:
-                child_fds.append(_open_output("stderr", spec.stderr_path, pipes, spec.user))
-            stdin = ((os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0) if spec.stdin_fd is None
-                     else (os.POSIX_SPAWN_DUP2, spec.stdin_fd, 0))
-            actions = [stdin,
-                       (os.POSIX_SPAWN_DUP2, child_fds[0], 1),
-                       (os.POSIX_SPAWN_DUP2, child_fds[1], 2)]
-            # dup2 onto itself clears close-on-exec in the child only.
-            actions += [(os.POSIX_SPAWN_DUP2, fd, fd) for fd in spec.pass_fds]
-            pid = self._spawn_bound(path, spec, env, actions)
+            return self._spawner.spawn(order, spec.stdin_fd, writes, spec.pass_fds, groups)
         except BaseException:
-            for fd in pipes:
-                os.close(fd)
+            _close(pipes)
             raise
         finally:
-            for fd in child_fds:
-                os.close(fd)
-        return pid, _pidfd_or_kill(pid, pipes), pipes
-
-    def _spawn_bound(self, path: str, spec: TaskSpec, env: dict[str, str],
-                     actions: list[tuple]) -> int:
-        # posix_spawn can set neither affinity nor cwd, and the child copies
-        # both from the calling thread, so the thread wears them briefly.
-        # Affinity is per-thread on Linux; cwd is made per-thread by unshare.
-        saved_cwd = None
-        try:
-            if spec.cores:
-                self._bind(frozenset(spec.cores))
-            if spec.cwd is not None:
-                self._make_cwd_private()
-                saved_cwd = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
-                _chdir(spec.cwd, spec.user)
-            with spec.memory_group.spawning() if spec.memory_group else contextlib.nullcontext(), \
-                    self._contained.spawning(spec.key) if isinstance(self._contained, CgroupTasks) \
-                    else contextlib.nullcontext():
-                return os.posix_spawn(path, list(spec.argv), env, file_actions=actions,
-                                      setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
-        except OSError as e:
-            status = STATUS_NOT_FOUND if e.errno == errno.ENOENT else STATUS_CANNOT_RUN
-            raise _SpawnError(status, f"{cut(spec.argv[0])}: {e.strerror}") from None
-        except ValueError as e:  # a NUL byte in argv or env, or '=' in an env name: nothing execve could carry
-            raise _SpawnError(STATUS_CANNOT_RUN, f"{cut(spec.argv[0])}: {e}") from None
-        finally:
-            if saved_cwd is not None:
-                os.fchdir(saved_cwd)
-                os.close(saved_cwd)
-
-    def _bind(self, cores: frozenset[int]) -> None:
-        """Bind the loop thread to `cores` for the next spawn: once per batch of spawns, not twice per task.
-
-        Every sched_setaffinity migrates the thread to another CPU.  So the mask stays on while the spawns of one
-        loop iteration (a `run` message) go on, and the worker's own mask is put back once, after them; tasks on
-        the same cores (or on all of the worker's) need no change at all.
-        """
-        current = self._bound or self._allowed_cores
-        if cores == current:
-            return
-        os.sched_setaffinity(0, cores)
-        if self._bound is None:
-            asyncio.get_running_loop().call_soon(self._unbind)
-        self._bound = cores
+            _close(writes)
+            # One affinity change per batch: the loop thread keeps a task's mask while the spawns of one loop
+            # iteration (a `run` message) go on, and gets the worker's back once, after them.
+            if self._spawner.bound and not self._unbind_scheduled:
+                self._unbind_scheduled = True
+                asyncio.get_running_loop().call_soon(self._unbind)
 
     def _unbind(self) -> None:
-        if self._bound is not None:
-            self._bound = None
-            os.sched_setaffinity(0, self._allowed_cores)
+        self._unbind_scheduled = False
+        self._spawner.unbind()
 
-    def _make_cwd_private(self) -> None:
-        tid = threading.get_ident()
-        if tid in self._private_cwd_threads:
+    # -- spawning in a helper -----------------------------------------------
+
+    def _start_in_helper(self, spec: TaskSpec, order: Order, started: float, pipes: dict[int, str],
+                         writes: tuple[int | None, int | None]) -> None:
+        fds: list[int] = []
+        try:
+            # Ours to hand over, in the request's order: the caller closes its own fds when start returns.
+            if spec.stdin_fd is not None:
+                fds.append(os.dup(spec.stdin_fd))
+            fds += [fd for fd in writes if fd is not None]
+            writes = (None, None)
+            fds += [os.dup(fd) for fd in spec.pass_fds]
+        except OSError as e:
+            _close([*fds, *writes, *pipes])
+            self._fail_soon(asyncio.get_running_loop(), spec.key, STATUS_CANNOT_RUN, f"dup: {e.strerror}", started)
             return
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_FS) != 0:
-            log.warning("unshare(CLONE_FS) failed (%s): other threads may briefly see"
-                        " a task's cwd", os.strerror(ctypes.get_errno()))
-        self._private_cwd_threads.add(tid)
+        if self._helpers is None:
+            self._helpers = SpawnHelpers(self._helper_count, _home(self._contained), self._pidfile is not None,
+                                         self._watch, self._on_reports, self._on_lost)
+        group = self._contained.take(spec.key) if isinstance(self._contained, CgroupTasks) else None
+        memory = spec.memory_group
+        request = Request(spec.key, order, spec.stdin_fd is not None,
+                          (order.stdout_path is None, order.stderr_path is None), group,
+                          (str(memory.path), str(memory.parent), memory.limit_mb) if memory else None)
+        self._add(_Task(spec.key, 0, -1, pipes, started))
+        self._helpers.send(request, fds)
+
+    def _on_reports(self, reports: list[list]) -> None:
+        """What a helper did: "s" spawned (pid, start time), "f" failed (status, why), "x" exited."""
+        for kind, job, number, *rest in reports:
+            task = self._tasks.get((job, number))
+            if task is None or task.ended:
+                continue
+            if kind == "s":
+                task.pid, task.starttime = rest
+                self._record_pid(task)
+                for sig, grace in task.pending:  # sent while it was being spawned
+                    if grace is None:
+                        self.signal(task.key, sig)
+                    else:
+                        self.terminate(task.key, grace)
+                task.pending.clear()
+            elif kind == "f":
+                status, error = rest
+                for fd in list(task.pipes):
+                    self._close_pipe(task, fd)
+                if isinstance(self._contained, CgroupTasks):
+                    self._contained.abandon(task.key)
+                del self._tasks[task.key]
+                self._release(task)
+                self._report(TaskResult(task.key, status, None, None, error, None, task.started, time.time()))
+            else:
+                task.waitstatus, task.cpu, task.max_rss, task.ended, task.group_empty = rest
+                self._exited(task)
+
+    def _on_lost(self, keys: set[TaskKey], reason: str) -> None:
+        """A helper died with these tasks: their exit statuses are lost, and what they left is killed."""
+        for key in keys:
+            task = self._tasks.get(key)
+            if task is None or task.ended:
+                continue
+            task.lost = f"{reason}: exit status lost"
+            task.ended = time.time()
+            self._finish(task)
+
+    def _release(self, task: _Task) -> None:
+        if self._helpers is not None and task.pidfd < 0:
+            self._helpers.ended(task.key)
 
     # -- reaping and output -----------------------------------------------
 
     def _on_pidfd(self, task: _Task) -> None:
         try:
-            pid, status, task.rusage = os.wait4(task.pid, os.WNOHANG)
+            pid, status, rusage = os.wait4(task.pid, os.WNOHANG)
         except ChildProcessError:
-            pid, status = task.pid, None  # reaped behind our back: status unknown
+            pid, status, rusage = task.pid, None, None  # reaped behind our back: status unknown
         if pid == 0:
             return
-        loop = asyncio.get_running_loop()
         self._watch.remove(task.pidfd)
         os.close(task.pidfd)
         task.ended = time.time()
         task.waitstatus = status
+        if rusage is not None:
+            task.cpu = rusage.ru_utime + rusage.ru_stime
+            # ru_maxrss (KiB) is the largest single process among the task and the children it waited for, but
+            # never less than the spawner's own peak (see spawner_rss): only a larger value is the task's.
+            task.max_rss = rusage.ru_maxrss if rusage.ru_maxrss > task.spawner_rss else 0
+        self._exited(task)
+
+    def _exited(self, task: _Task) -> None:
         if task.pipes:
             # A background grandchild may hold the pipes open indefinitely.
-            task.drain_timer = loop.call_later(DRAIN_SECONDS, self._finish, task)
+            task.drain_timer = asyncio.get_running_loop().call_later(DRAIN_SECONDS, self._finish, task)
         else:
             self._finish(task)
 
@@ -373,10 +397,12 @@ class TaskExecutor(_Executor):
                 self._on_output(task.key, name, data)
             self._close_pipe(task, fd)
         # Leftover group members would otherwise outlive the task unaccounted.
-        _killpg(task.pid, _signal.SIGKILL)
+        if task.pid:
+            killpg(task.pid, _signal.SIGKILL)
         del self._tasks[task.key]
+        self._release(task)
         if isinstance(self._contained, CgroupTasks):
-            self._contained.kill(task.key)
+            self._contained.kill(task.key, task.group_empty)
         elif self._contained is not None:
             self._sweep_orphans()
         if self._pidfile_lines > 2 * len(self._tasks) + 256:
@@ -419,7 +445,7 @@ class TaskExecutor(_Executor):
             return
         tmp = f"{self._pidfile}.tmp"
         with open(tmp, "w") as f:
-            f.writelines(f"{t.pid} {t.pid} {t.starttime}\n" for t in self._tasks.values())
+            f.writelines(f"{t.pid} {t.pid} {t.starttime}\n" for t in self._tasks.values() if t.pid)
         os.replace(tmp, self._pidfile)
         if self._pidfile_fd is not None:
             os.close(self._pidfile_fd)
@@ -427,66 +453,34 @@ class TaskExecutor(_Executor):
         self._pidfile_lines = len(self._tasks)
 
 
-def _resolve(spec: TaskSpec) -> str:
-    """argv[0] looked up like execvp, but with the task's PATH and cwd."""
-    if not spec.argv:
-        raise _SpawnError(STATUS_NOT_FOUND, "empty argv")
-    name = spec.argv[0]
-    if "/" in name:
-        candidates = [os.path.join(spec.cwd or "", name)]
-    else:
-        search = spec.env.get("PATH", os.defpath)
-        found = shutil.which(name, path=search)
-        if found:
-            return os.path.abspath(found)
-        candidates = [os.path.join(d or ".", name) for d in search.split(os.pathsep)]
-    for c in candidates:
-        if os.path.isfile(c):
-            if os.access(c, os.X_OK):
-                return os.path.abspath(c)
-            raise _SpawnError(STATUS_CANNOT_RUN, f"{cut(name)}: permission denied")
-    raise _SpawnError(STATUS_NOT_FOUND, f"{cut(name)}: command not found")
-
-
-def _is_dir(path: str, user: tuple[int, int] | None) -> bool:
-    """Whether `path` is a directory, as `user` sees it: a guest learns nothing of what it may not look into."""
-    try:
-        with acting_as_user(user):
-            return os.path.isdir(path)
-    except OSError as e:
-        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(path)}: {e}") from None
-
-
-def _chdir(cwd: str, user: tuple[int, int] | None) -> None:
-    try:
-        with acting_as_user(user):
-            os.chdir(cwd)
-    except OSError as e:
-        raise _SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(cwd)}: {e.strerror}") from None
-
-
-def _open_output(name: str, path: str | None, pipes: dict[int, str], user: tuple[int, int] | None) -> int:
-    """The fd the child gets as stdout/stderr, a file opened as `user`; pipe read ends are added to `pipes`."""
-    if path is not None:
+def _pipes(order: Order) -> tuple[dict[int, str], tuple[int | None, int | None]]:
+    """Pipes for the streams without a file: their read ends (ours, non-blocking) and write ends (the task's)."""
+    pipes: dict[int, str] = {}
+    writes: list[int | None] = []
+    for name, path in (("stdout", order.stdout_path), ("stderr", order.stderr_path)):
+        if path is not None:
+            writes.append(None)
+            continue
         try:
-            with acting_as_user(user):
-                return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
-        except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
-            raise _SpawnError(STATUS_CANNOT_RUN, f"{name} {cut(path)}: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        r, w = os.pipe2(os.O_CLOEXEC)
-    except OSError as e:  # EMFILE: the worker is out of fds, not the user's fault
-        raise _SpawnError(STATUS_CANNOT_RUN, f"{name} pipe: {e.strerror}") from None
-    os.set_blocking(r, False)  # not O_NONBLOCK on pipe2: the child's end must block
-    pipes[r] = name
-    return w
+            r, w = os.pipe2(os.O_CLOEXEC)
+        except OSError as e:  # EMFILE: the worker is out of fds, not the user's fault
+            _close([*pipes, *writes])
+            raise SpawnError(STATUS_CANNOT_RUN, f"{name} pipe: {e.strerror}") from None
+        os.set_blocking(r, False)  # not O_NONBLOCK on pipe2: the child's end must block
+        pipes[r] = name
+        writes.append(w)
+    return pipes, (writes[0], writes[1])
 
 
-def _dup_output(fd: int) -> int:
-    try:
-        return os.dup(fd)  # close-on-exec, like every fd of ours: the child gets it by its file action only
-    except OSError as e:
-        raise _SpawnError(STATUS_CANNOT_RUN, f"stderr: {e.strerror}") from None
+def _close(fds: Iterable[int | None]) -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
+
+
+def _home(contained: CgroupTasks | Subreaper | None) -> str | None:
+    """The cgroup a helper goes back to after a spawn in a task's group: the worker's own, where it starts."""
+    return str(contained.own) if isinstance(contained, CgroupTasks) else None
 
 
 def _pidfd_or_kill(pid: int, pipes: dict[int, str]) -> int:
@@ -494,44 +488,27 @@ def _pidfd_or_kill(pid: int, pipes: dict[int, str]) -> int:
         return os.pidfd_open(pid)
     except OSError as e:
         # Without a pidfd we cannot reap without blocking: undo the spawn.
-        _killpg(pid, _signal.SIGKILL)
+        killpg(pid, _signal.SIGKILL)
         os.waitpid(pid, 0)
-        for fd in pipes:
-            os.close(fd)
-        raise _SpawnError(STATUS_CANNOT_RUN, f"pidfd_open: {e.strerror}") from None
+        _close(pipes)
+        raise SpawnError(STATUS_CANNOT_RUN, f"pidfd_open: {e.strerror}") from None
 
 
 def _result(task: _Task) -> TaskResult:
     ws = task.waitstatus
     if ws is None:
-        return TaskResult(task.key, 255, None, None, "exit status lost (reaped elsewhere)",
-                          task.pid, task.started, task.ended)
+        return TaskResult(task.key, 255, None, None, task.lost or "exit status lost (reaped elsewhere)",
+                          task.pid or None, task.started, task.ended)
     if os.WIFSIGNALED(ws):
-        result = _exited(task.key, task.pid, None, os.WTERMSIG(ws), task.started, task.ended)
-    else:
-        result = _exited(task.key, task.pid, os.WEXITSTATUS(ws), None, task.started, task.ended)
-    ru = task.rusage
-    if ru is None:
-        return result
-    # ru_maxrss (KiB) is the largest single process among the task and the children it waited for, but never less
-    # than the spawner's own peak (see spawner_rss): only a larger value is the task's; else it is not known here.
-    rss = ru.ru_maxrss if ru.ru_maxrss > task.spawner_rss else 0
-    return dataclasses.replace(result, cpu=ru.ru_utime + ru.ru_stime, max_rss=rss)
+        return _exited(task.key, task.pid, None, os.WTERMSIG(ws), task.started, task.ended, task.cpu, task.max_rss)
+    return _exited(task.key, task.pid, os.WEXITSTATUS(ws), None, task.started, task.ended, task.cpu, task.max_rss)
 
 
 def _exited(key: TaskKey, pid: int, code: int | None, sig: int | None,
-            started: float, ended: float) -> TaskResult:
+            started: float, ended: float, cpu: float = 0.0, max_rss: int = 0) -> TaskResult:
     # Exactly one of code and sig is given (os.WIFSIGNALED decides which).
     status = 128 + sig if sig is not None else code if code is not None else 0
-    return TaskResult(key, status, code, sig, None, pid, started, ended)
-
-
-def _killpg(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except ProcessLookupError:
-        return False
+    return TaskResult(key, status, code, sig, None, pid, started, ended, cpu, max_rss)
 
 
 # -- mock execution ----------------------------------------------------------

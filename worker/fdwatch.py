@@ -25,6 +25,9 @@ class FdWatch:
         self._epoll.register(fd, select.EPOLLIN)
         self._callbacks[fd] = callback
 
+    def __contains__(self, fd: int) -> bool:
+        return fd in self._callbacks
+
     def remove(self, fd: int) -> None:
         """Stop watching `fd`; call before closing it."""
         del self._callbacks[fd]

@@ -73,8 +73,9 @@ def escaped_pid(out: Path) -> int:
     return pid
 
 
-def test_an_escaped_child_ends_with_its_task_and_with_a_cancel(tmp_path: Path) -> None:
-    with LocalCluster(tmp_path / "mc", size=2) as cluster, cluster.client() as c:
+@pytest.mark.parametrize("helpers", [0, 1])
+def test_an_escaped_child_ends_with_its_task_and_with_a_cancel(tmp_path: Path, helpers: int) -> None:
+    with LocalCluster(tmp_path / "mc", size=2, spawn_helpers=helpers) as cluster, cluster.client() as c:
         spec, out = escaping_task(tmp_path, "ends", 0.2)
         ends = c.submit(spec)
         pid = escaped_pid(out)
@@ -90,8 +91,9 @@ def test_an_escaped_child_ends_with_its_task_and_with_a_cancel(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_rank_0_tasks_do_not_survive_a_broker_kill(tmp_path: Path) -> None:
-    cluster = LocalCluster(tmp_path / "mc", size=1, resources="cores=1")
+@pytest.mark.parametrize("helpers", [0, 1])
+def test_rank_0_tasks_do_not_survive_a_broker_kill(tmp_path: Path, helpers: int) -> None:
+    cluster = LocalCluster(tmp_path / "mc", size=1, resources="cores=1", spawn_helpers=helpers)
     try:
         cluster.start()
         with cluster.client() as c:
@@ -101,7 +103,9 @@ def test_rank_0_tasks_do_not_survive_a_broker_kill(tmp_path: Path) -> None:
             escapee = escaped_pid(out)
             task = int(Path(f"{out}.task").read_text())
         cluster.kill(0)
-        assert alive(task) and alive(escapee)
+        # A spawn helper kills its tasks' process groups when its agent goes (docs/architecture.md, "Spawn
+        # helpers"); what left the group waits for the rank's next run, as without helpers.
+        assert (gone(task) if helpers else alive(task)) and alive(escapee)
         cluster.restart(0)
         assert gone(task, timeout=1) and gone(escapee, timeout=1), "the restarted broker left rank 0's tasks running"
         with cluster.client() as c:
@@ -124,7 +128,7 @@ SUBREAPER = textwrap.dedent("""
             ended.append(r)
             if len(ended) == 2:
                 both.set_result(None)
-        ex = TaskExecutor(lambda *a: None, result, containment=Subreaper())
+        ex = TaskExecutor(lambda *a: None, result, containment=Subreaper(), spawn_helpers=int(sys.argv[3]))
         env = {"PATH": "/usr/bin:/bin", "MC_JOB_ID": "7", "MC_TASK_RANK": "0"}
         ex.start(TaskSpec((7, 0), (sys.executable, "-c", sys.argv[1], sys.argv[2], "0.2"), env))
         # A child left in the task's own group: killed with it at its end, an orphan of ours by then.
@@ -143,10 +147,11 @@ SUBREAPER = textwrap.dedent("""
 """)
 
 
-def test_a_subreaper_kills_what_escaped_an_ended_task(tmp_path: Path) -> None:
+@pytest.mark.parametrize("helpers", [0, 1])
+def test_a_subreaper_kills_what_escaped_an_ended_task(tmp_path: Path, helpers: int) -> None:
     out = tmp_path / "escapee"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
-    done = subprocess.run([sys.executable, "-c", SUBREAPER, ESCAPE, str(out)], env=env, timeout=60,
+    done = subprocess.run([sys.executable, "-c", SUBREAPER, ESCAPE, str(out), str(helpers)], env=env, timeout=60,
                           capture_output=True, text=True)
     assert done.stdout.strip() == "ended 0", f"left zombies or failed: {done.stdout} {done.stderr}"
     pid = int(out.read_text().split()[0])

@@ -1,4 +1,5 @@
-"""TaskExecutor against real processes, and the TestExecutor mock."""
+"""TaskExecutor against real processes, spawned on the loop (inline) and by a spawn helper process, and the
+TestExecutor mock."""
 import asyncio
 import hashlib
 import itertools
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from typing import ClassVar
 
 import pytest
 
@@ -21,7 +23,13 @@ PY = sys.executable
 class Harness:
     """Collects output and results; fails if output ever follows the exit."""
 
+    helpers = 0  # spawn helpers of the TaskExecutors made (the `spawning` fixture's choice)
+    made: ClassVar[list["Harness"]] = []
+
     def __init__(self, cls=TaskExecutor, **kw):
+        if cls is TaskExecutor:
+            kw.setdefault("spawn_helpers", self.helpers)
+        self.made.append(self)
         self.out: dict[tuple, bytearray] = defaultdict(bytearray)
         self.results: dict[tuple, TaskResult] = {}
         self.waiters: dict[tuple, asyncio.Future] = {}
@@ -55,11 +63,35 @@ class Harness:
         r = await self.wait(key)
         return r, bytes(self.out[key, "stdout"]), bytes(self.out[key, "stderr"])
 
+    async def spawned(self, timeout=10.0):
+        """Once every running task has its pid (a helper reports it after the spawn)."""
+        deadline = time.monotonic() + timeout
+        while not all(t.pid for t in self.ex._tasks.values()):
+            assert time.monotonic() < deadline, "a spawn helper did not report its spawns"
+            await asyncio.sleep(0.01)
+
     async def wait_output(self, key, stream, needle: bytes, timeout=5.0):
         deadline = time.monotonic() + timeout
         while needle not in self.out[key, stream]:
             assert time.monotonic() < deadline, f"no {needle!r} on {stream}"
             await asyncio.sleep(0.01)
+
+
+@pytest.fixture(autouse=True, params=["inline", "helpers"])
+def spawning(request):
+    """Every TaskExecutor test runs twice: spawning on the loop, and in one spawn helper."""
+    if request.param == "helpers" and "mock" in request.node.name:
+        pytest.skip("the mock executor spawns nothing")
+    Harness.helpers = 1 if request.param == "helpers" else 0
+    yield request.param
+    Harness.helpers = 0
+    for h in Harness.made:
+        helpers = getattr(h.ex, "_helpers", None)
+        for helper in helpers._helpers if helpers is not None else ():  # its executor was not shut down
+            helper.channel.close()  # the helper kills its tasks and exits
+            os.waitpid(helper.pid, 0)
+            os.close(helper.pidfd)
+    Harness.made.clear()
 
 
 def alive(pid: int) -> bool:
@@ -315,6 +347,7 @@ async def test_kill_orphans_kills_recorded_groups_and_skips_reused_pids(tmp_path
     pidfile = tmp_path / "tasks-rank0.pids"
     h = Harness(pidfile=str(pidfile))
     keys = [h.start("sleep", "30")[0] for _ in range(2)]
+    await h.spawned()
     lines = pidfile.read_text().splitlines()
     assert len(lines) == 2
     # A live process whose pid was "reused": recorded start time differs.
@@ -397,6 +430,7 @@ async def test_pidfile_is_compacted_as_tasks_come_and_go(tmp_path):
         for k in keys:
             await h.wait(k)
     sleeper = h.start("sleep", "30")[0]
+    await h.spawned()
     lines = pidfile.read_text().splitlines()
     assert len(lines) <= 2 * 1 + 256 + 1
     assert lines[-1].split()[0] == str(h.ex._tasks[sleeper].pid)

@@ -1,6 +1,7 @@
 """A task the worker cannot start ends with status 126 or 127 and the reason, and never keeps the other tasks
 of the same `run` message from starting (protocol.md §3.7). The `run` here bypasses the broker's checks at
-submit, as a jobspec from an older broker's journal would; the agent runs real processes."""
+submit, as a jobspec from an older broker's journal would; the agent runs real processes, spawned on its loop and in
+a spawn helper."""
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,9 @@ async def results_of(sender: RecordingSender, jobs: int, timeout: float = 20.0) 
     return seen
 
 
-async def test_bad_tasks_end_with_their_reason_and_the_batch_runs(tmp_path: Path) -> None:
-    config = from_mapping({"state_dir": str(tmp_path), "resources": "cores=2"})
+@pytest.mark.parametrize("helpers", [0, 1])
+async def test_bad_tasks_end_with_their_reason_and_the_batch_runs(tmp_path: Path, helpers: int) -> None:
+    config = from_mapping({"state_dir": str(tmp_path), "resources": "cores=2", "spawn_helpers": helpers})
     sender = RecordingSender(rank=1)
     agent = WorkerAgent(config, 1, sender.send, resources("cores=2"), "unix:///nonexistent")
     jobs = {
@@ -104,9 +106,10 @@ def test_a_fifo_named_as_the_program_of_an_mpi_auto_job_does_not_stall_the_broke
         assert wait_for(c, c.submit(job(["true"])))["status"] == 0
 
 
-async def test_a_relative_output_path_is_relative_to_the_tasks_cwd(tmp_path: Path) -> None:
+@pytest.mark.parametrize("helpers", [0, 1])
+async def test_a_relative_output_path_is_relative_to_the_tasks_cwd(tmp_path: Path, helpers: int) -> None:
     (tmp_path / "state").mkdir()
-    config = from_mapping({"state_dir": str(tmp_path / "state"), "resources": "cores=2"})
+    config = from_mapping({"state_dir": str(tmp_path / "state"), "resources": "cores=2", "spawn_helpers": helpers})
     sender = RecordingSender(rank=1)
     agent = WorkerAgent(config, 1, sender.send, resources("cores=2"), "unix:///nonexistent")
     agent.handle(Message("run", 0, 1, {"jobs": {3: info(["echo", "here"], cwd=str(tmp_path), output="out-{id}.txt")},

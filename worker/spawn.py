@@ -1,0 +1,224 @@
+"""One task's posix_spawn in the calling process: argv[0] looked up, output files opened, cores, cwd and groups
+worn for the spawn.  The worker agent's loop calls it when it spawns inline, a spawn helper process
+(worker/spawnhelper.py) when the agent has helpers; it therefore imports little.
+
+The caller makes the output pipes (it reads them) and gives their write ends; files are opened here, as the
+task's user.  posix_spawn can set neither affinity nor cwd, and the child copies both from the calling thread, so
+the thread wears them briefly: `Spawner.bind` keeps a task's mask on for a batch of spawns, `unbind` puts the
+process's own back once after them.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import shutil
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+from minicluster.model.text import cut
+from worker.asuser import acting_as_user
+from worker.memlimit import write_control
+
+log = logging.getLogger(__name__)
+
+STATUS_NOT_FOUND = 127
+STATUS_CANNOT_RUN = 126  # also used for every other spawn-time failure (cwd, cores, files)
+
+_CLONE_FS = 0x200
+# Python ignores SIGPIPE (and maybe more); ignored dispositions survive exec.
+_RESET_SIGNALS = tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
+
+
+class SpawnError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """What one spawn needs besides file descriptors: plain values, so a helper can receive it."""
+    argv: tuple[str, ...]
+    env: dict[str, str]  # complete, the accelerator variables included
+    cwd: str | None
+    cores: tuple[int, ...]
+    user: tuple[int, int] | None
+    stdout_path: str | None  # None: the caller's pipe
+    stderr_path: str | None
+    pass_fds: tuple[int, ...]  # the numbers the task sees them at
+
+    def size(self) -> int:
+        """About how many bytes the order's strings take (argv and environment dominate)."""
+        return (sum(map(len, self.argv)) + sum(len(k) + len(v) + 2 for k, v in self.env.items())
+                + len(self.cwd or "") + len(self.stdout_path or "") + len(self.stderr_path or ""))
+
+
+class Spawner:
+    """Spawns in this process; `threads_share_cwd`: other threads would see a task's cwd (made per thread then)."""
+
+    def __init__(self, threads_share_cwd: bool) -> None:
+        self.allowed_cores = frozenset(os.sched_getaffinity(0))
+        self._bound: frozenset[int] | None = None  # None: all of allowed_cores
+        self._cwd_private = not threads_share_cwd
+
+    def check(self, order: Order) -> None:
+        bad = sorted(set(order.cores) - self.allowed_cores)
+        if bad:
+            raise SpawnError(STATUS_CANNOT_RUN, f"cores {bad} are not in this worker's"
+                             f" allowed set {sorted(self.allowed_cores)}")
+        if any(fd < 3 for fd in order.pass_fds):
+            raise SpawnError(STATUS_CANNOT_RUN, f"pass_fds {order.pass_fds}: 0-2 are taken")
+
+    def spawn(self, order: Order, stdin: int | None, pipes: tuple[int | None, int | None], passed: Sequence[int],
+              groups: Sequence[AbstractContextManager[None]]) -> int:
+        """posix_spawn the task; `pipes`: write ends for the streams without a path, `passed`: our fds of
+        order.pass_fds, `groups`: held around posix_spawn (cgroups the task starts in).  Raises SpawnError."""
+        path = _resolve(order)
+        if order.cwd is not None and not _is_dir(order.cwd, order.user):
+            raise SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(order.cwd)}: no such directory")
+        self.check(order)
+        opened: list[int] = []
+        try:
+            out = pipes[0] if order.stdout_path is None else _open_output("stdout", order.stdout_path, order.user,
+                                                                          opened)
+            if order.stderr_path is not None and order.stderr_path == order.stdout_path:
+                err = out  # one file for both (--output): opened once
+            else:
+                err = pipes[1] if order.stderr_path is None else _open_output("stderr", order.stderr_path,
+                                                                              order.user, opened)
+            assert out is not None and err is not None
+            actions: list[tuple] = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0) if stdin is None
+                                    else (os.POSIX_SPAWN_DUP2, stdin, 0),
+                                    (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)]
+            # Last: dup2 onto itself clears close-on-exec in the child only.
+            actions += [(os.POSIX_SPAWN_DUP2, ours, theirs) for ours, theirs in zip(passed, order.pass_fds,
+                                                                                   strict=True)]
+            return self._spawn_bound(path, order, actions, groups)
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+    def _spawn_bound(self, path: str, order: Order, actions: list[tuple],
+                     groups: Sequence[AbstractContextManager[None]]) -> int:
+        saved_cwd = None
+        try:
+            if order.cores:
+                self.bind(frozenset(order.cores))
+            if order.cwd is not None:
+                self._make_cwd_private()
+                saved_cwd = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
+                _chdir(order.cwd, order.user)
+            with contextlib.ExitStack() as stack:
+                for group in groups:
+                    stack.enter_context(group)
+                return os.posix_spawn(path, list(order.argv), order.env, file_actions=actions,
+                                      setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+        except OSError as e:
+            status = STATUS_NOT_FOUND if e.errno == errno.ENOENT else STATUS_CANNOT_RUN
+            raise SpawnError(status, f"{cut(order.argv[0])}: {e.strerror}") from None
+        except ValueError as e:  # a NUL byte in argv or env, or '=' in an env name: nothing execve could carry
+            raise SpawnError(STATUS_CANNOT_RUN, f"{cut(order.argv[0])}: {e}") from None
+        finally:
+            if saved_cwd is not None:
+                os.fchdir(saved_cwd)
+                os.close(saved_cwd)
+
+    @property
+    def bound(self) -> bool:
+        """Whether the calling thread wears a task's cores (call `unbind` after the batch)."""
+        return self._bound is not None
+
+    def bind(self, cores: frozenset[int]) -> bool:
+        """Bind the calling thread to `cores` for the next spawns; True if it changed (call `unbind` after the
+        batch).  Every sched_setaffinity migrates the thread, so tasks on the same cores need no change."""
+        if cores == (self._bound or self.allowed_cores):
+            return False
+        os.sched_setaffinity(0, cores)
+        self._bound = cores
+        return True
+
+    def unbind(self) -> None:
+        if self._bound is not None:
+            self._bound = None
+            os.sched_setaffinity(0, self.allowed_cores)
+
+    def _make_cwd_private(self) -> None:
+        if self._cwd_private:
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_FS) != 0:
+            log.warning("unshare(CLONE_FS) failed (%s): other threads may briefly see"
+                        " a task's cwd", os.strerror(ctypes.get_errno()))
+        self._cwd_private = True
+
+
+@contextlib.contextmanager
+def in_cgroup(group: str, home: str) -> Iterator[None]:
+    """Hold this process in cgroup v2 `group` (a directory) while a child is spawned, then go back to `home`."""
+    write_control(os.path.join(group, "cgroup.procs"), str(os.getpid()))
+    try:
+        yield
+    finally:
+        write_control(os.path.join(home, "cgroup.procs"), str(os.getpid()))
+
+
+def killpg(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _resolve(order: Order) -> str:
+    """argv[0] looked up like execvp, but with the task's PATH and cwd."""
+    if not order.argv:
+        raise SpawnError(STATUS_NOT_FOUND, "empty argv")
+    name = order.argv[0]
+    if "/" in name:
+        candidates = [os.path.join(order.cwd or "", name)]
+    else:
+        search = order.env.get("PATH", os.defpath)
+        found = shutil.which(name, path=search)
+        if found:
+            return os.path.abspath(found)
+        candidates = [os.path.join(d or ".", name) for d in search.split(os.pathsep)]
+    for c in candidates:
+        if os.path.isfile(c):
+            if os.access(c, os.X_OK):
+                return os.path.abspath(c)
+            raise SpawnError(STATUS_CANNOT_RUN, f"{cut(name)}: permission denied")
+    raise SpawnError(STATUS_NOT_FOUND, f"{cut(name)}: command not found")
+
+
+def _is_dir(path: str, user: tuple[int, int] | None) -> bool:
+    """Whether `path` is a directory, as `user` sees it: a guest learns nothing of what it may not look into."""
+    try:
+        with acting_as_user(user):
+            return os.path.isdir(path)
+    except OSError as e:
+        raise SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(path)}: {e}") from None
+
+
+def _chdir(cwd: str, user: tuple[int, int] | None) -> None:
+    try:
+        with acting_as_user(user):
+            os.chdir(cwd)
+    except OSError as e:
+        raise SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(cwd)}: {e.strerror}") from None
+
+
+def _open_output(name: str, path: str, user: tuple[int, int] | None, opened: list[int]) -> int:
+    """The task's output file, opened as `user`, for appending."""
+    try:
+        with acting_as_user(user):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise SpawnError(STATUS_CANNOT_RUN, f"{name} {cut(path)}: {getattr(e, 'strerror', None) or e}") from None
+    opened.append(fd)
+    return fd
