@@ -7,21 +7,24 @@ id, so many requests may be in flight at once (pipelining) and several streams (
 from __future__ import annotations
 
 import os
-import select
-import socket
 import time
-from collections import deque
-from collections.abc import Collection, Iterable, Iterator
 
-import msgpack
+# The C module under `socket`: socket.py imports enum and selectors, about a third of mc-submit's start-up (issue
+# 17 item 6), and a unix socket needs nothing of what it adds.
+import _socket
 
-from minicluster.proto.frames import VERSION, FrameError, pack, read_blocking
+from minicluster.proto.frames import VERSION, FrameError, pack_request, read_blocking
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
 if TYPE_CHECKING:
+    from collections import deque
+    from collections.abc import Collection, Iterable, Iterator
     from typing import Any, TypeAlias
 
     from minicluster.model.jobspec import Jobspec
+else:
+    # collections.deque itself, without collections/__init__ (operator, keyword, reprlib): mc-submit again.
+    from _collections import deque
 
 # Where a broker listens unless told otherwise: a system instance, then the default `state_dir` (pods: the
 # broker's socket is in its state dir, so `kubectl exec` finds it with no MC_URI at all).
@@ -81,7 +84,7 @@ class Client:
 
     def __init__(self, uri: str | None = None) -> None:
         self.path = socket_path(uri)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             self._sock.connect(self.path)
         except OSError as exc:
@@ -111,7 +114,7 @@ class Client:
         """Send one request without waiting for its response; returns its id."""
         rid = self._next_id
         self._next_id += 1
-        self._send(pack({"v": VERSION, "id": rid, "op": op, **fields}))
+        self._send(pack_request({"v": VERSION, "id": rid, "op": op, **fields}))
         self._open.add(rid)
         self._inbox[rid] = deque()
         return rid
@@ -143,6 +146,8 @@ class Client:
                         del self._inbox[rid]
                     return rid, _checked(msg)
             if deadline is not None or wake:
+                import select  # here, not at the top: see _send
+
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 readable, _, _ = select.select([self._sock.fileno(), *wake], [], [], left)
                 if self._sock.fileno() not in readable:
@@ -206,17 +211,21 @@ class Client:
         """
         view = memoryview(data)
         while view:
-            readable, writable, _ = select.select([self._sock], [self._sock], [])
-            if writable:
-                try:
-                    sent = self._sock.send(view[:_SEND_CHUNK], socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    sent = 0
-                except (BrokenPipeError, ConnectionResetError):
-                    raise ClientError("disconnected", "the broker closed the connection") from None
-                view = view[sent:]
-            elif readable:
-                self._receive()
+            try:
+                sent = self._sock.send(view[:_SEND_CHUNK], _socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except (BrokenPipeError, ConnectionResetError):
+                raise ClientError("disconnected", "the broker closed the connection") from None
+            view = view[sent:]
+            if view and not sent:
+                # The socket is full: wait until it takes more, reading the broker's answers meanwhile.  Only
+                # now: a request that fits (mc-submit's) never imports select.
+                import select
+
+                readable, writable, _ = select.select([self._sock], [self._sock], [])
+                if readable and not writable:
+                    self._receive()
 
     # ------------------------------------------------------------ jobs
 
@@ -449,6 +458,8 @@ def _fields(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _batches(specs: Iterable[JobspecLike]) -> Iterator[list[dict[str, Any]]]:
+    import msgpack  # here, not at the top: mc-submit sends one small frame without it (frames.pack_request)
+
     batch: list[dict[str, Any]] = []
     size = 0
     for spec in specs:

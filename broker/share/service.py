@@ -39,15 +39,18 @@ class QueueState:
     reason: str = ""
 
 
+MAX_UID = 2**32 - 1  # (uid_t)-1 is "no user" to the kernel
+
+
 def uid_of(user: Any) -> int:
     """A user given as a uid or a login name (looked up on this node)."""
+    if isinstance(user, str) and user.isascii() and user.isdigit():
+        user = int(user)
     if isinstance(user, int) and not isinstance(user, bool):
-        if user < 0:
-            raise JobError("bad-request", f"uid {user} is negative")
+        if not 0 <= user < MAX_UID:
+            raise JobError("bad-request", f"uid {user} is not between 0 and {MAX_UID - 1}")
         return user
-    if isinstance(user, str) and user.isdigit():
-        return int(user)
-    if not isinstance(user, str) or not user:
+    if not isinstance(user, str) or not user or "\0" in user:
         raise JobError("bad-request", f"user must be a login name or a uid, got {user!r}")
     try:
         return pwd.getpwnam(user).pw_uid

@@ -6,7 +6,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from minicluster.cli.common import Parser, UsageError
+from minicluster.cli.argparser import Parser
+from minicluster.cli.common import UsageError
 from minicluster.cli.options import add_job_options, jobspec_from_args, parse_job_args
 from minicluster.cli.watch import wait
 from minicluster.client import Client, ClientError

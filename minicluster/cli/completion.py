@@ -10,7 +10,7 @@ import argparse
 import shlex
 import sys
 
-from minicluster.cli.common import Parser, capture_parser
+from minicluster.cli.argparser import Parser, capture_parser
 
 # Subcommands whose positional arguments are job ids, and whether finished jobs are worth offering.
 JOB_ARGUMENTS = {"cancel": False, "attach": True, "logs": True, "eventlog": True, "jobs": True, "hold": False,

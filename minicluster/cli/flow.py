@@ -6,7 +6,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from minicluster.cli.common import Parser, UsageError, job_id
+from minicluster.cli.argparser import Parser
+from minicluster.cli.common import UsageError, job_id
 from minicluster.cli.options import time_limit, urgency
 from minicluster.client import Client
 

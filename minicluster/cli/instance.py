@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import time
 
-from minicluster.cli.common import Parser, ranks
+from minicluster.cli.argparser import Parser
+from minicluster.cli.common import ranks
 from minicluster.cli.format import (dumps, print_table, resources_table, status_lines, status_table,
                                    tree_lines)
 from minicluster.client import Client

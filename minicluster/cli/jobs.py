@@ -5,7 +5,8 @@ import sys
 import time
 from typing import Any
 
-from minicluster.cli.common import Parser, job_id
+from minicluster.cli.argparser import Parser
+from minicluster.cli.common import job_id
 from minicluster.cli.format import (alloc_table, attempt_text, dumps, eff_table, job_json, jobs_table, print_table,
                                      priority_table)
 from minicluster.cli.options import positive_int

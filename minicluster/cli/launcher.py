@@ -23,7 +23,8 @@ from pathlib import Path
 from broker.statelock import StateLock
 from minicluster import config as config_mod
 from minicluster import exitcodes
-from minicluster.cli.common import Parser, UsageError
+from minicluster.cli.argparser import Parser
+from minicluster.cli.common import UsageError
 from minicluster.cli.options import positive_int
 from minicluster.overlay import curve
 

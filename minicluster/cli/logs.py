@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from minicluster.cli.common import Parser, job_id
+from minicluster.cli.argparser import Parser
+from minicluster.cli.common import job_id
 from minicluster.cli.format import eventlog_json, eventlog_line
 from minicluster.cli.options import non_negative_int
 from minicluster.cli.output import OutputWriter, task_labels

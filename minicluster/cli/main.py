@@ -9,7 +9,8 @@ import importlib
 import sys
 from collections.abc import Callable
 
-from minicluster.cli.common import EXIT_USAGE, Parser, guarded
+from minicluster.cli.argparser import Parser
+from minicluster.cli.common import EXIT_USAGE, guarded
 
 # name -> (module, function taking argv and returning an exit code, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {

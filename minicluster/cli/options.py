@@ -1,24 +1,37 @@
-"""Job-shape options shared by mc-submit, mc run and mc bulksubmit, and the jobspec they build."""
+"""Job-shape options shared by mc-submit, mc run and mc bulksubmit, and the jobspec they build.
+
+The options are tables (JOB_OPTIONS, WORKFLOW_OPTIONS): argparse is built from them (add_job_options), and
+mc-submit's plain calls are parsed from the same tables without importing argparse (quickparse.py).
+"""
 from __future__ import annotations
 
-import argparse
 import os
-import re
 import time
-from collections.abc import Callable, Mapping, Sequence
 
+from minicluster.cli.quickparse import add_options, option
+from minicluster.model import workflowforms as forms
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobterms import MPI_MODES, POLICIES, InvalidJobspec
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
 if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-# The jobspec and workflow models are imported where they are used, not here: `mc-submit` true, run from shell
-# loops, needs neither (tests/unit/test_client_imports.py).
+    from minicluster.cli.quickparse import Option, Parsed
 
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# argparse, re and the jobspec model are imported where they are used, not here: `mc-submit true`,
+# run from shell loops, needs none of them (tests/unit/test_client_imports.py).
+
 _MEM_UNITS = {"": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def _type_error(message: str) -> Exception:
+    """argparse.ArgumentTypeError(message): argparse's one-line message for a bad option value."""
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
 
 
 def int_at_least(minimum: int, what: str = "an integer") -> Callable[[str], int]:
@@ -27,9 +40,9 @@ def int_at_least(minimum: int, what: str = "an integer") -> Callable[[str], int]
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+            raise _type_error(f"{text!r} is not {what}") from None
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be {what} of at least {minimum}, got {value}")
+            raise _type_error(f"must be {what} of at least {minimum}, got {value}")
         return value
     return parse
 
@@ -41,27 +54,37 @@ non_negative_int = int_at_least(0)
 def urgency(text: str) -> int:
     value = non_negative_int(text)
     if value > 31:
-        raise argparse.ArgumentTypeError(f"must be 0..31, got {value}")
+        raise _type_error(f"must be 0..31, got {value}")
     return value
 
 
 def time_limit(text: str) -> float:
     """Seconds from a Slurm time (`30` minutes, `5:00`, `1:00:00`, `2-12`, `1-0:30:00`) or `90s`/`10m`/`2h`/`1d`."""
     text = text.strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text)
-    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)] if match else _slurm_time(text)
+    seconds = _unit_time(text)
+    if seconds is None:
+        seconds = _slurm_time(text)
     if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"time limit must be positive, got {text!r}")
+        raise _type_error(f"time limit must be positive, got {text!r}")
     return seconds
 
 
+def _unit_time(text: str) -> float | None:
+    """`90s`, `1.5h`: a number, then one of s, m, h, d (a workflow duration with its unit); None for anything else."""
+    if text[-1:] not in ("s", "m", "h", "d"):
+        return None
+    try:
+        return forms.parse_duration(text)
+    except forms.WorkflowError:
+        return None
+
+
 def _slurm_time(text: str) -> float:
-    bad = argparse.ArgumentTypeError(
-        f"bad time limit {text!r}: use minutes (30), MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or 90s/10m/2h/1d")
     days_text, dash, clock = text.rpartition("-") if "-" in text else ("", "", text)
     parts = clock.split(":")
     if not all(p.isdigit() for p in parts) or (dash and not days_text.isdigit()) or len(parts) > 3:
-        raise bad
+        raise _type_error(
+            f"bad time limit {text!r}: use minutes (30), MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or 90s/10m/2h/1d")
     values = [int(p) for p in parts]
     if dash:
         # Slurm: after days, the fields are hours[:minutes[:seconds]].
@@ -75,11 +98,18 @@ def _slurm_time(text: str) -> float:
 
 
 def memory_mb(text: str) -> int:
-    """MiB from `512`, `512M`, `4G`, `1T`."""
-    match = re.fullmatch(r"(\d+)([mMgGtT]?)[bB]?", text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"bad memory size {text!r}: use MiB (512) or 512M, 4G, 1T")
-    return int(match.group(1)) * _MEM_UNITS[match.group(2).lower()]
+    """MiB from `512`, `512M`, `4G`, `1T` (a `B` may follow: `4GB`)."""
+    number = text.strip()
+    if number.endswith(("b", "B")):
+        number = number[:-1]
+    unit = number[-1:].lower() if number[-1:] in tuple("mMgGtT") else ""
+    if unit:
+        number = number[:-1]
+    # By hand, not with re: importing re (with enum, functools and collections) would cost each mc-submit call in a
+    # shell loop as much as the rest of its imports.
+    if not forms.decimal_digits(number):
+        raise _type_error(f"bad memory size {text!r}: use MiB (512) or 512M, 4G, 1T")
+    return int(number) * _MEM_UNITS[unit]
 
 
 def idset(text: str) -> str:
@@ -87,7 +117,7 @@ def idset(text: str) -> str:
         IdSet.parse(text)
         return text
     except IdSetError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise _type_error(str(exc)) from None
 
 
 def stdin_tasks(text: str) -> str:
@@ -121,107 +151,115 @@ def parse_job_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argp
     return parser.parse_args(out)
 
 
-def add_job_options(parser: argparse.ArgumentParser) -> None:
-    """Options describing one job's shape and environment (not the command itself)."""
-    g = parser.add_argument_group("job shape")
-    g.add_argument("-N", "--nodes", type=positive_int, metavar="N", help="number of nodes")
-    g.add_argument("-n", "--ntasks", type=positive_int, metavar="N",
-                   help="number of tasks (default: nodes x tasks-per-node, else nodes, else 1)")
-    g.add_argument("-c", "--cores-per-task", type=positive_int, default=1, metavar="N")
-    g.add_argument("-g", "--gpus-per-task", type=non_negative_int, default=0, metavar="N")
-    g.add_argument("--mem", type=memory_mb, default=0, metavar="MB", help="memory per task (512, 4G)")
-    g.add_argument("--tasks-per-node", type=positive_int, default=0, metavar="K")
-    g.add_argument("--exclusive", action="store_true", help="allocate whole nodes")
-    g.add_argument("-t", "--time-limit", type=time_limit, metavar="TIME",
-                   help="30 (minutes), 5:00, 1:00:00, 2-0, or 90s/10m/2h/1d")
-    g.add_argument("--requires", action="append", default=[], metavar="CONSTRAINT",
-                   help="node property: zone=a, gpu=h100|a100, ssd (repeatable)")
-    g.add_argument("--policy", choices=POLICIES, help="node match policy for this job")
-    g.add_argument("--resources", metavar="TREE",
-                   help="a resource tree instead of -N/-n/-c/-g/--mem/--exclusive, e.g."
-                        " 'rack[1]>node[4]>slot[8]>core[2]' or 'node[2]>socket[1]>{core[8],gpu[1]}'"
-                        " (quote it; :x marks a vertex exclusive)")
-    g.add_argument("--locality", metavar="LEVEL",
-                   help="all nodes of the job under one vertex of this topology level (rack, zone)")
-    g.add_argument("--spread", metavar="LEVEL",
-                   help="each node (with -N), else each task, under its own vertex of this level")
-    g.add_argument("--gpu-affinity", action="store_true",
-                   help="each task's GPUs and memory on the socket of its cores")
-    g.add_argument("--cc", type=idset, metavar="IDSET",
-                   help="array job: one task per index; {cc} in the command becomes the index")
-    g.add_argument("-q", "--queue", metavar="QUEUE", help="queue to submit to (default: the instance's default)")
-    g.add_argument("--project", metavar="BANK", help="bank to charge (default: your default bank)")
-    g = parser.add_argument_group("job environment")
-    g.add_argument("--name", help="job name (default: the command's basename)")
-    g.add_argument("--urgency", type=urgency, default=16, metavar="0-31", help="higher runs first")
-    g.add_argument("--env", action="append", default=[], metavar="K=V",
-                   help="set K=V, copy K from here, or -K to drop it (repeatable)")
-    g.add_argument("--env-clear", action="store_true", help="do not send this environment")
-    g.add_argument("--cwd", metavar="DIR", help="working directory (default: the current one)")
-    g.add_argument("--output", metavar="FILE",
-                   help="output file on the node ({id}, {task}, {index}); default: stream to mc")
-    g.add_argument("--mpi", choices=MPI_MODES,
-                   help="PMI to serve: pmi1 (MPICH), pmix (Open MPI), auto (from the program's libraries), none "
-                        "(default: the instance's mpi_default, pmi1, when ntasks > 1)")
-    add_workflow_options(parser)
-
-
-def _checked(parse: Callable[[Any, str], Any]) -> Callable[[str], Any]:
-    """An argparse type from a workflow parser, called with the workflow module: its error becomes a one-line
-    usage error."""
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a workflow parser: its error becomes a one-line usage error."""
     def check(text: str) -> Any:
-        from minicluster.model import workflow
-
         try:
-            parse(workflow, text)
-        except workflow.WorkflowError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            parse(text)
+        except forms.WorkflowError as exc:
+            raise _type_error(str(exc)) from None
         return text
     return check
 
 
 def duration(text: str) -> float:
-    from minicluster.model import workflow
-
     try:
-        return workflow.parse_duration(text)
-    except workflow.WorkflowError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        return forms.parse_duration(text)
+    except forms.WorkflowError as exc:
+        raise _type_error(str(exc)) from None
+
+
+# The one definition of the job options: add_job_options gives them to argparse, quickparse reads them directly.
+JOB_SHAPE_OPTIONS: tuple[Option, ...] = (
+    option("-N", "--nodes", type=positive_int, metavar="N", help="number of nodes"),
+    option("-n", "--ntasks", type=positive_int, metavar="N",
+           help="number of tasks (default: nodes x tasks-per-node, else nodes, else 1)"),
+    option("-c", "--cores-per-task", type=positive_int, default=1, metavar="N"),
+    option("-g", "--gpus-per-task", type=non_negative_int, default=0, metavar="N"),
+    option("--mem", type=memory_mb, default=0, metavar="MB", help="memory per task (512, 4G)"),
+    option("--tasks-per-node", type=positive_int, default=0, metavar="K"),
+    option("--exclusive", action="store_true", help="allocate whole nodes"),
+    option("-t", "--time-limit", type=time_limit, metavar="TIME",
+           help="30 (minutes), 5:00, 1:00:00, 2-0, or 90s/10m/2h/1d"),
+    option("--requires", action="append", default=[], metavar="CONSTRAINT",
+           help="node property: zone=a, gpu=h100|a100, ssd (repeatable)"),
+    option("--policy", choices=POLICIES, help="node match policy for this job"),
+    option("--resources", metavar="TREE",
+           help="a resource tree instead of -N/-n/-c/-g/--mem/--exclusive, e.g."
+                " 'rack[1]>node[4]>slot[8]>core[2]' or 'node[2]>socket[1]>{core[8],gpu[1]}'"
+                " (quote it; :x marks a vertex exclusive)"),
+    option("--locality", metavar="LEVEL",
+           help="all nodes of the job under one vertex of this topology level (rack, zone)"),
+    option("--spread", metavar="LEVEL",
+           help="each node (with -N), else each task, under its own vertex of this level"),
+    option("--gpu-affinity", action="store_true",
+           help="each task's GPUs and memory on the socket of its cores"),
+    option("--cc", type=idset, metavar="IDSET",
+           help="array job: one task per index; {cc} in the command becomes the index"),
+    option("-q", "--queue", metavar="QUEUE", help="queue to submit to (default: the instance's default)"),
+    option("--project", metavar="BANK", help="bank to charge (default: your default bank)"),
+)
+JOB_ENVIRONMENT_OPTIONS: tuple[Option, ...] = (
+    option("--name", help="job name (default: the command's basename)"),
+    option("--urgency", type=urgency, default=16, metavar="0-31", help="higher runs first"),
+    option("--env", action="append", default=[], metavar="K=V",
+           help="set K=V, copy K from here, or -K to drop it (repeatable)"),
+    option("--env-clear", action="store_true", help="do not send this environment"),
+    option("--cwd", metavar="DIR", help="working directory (default: the current one)"),
+    option("--output", metavar="FILE",
+           help="output file on the node ({id}, {task}, {index}); default: stream to mc"),
+    option("--mpi", choices=MPI_MODES,
+           help="PMI to serve: pmi1 (MPICH), pmix (Open MPI), auto (from the program's libraries), none "
+                "(default: the instance's mpi_default, pmi1, when ntasks > 1)"),
+)
+
+
+def add_job_options(parser: argparse.ArgumentParser) -> None:
+    """Options describing one job's shape and environment (not the command itself)."""
+    add_options(parser.add_argument_group("job shape"), JOB_SHAPE_OPTIONS)
+    add_options(parser.add_argument_group("job environment"), JOB_ENVIRONMENT_OPTIONS)
+    add_workflow_options(parser)
+
+
+WORKFLOW_OPTIONS: tuple[Option, ...] = (
+    option("-d", "--dependency", action="append", default=[], metavar="TYPE:ID[:ID...]",
+           type=_checked(lambda t: forms.parse_dependencies([t])),
+           help="wait for jobs: afterok, afterany, afternotok, afterstart (after), aftercorr (array "
+                "index by index), or singleton; comma-separated or repeated"),
+    option("--begin-time", metavar="TIME", type=_checked(lambda t: forms.parse_begin_time(t, 0.0)),
+           help="not before TIME: +10m, 12:30, 2025-01-31T12:00, @EPOCH"),
+    option("--hold", action="store_true", help="submit held; `mc release ID` lets it run"),
+    option("--retries", type=int_at_least(0, "a number of retries"), metavar="N",
+           help="run a failed job again up to N times (arrays: N retries for all indexes together)"),
+    option("--retry-delay", type=duration, metavar="TIME",
+           help="wait TIME (90s, 10m) before the first retry, doubling for each next one"),
+    option("--on-exit", action="append", default=[], metavar="CODES=ACTION,...",
+           type=_checked(forms.parse_exit_rules),
+           help="by exit code, first match wins: 42=fail-job,3-5=retry,2=fail,0=ignore"),
+    option("--on-signal", action="append", default=[], metavar="SIGNALS=ACTION,...",
+           type=_checked(forms.parse_signal_rules),
+           help="by signal: KILL=retry,SEGV+ABRT=fail"),
+    option("--max-retries-per-index", type=int_at_least(0, "a number of retries"), metavar="N",
+           help="arrays: retries of each index"),
+    option("--max-failed-indexes", type=int_at_least(0, "a number of indexes"), metavar="N",
+           help="arrays: fail (and cancel the rest) once more than N indexes failed for good"),
+    option("--success-indexes", type=idset, metavar="IDSET",
+           help="arrays: succeed once these indexes succeeded; the rest is cancelled"),
+    option("--success-count", type=positive_int, metavar="N",
+           help="arrays: succeed once N indexes (of --success-indexes, if given) succeeded"),
+    option("--success-task", type=non_negative_int, metavar="T",
+           help="multi-task jobs: the job's result is task T's (a driver); the others are stopped"),
+)
+# Every option of JOB_* and WORKFLOW_*, for quickparse.
+JOB_OPTIONS = JOB_SHAPE_OPTIONS + JOB_ENVIRONMENT_OPTIONS + WORKFLOW_OPTIONS
 
 
 def add_workflow_options(parser: argparse.ArgumentParser) -> None:
     """Dependencies, failure and success policies, holds (protocol.md §3.9, docs/workflows.md)."""
-    g = parser.add_argument_group("workflow")
-    g.add_argument("-d", "--dependency", action="append", default=[], metavar="TYPE:ID[:ID...]",
-                   type=_checked(lambda workflow, t: workflow.parse_dependencies([t])),
-                   help="wait for jobs: afterok, afterany, afternotok, afterstart (after), aftercorr (array "
-                        "index by index), or singleton; comma-separated or repeated")
-    g.add_argument("--begin-time", metavar="TIME", type=_checked(lambda workflow, t: workflow.parse_begin_time(t, 0.0)),
-                   help="not before TIME: +10m, 12:30, 2025-01-31T12:00, @EPOCH")
-    g.add_argument("--hold", action="store_true", help="submit held; `mc release ID` lets it run")
-    g.add_argument("--retries", type=int_at_least(0, "a number of retries"), metavar="N",
-                   help="run a failed job again up to N times (arrays: N retries for all indexes together)")
-    g.add_argument("--retry-delay", type=duration, metavar="TIME",
-                   help="wait TIME (90s, 10m) before the first retry, doubling for each next one")
-    g.add_argument("--on-exit", action="append", default=[], metavar="CODES=ACTION,...",
-                   type=_checked(lambda workflow, t: workflow.parse_exit_rules(t)),
-                   help="by exit code, first match wins: 42=fail-job,3-5=retry,2=fail,0=ignore")
-    g.add_argument("--on-signal", action="append", default=[], metavar="SIGNALS=ACTION,...",
-                   type=_checked(lambda workflow, t: workflow.parse_signal_rules(t)),
-                   help="by signal: KILL=retry,SEGV+ABRT=fail")
-    g.add_argument("--max-retries-per-index", type=int_at_least(0, "a number of retries"), metavar="N",
-                   help="arrays: retries of each index")
-    g.add_argument("--max-failed-indexes", type=int_at_least(0, "a number of indexes"), metavar="N",
-                   help="arrays: fail (and cancel the rest) once more than N indexes failed for good")
-    g.add_argument("--success-indexes", type=idset, metavar="IDSET",
-                   help="arrays: succeed once these indexes succeeded; the rest is cancelled")
-    g.add_argument("--success-count", type=positive_int, metavar="N",
-                   help="arrays: succeed once N indexes (of --success-indexes, if given) succeeded")
-    g.add_argument("--success-task", type=non_negative_int, metavar="T",
-                   help="multi-task jobs: the job's result is task T's (a driver); the others are stopped")
+    add_options(parser.add_argument_group("workflow"), WORKFLOW_OPTIONS)
 
 
-def workflow_fields(args: argparse.Namespace, now: float) -> dict[str, Any]:
+def workflow_fields(args: Parsed, now: float) -> dict[str, Any]:
     """The jobspec's workflow fields from the parsed options (only those given).
 
     Raises InvalidJobspec with the option's problem.
@@ -239,31 +277,31 @@ def workflow_fields(args: argparse.Namespace, now: float) -> dict[str, Any]:
     return out
 
 
-def _parsed_workflow(args: argparse.Namespace, now: float) -> dict[str, Any]:
-    from minicluster.model import workflow
-
+def _parsed_workflow(args: Parsed, now: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         if args.dependency:
-            out["dependencies"] = workflow.parse_dependencies(args.dependency)
+            out["dependencies"] = forms.parse_dependencies(args.dependency)
         if args.begin_time:
-            out["begin_time"] = workflow.parse_begin_time(args.begin_time, now)
-        rules = [("on_exit", args.on_exit, workflow.parse_exit_rules),
-                 ("on_signal", args.on_signal, workflow.parse_signal_rules)]
+            out["begin_time"] = forms.parse_begin_time(args.begin_time, now)
+        rules = [("on_exit", args.on_exit, forms.parse_exit_rules),
+                 ("on_signal", args.on_signal, forms.parse_signal_rules)]
         for name, texts, parse in rules:
             if texts:
                 out[name] = [rule for text in texts for rule in parse(text)]
-    except workflow.WorkflowError as exc:
+    except forms.WorkflowError as exc:
         raise InvalidJobspec(str(exc)) from None
     return out
 
 
 def add_command_argument(parser: argparse.ArgumentParser) -> None:
+    import argparse
+
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD ARGS...",
                         help="the command and its arguments (options after CMD belong to CMD)")
 
 
-def command_of(args: argparse.Namespace) -> list[str]:
+def command_of(args: Parsed) -> list[str]:
     """The command after the options, without the `--` that may separate them."""
     command = list(args.command)
     if command[:1] == ["--"]:
@@ -289,7 +327,7 @@ def build_env(settings: Sequence[str], clear: bool, environ: Mapping[str, str]) 
     return env
 
 
-def jobspec_from_args(args: argparse.Namespace, command: Sequence[str],
+def jobspec_from_args(args: Parsed, command: Sequence[str],
                       environ: Mapping[str, str] | None = None,
                       cwd: str | None = None, stdin: str | None = None, check: bool = True) -> dict[str, Any]:
     """The wire jobspec (protocol.md §3.4) for `command` with the parsed job options.

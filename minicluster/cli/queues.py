@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minicluster.cli.common import Parser
+from minicluster.cli.argparser import Parser
 from minicluster.cli.format import dumps, print_table, table, user_name
 from minicluster.client import Client
 

@@ -1,43 +1,62 @@
 """mc-submit (`mc submit`) and `mc run`: submit one job; optionally wait for it or follow it."""
 from __future__ import annotations
 
-import argparse
 import sys
 
-from minicluster.cli.common import Parser, guarded
-from minicluster.cli.options import (add_command_argument, add_job_options, check_jobspec, command_of,
+from minicluster.cli.common import guarded
+from minicluster.cli.options import (JOB_OPTIONS, add_command_argument, add_job_options, check_jobspec, command_of,
                                      jobspec_from_args, parse_job_args, stdin_tasks)
+from minicluster.cli.quickparse import add_options, dest, option, quick_args
 from minicluster.client import Client, ClientError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
+
+    from minicluster.cli.argparser import Parser
+    from minicluster.cli.quickparse import Parsed
 
 SUBMIT_HELP = "submit a job and print its id (--wait / --watch to stay with it)"
 RUN_HELP = "run a job in the foreground: stream its output, exit with its status (Ctrl-C cancels)"
 
+# mc submit's own options, mutually exclusive.
+SUBMIT_MODES = (
+    option("--wait", action="store_true", help="wait for the job and exit with its status (arrays: the largest)"),
+    option("--watch", action="store_true",
+           help="stream the job's output and events until it ends; exit with its status"),
+)
+RUN_OPTIONS = (
+    option("-v", "--events", action="store_true", help="also show the job's events"),
+    option("-i", "--input", type=stdin_tasks, default="0", metavar="TASKS",
+           help="send our stdin to these task ranks: 0 (default), all, an idset (0-3), or none"),
+)
+LABEL = option("-l", "--label", action="store_true",
+               help="put the task rank (array: the index) before each output line")
+
 
 def _parser(prog: str, description: str, run: bool) -> Parser:
+    from minicluster.cli.argparser import Parser
+
     parser = Parser(prog=prog, description=description)
     add_job_options(parser)
     if not run:
-        mode = parser.add_mutually_exclusive_group()
-        mode.add_argument("--wait", action="store_true",
-                          help="wait for the job and exit with its status (arrays: the largest)")
-        mode.add_argument("--watch", action="store_true",
-                          help="stream the job's output and events until it ends; exit with its status")
+        add_options(parser.add_mutually_exclusive_group(), SUBMIT_MODES)
     else:
-        parser.add_argument("-v", "--events", action="store_true", help="also show the job's events")
-        parser.add_argument("-i", "--input", type=stdin_tasks, default="0", metavar="TASKS",
-                            help="send our stdin to these task ranks: 0 (default), all, an idset (0-3), or none")
-    parser.add_argument("-l", "--label", action="store_true",
-                        help="put the task rank (array: the index) before each output line")
+        add_options(parser, RUN_OPTIONS)
+    add_options(parser, [LABEL])
     add_command_argument(parser)
     return parser
 
 
+def _submit_args(argv: list[str], prog: str) -> Parsed:
+    """mc submit's options: a plain line without argparse (quickparse.py), any other through it."""
+    quick = quick_args((*JOB_OPTIONS, *SUBMIT_MODES, LABEL), argv, exclusive=[[dest(f) for f, _ in SUBMIT_MODES]])
+    return quick or parse_job_args(_parser(prog, SUBMIT_HELP, run=False), argv)
+
+
 def submit(argv: list[str], prog: str = "mc submit") -> int:
-    args = parse_job_args(_parser(prog, SUBMIT_HELP, run=False), argv)
+    args = _submit_args(argv, prog)
     spec = jobspec_from_args(args, command_of(args), check=False)
     with Client() as client:
         job = _submit_unchecked(client, spec)

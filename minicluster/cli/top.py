@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from minicluster.cli.common import Parser
+from minicluster.cli.argparser import Parser
 from minicluster.cli.format import RANK_STYLE, console, duration, free_used, styled, table, user_name
 from minicluster.cli.options import non_negative_int
 from minicluster.client import Client

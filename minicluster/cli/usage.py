@@ -7,7 +7,8 @@ import re
 import time
 from typing import Any
 
-from minicluster.cli.common import Parser, job_id
+from minicluster.cli.argparser import Parser
+from minicluster.cli.common import job_id
 from minicluster.cli.format import duration, dumps, percent, print_table, table, user_name
 from minicluster.client import Client
 

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
 
 from minicluster.model.text import brief
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
+if TYPE_CHECKING:
+    # collections.abc imports collections (operator, keyword, reprlib): mc-submit parses idsets (--cc)
+    from collections.abc import Iterable, Iterator
 
 MAX_IDSET_SIZE = 100_000_000
 # Ids travel as msgpack ints and are stored in sqlite: signed 64-bit.

@@ -1,13 +1,15 @@
 """Client protocol framing (protocol.md §3.1): 4-byte big-endian length + msgpack map.
 
 No asyncio here: every `mc` command imports this, and start-up time is what a shell loop of them pays.
-The broker's asynchronous reader lives in broker/clientapi.py.
+The broker's asynchronous reader lives in broker/clientapi.py.  The client's side (pack_request, read_blocking)
+encodes and decodes small frames with smallpack.py, so that `mc-submit` does not import msgpack; the broker
+(pack, unpack_body) and large frames use msgpack.
 """
 from __future__ import annotations
 
 import struct
 
-import msgpack
+from minicluster.proto import smallpack
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
 if TYPE_CHECKING:
@@ -22,14 +24,36 @@ class FrameError(ValueError):
     pass
 
 
+# Up to these sizes the client's frames go through smallpack.  A jobspec is a few KiB (its environment; tens in
+# some), quick to encode in Python; a submit's answer is 20 bytes, while `mc jobs` pages or `mc top`'s status,
+# many objects each, decode much faster in msgpack.
+SMALL_REQUEST = 64 * 1024
+SMALL_ANSWER = 4 * 1024
+
+
 def pack(message: dict[str, Any]) -> bytes:
-    body = msgpack.packb(message, use_bin_type=True)
+    import msgpack  # here: a client that sends only small frames never imports it (pack_request)
+
+    return _framed(msgpack.packb(message, use_bin_type=True))
+
+
+def pack_request(message: dict[str, Any]) -> bytes:
+    """pack(), for a client: a small message is encoded without importing msgpack."""
+    try:
+        return _framed(smallpack.packb(message, SMALL_REQUEST))
+    except smallpack.Unsupported:
+        return pack(message)
+
+
+def _framed(body: bytes) -> bytes:
     if len(body) > MAX_FRAME:
         raise FrameError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte frame limit")
     return HEADER.pack(len(body)) + body
 
 
 def unpack_body(body: bytes) -> dict[str, Any]:
+    import msgpack  # here: see pack()
+
     try:
         value = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
@@ -50,6 +74,14 @@ def read_blocking(sock: Any) -> dict[str, Any] | None:
     body = _recv_exactly(sock, length)
     if body is None:
         raise FrameError("connection closed inside a frame")
+    if length <= SMALL_ANSWER:
+        try:
+            value = smallpack.unpackb(body)
+        except smallpack.Unsupported:
+            pass  # msgpack decodes it, or says what is wrong with it
+        else:
+            if isinstance(value, dict):
+                return value
     return unpack_body(body)
 
 

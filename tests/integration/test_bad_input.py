@@ -75,6 +75,10 @@ def test_oversized_frame_is_refused_without_reading_it(cluster: LocalCluster) ->
     ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "array": "0-" + "9" * 40}}, "invalid-jobspec"),
     ({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], "time_limit": float("inf")}},
      "invalid-jobspec"),
+    # Found by the protocol fuzz: a user name with a NUL byte reached getpwnam (ValueError, "internal").
+    ({"v": 1, "id": 7, "op": "usage", "user": "a\0b"}, "bad-request"),
+    ({"v": 1, "id": 7, "op": "usage", "user": str(2**32)}, "bad-request"),
+    ({"v": 1, "id": 7, "op": "usage", "user": 2**63}, "bad-request"),
 ])
 def test_bad_requests_get_clear_errors(cluster: LocalCluster, message: dict, code: str) -> None:
     with raw(cluster) as s:

@@ -1,8 +1,10 @@
 """The user commands end to end: a real local instance from `mc start`, the real `mc`/`mc-submit` as processes."""
 from __future__ import annotations
 
+import ast
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,6 +97,37 @@ def test_submit_prints_the_id_and_wait_exits_with_the_status() -> None:
     assert summary["status"] == 3 and summary["result"] == "FAILED" and summary["name"] == "sh"
     plain = mc("submit", "true")
     assert plain.returncode == 0 and int(plain.stdout) > job
+
+
+# The installed `mc-submit` script run as is, under -S (so that no .pth path finder of an editable install loads re
+# and pathlib first) with sys.path as the install has it; it prints what it imported once it exits.
+SCRIPT_IMPORTS = """
+import atexit, sys
+before = set(sys.modules)
+atexit.register(lambda: sys.stderr.write(repr(sorted(set(sys.modules) - before))))
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+exec(compile(open(script).read(), script, "exec"), {"__name__": "__main__"})
+"""
+
+
+def test_mc_submit_script_imports() -> None:
+    """mc-submit of a plain line imports neither argparse, re, socket.py nor msgpack (issue 17 item 6), and the
+    broker takes its job: what tests/unit/test_client_imports.py pins, through the installed script."""
+    script = shutil.which("mc-submit")
+    assert script is not None
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path[1:]))
+    out = subprocess.run([sys.executable, "-S", "-c", SCRIPT_IMPORTS, script, "-n", "1", "--mem", "10", "-t", "5m",
+                          "--env", "A=1", "true"], capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 0, out.stderr
+    job = int(out.stdout)
+    loaded = ast.literal_eval(out.stderr)
+    assert "minicluster.cli.submit" in loaded
+    top = {name.split(".")[0] for name in loaded}
+    heavy = {"argparse", "re", "socket", "selectors", "select", "enum", "collections", "msgpack", "datetime"}
+    assert top & heavy == set()
+    with Client() as client:
+        assert [done["status"] for done in client.wait([job])] == [0]
 
 
 def test_run_streams_both_streams_and_exits_with_the_status() -> None:

@@ -147,6 +147,17 @@ def test_dockerfiles_are_pinned_non_root_and_runnable(image: str) -> None:
         assert entrypoint[0] in scripts
 
 
+@pytest.mark.parametrize("image", ["runtime", "operator"])
+def test_dockerfiles_copy_every_file_the_install_reads(image: str) -> None:
+    """`pip install .` in the image builds from what was copied: the packages, and the plain scripts (mc-submit)."""
+    text = (REPO / "images" / image / "Dockerfile").read_text()
+    copied = {source for line in re.findall(r"^COPY\s+(.+)$", text, re.M) for source in line.split()[:-1]}
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    needed = {"pyproject.toml", "minicluster", "broker", "worker"}
+    needed |= {path.split("/")[0] for path in setuptools.get("script-files", [])}
+    assert needed <= copied
+
+
 def _names(requirements: list[str]) -> set[str]:
     return {re.split(r"[<>=\[ ]", d)[0] for d in requirements}
 
