@@ -220,6 +220,7 @@ class Execution:
         statements: list[Statement] = []
         keys = []
         released: list[tuple[int, int]] = []
+        passed: dict[int, list[tuple[int, int]]] = {}  # job -> (element, the one that took over its cores)
         aheads: dict[int, messages.Ahead] = {}
         killed: list[Key] = []  # started behind a task of a job that is ending
         usage_rows: list[Statement] = []  # after the task rows, so each kind still goes through one executemany
@@ -246,7 +247,7 @@ class Execution:
                     if running is not None:
                         job.running -= 1
                         if job.is_array:
-                            self._free_slot(job, task, running, released, aheads, killed, now)
+                            self._free_slot(job, task, running, released, passed, aheads, killed, now)
                     touched[job_id] = job
                     continue
                 counted, cancelled = judged
@@ -260,7 +261,7 @@ class Execution:
             cancelled = cancelled or preempted is not None
             job.record_result(counted, was_running=running is not None, cancelled=cancelled)
             if running is not None and job.is_array:
-                self._free_slot(job, task, running, released, aheads, killed, now)
+                self._free_slot(job, task, running, released, passed, aheads, killed, now)
             if status and not job.ending and not cancelled:   # a task a workflow rule cut short is a consequence
                 failure = (status, job.failure_note(task, rank, status, error))
                 # A success_task job is decided by its driver: another task failing does not end it.
@@ -273,6 +274,8 @@ class Execution:
                 if error and job.reason is None:
                     job.reason = failure[1]
             touched[job_id] = job
+        for job_id, passes in passed.items():  # before the releases: an element passed to may have ended too
+            self.manager.scheduler.pass_on(job_id, passes, now)
         if released:
             # Array elements free their cores together: one accounting pass per node.
             self.manager.scheduler.release_many(released, now)
@@ -288,7 +291,8 @@ class Execution:
             self._after_results(job, now)
 
     def _free_slot(self, job: Job, task: int, running: RunningTask, released: list[tuple[int, int]],
-                   aheads: dict[int, messages.Ahead], killed: list[Key], now: float) -> None:
+                   passed: dict[int, list[tuple[int, int]]], aheads: dict[int, messages.Ahead], killed: list[Key],
+                   now: float) -> None:
         """An array element ended: its cores go to the element sent ahead to follow it, which the worker has
         started in its place (protocol.md §2.10), else back to the scheduler."""
         started = self.window.successor((job.id, task)) if self.window.ahead else None
@@ -296,7 +300,10 @@ class Execution:
             released.append((job.id, running.element))
             return
         key, ahead = started
-        self.manager.scheduler.pass_on(job.id, running.element, ahead.element, now)
+        passes = passed.get(job.id)
+        if passes is None:
+            passes = passed[job.id] = []
+        passes.append((running.element, ahead.element))
         self._track(job, key[1], ahead.rank, ahead.element, now)
         if job.ending or job.state == State.INACTIVE:
             killed.append(key)

@@ -382,20 +382,25 @@ class Scheduler:
         self._queue_version += 1
         return range(first, first + n)
 
-    def pass_on(self, job_id: int, element: int, to: int, now: float) -> None:
-        """Element `element` ended and element `to` (taken with `take_ahead`) runs on its resources from now."""
-        old, new = (job_id, element), (job_id, to)
-        self.graph.rekey(old, new)
-        end = self._running.pop(old)
-        self._dying.discard(old)
-        self._releases += 1  # a running element's planned end moved: reservations are planned again
+    def pass_on(self, job_id: int, passes: list[tuple[int, int]], now: float) -> None:
+        """For each (element, to) in order: element `element` ended and element `to` (taken with `take_ahead`) runs
+        on its resources from now; a later pair may pass on what an earlier one started. Counted for limits and
+        fair share once for all of them: the dispatch window passes on most of a big array's elements."""
+        running, dying = self._running, self._dying
         active = self._active.get(job_id)
-        self._noted_release(job_id, 1, now, end)
+        until = now + (self._time_limit(active[0]) if active is not None else self.default_time_limit)
+        ends = 0.0
+        for element, to in passes:
+            old, new = (job_id, element), (job_id, to)
+            self.graph.rekey(old, new)
+            ends += running.pop(old)
+            running[new] = until
+            if dying:
+                dying.discard(old)
+        self._releases += len(passes)  # running elements' planned ends moved: reservations are planned again
+        self._noted_release(job_id, len(passes), now, ends)
         if active is not None:
-            self._running[new] = now + self._time_limit(active[0])
-            self._noted_start(active[0], 1, now, from_queue=False)
-        else:
-            self._running[new] = now + self.default_time_limit
+            self._noted_start(active[0], len(passes), now, from_queue=False)
 
     def adopt(self, job_id: int, element: int, allocation: Allocation,
               start_time: float, time_limit: float | None = None, job: SchedJob | None = None) -> None:
