@@ -4,7 +4,7 @@
                                    [--profile DIR]
 
 Three cases on fresh `LocalCluster`s of 4 ranks x 2 cores with the test executor (a task ends as soon as it
-starts), 8 slots:
+starts), 8 slots (`--cores 64 --array-tasks 100000`: issue 17's 256-slot case):
 
 array0   one array, `dispatch_window = 0` (a core is reused only after a round trip through rank 0)
 array    one array, the tree's default configuration (the dispatch window where the tree has one)
@@ -41,7 +41,7 @@ def spec(**fields: Any) -> dict[str, Any]:
     return {"argv": ["true"], "env": {"PATH": os.environ["PATH"]}, "cwd": "/tmp", **fields}
 
 
-def measure(case: str, tasks: int, profile: str | None) -> dict[str, float]:
+def measure(case: str, tasks: int, cores: int, profile: str | None) -> dict[str, float]:
     """CPU µs per task (broker, all ranks) and tasks/s of one case on a fresh cluster."""
     from minicluster.config import InstanceConfig
     from minicluster.testing import LocalCluster
@@ -49,7 +49,7 @@ def measure(case: str, tasks: int, profile: str | None) -> dict[str, float]:
     has_window = "dispatch_window" in InstanceConfig.__dataclass_fields__  # not in trees older than the window
     settings: dict[str, Any] = {"dispatch_window": 0} if case == "array0" and has_window else {}
     with tempfile.TemporaryDirectory(prefix="mc-trees-") as state_dir:
-        cluster = LocalCluster(state_dir, size=4, test_exec=True, resources="cores=2", **settings)
+        cluster = LocalCluster(state_dir, size=4, test_exec=True, resources=f"cores={cores}", **settings)
         try:
             for rank in range(4):
                 cluster.start_rank(rank, env={"MC_PROFILE": f"{profile}-rank{rank}.prof"} if profile else None)
@@ -80,7 +80,7 @@ def measure(case: str, tasks: int, profile: str | None) -> dict[str, float]:
 def interleaved(args: argparse.Namespace) -> dict[str, Any]:
     def argv(name: str, i: int) -> list[str]:
         one = [os.path.abspath(__file__), "--one", "--array-tasks", str(args.array_tasks), "--jobs", str(args.jobs),
-               "--cases", args.cases]
+               "--cases", args.cases, "--cores", str(args.cores)]
         if args.profile and i == args.runs - 1:
             one += ["--profile", os.path.join(os.path.abspath(args.profile), name)]
         return one
@@ -94,12 +94,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--array-tasks", type=int, default=10_000)
     parser.add_argument("--jobs", type=int, default=2_000)
+    parser.add_argument("--cores", type=int, default=2, help="cores per rank")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of " + ", ".join(CASES))
     parser.add_argument("--profile", help="a directory for the cProfiles of the last run")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps({case: measure(case, args.jobs if case == "jobs" else args.array_tasks,
+        print(json.dumps({case: measure(case, args.jobs if case == "jobs" else args.array_tasks, args.cores,
                                         f"{args.profile}-{case}" if args.profile else None)
                           for case in args.cases.split(",")}))
         return

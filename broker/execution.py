@@ -228,6 +228,7 @@ class Execution:
         statements: list[Statement] = []
         keys = []
         released: list[tuple[int, int]] = []
+        passed: dict[int, list[tuple[int, int]]] = {}  # job -> (element, the one that took over its cores)
         aheads: dict[int, messages.Ahead] = {}
         killed: list[Key] = []  # started behind a task of a job that is ending
         usage_rows: list[Statement] = []  # after the task rows, so each kind still goes through one executemany
@@ -254,7 +255,7 @@ class Execution:
                     if running is not None:
                         job.running -= 1
                         if job.is_array:
-                            self._free_slot(job, task, running, released, aheads, killed, now)
+                            self._free_slot(job, task, running, released, passed, aheads, killed, now)
                     touched[job_id] = job
                     continue
                 counted, cancelled = judged
@@ -270,7 +271,7 @@ class Execution:
             cancelled = cancelled or preempted is not None
             job.record_result(counted, was_running=running is not None, cancelled=cancelled)
             if running is not None:
-                self._free_slot(job, task, running, released, aheads, killed, now)
+                self._free_slot(job, task, running, released, passed, aheads, killed, now)
                 if not job.is_array and self.window.depth and started is not None and ended is not None:
                     self.window.observe(job, ended - started)
             if status and not job.ending and not cancelled:   # a task a workflow rule cut short is a consequence
@@ -285,6 +286,8 @@ class Execution:
                 if error and job.reason is None:
                     job.reason = failure[1]
             touched[job_id] = job
+        for job_id, passes in passed.items():  # before the releases: an element passed to may have ended too
+            self.manager.scheduler.pass_on(job_id, passes, now)
         if released:
             # Array elements free their cores together: one accounting pass per node.
             self.manager.scheduler.release_many(released, now)
@@ -300,7 +303,8 @@ class Execution:
             self._after_results(job, now)
 
     def _free_slot(self, job: Job, task: int, running: RunningTask, released: list[tuple[int, int]],
-                   aheads: dict[int, messages.Ahead], killed: list[Key], now: float) -> None:
+                   passed: dict[int, list[tuple[int, int]]], aheads: dict[int, messages.Ahead], killed: list[Key],
+                   now: float) -> None:
         """A task ended: its cores go to the entry sent ahead to follow it, which the worker has started in its
         place (protocol.md §2.10), else back to the scheduler (an array element's here, a job's once it ended)."""
         started = self.window.successor((job.id, task)) if self.window.ahead else None
@@ -310,9 +314,14 @@ class Execution:
             return
         key, ahead = started
         following = self.manager.jobs[key[0]]  # a single job sent ahead finishes only once it is back or ran
-        if following is not job:
+        if following is job:
+            passes = passed.get(job.id)
+            if passes is None:
+                passes = passed[job.id] = []
+            passes.append((running.element, ahead.element))
+        else:
             self.window.started_ahead(following, ahead.rank, now)
-        self.manager.scheduler.pass_on(job.id, running.element, ahead.element, now, to_job=key[0])
+            self.manager.scheduler.hand_over(job.id, running.element, following.id, now)
         self._track(following, key[1], ahead.rank, ahead.element, now)
         if following.ending or following.state == State.INACTIVE:
             killed.append(key)

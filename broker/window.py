@@ -46,6 +46,9 @@ class DispatchWindow:
         self.seconds = seconds
         self.ahead: dict[Key, Ahead] = {}
         self.next_of: dict[Key, Key] = {}  # a task (running or ahead) -> the element sent to follow it
+        # A running task -> the last entry of its chain and the chain's length, so that a top-up need not walk
+        # the chain: kept by `fill` and `successor`, dropped whole when entries leave a chain otherwise.
+        self.tails: dict[Key, tuple[Key, int]] = {}
         self.by_rank: dict[int, set[Key]] = defaultdict(set)
         self.by_job: dict[int, set[Key]] = defaultdict(set)
         self.recalling: set[Key] = set()
@@ -63,9 +66,7 @@ class DispatchWindow:
         """Top up the chain behind `head` (running on `rank`) to `depth_of(job)` entries, into `out`'s `ahead`s."""
         if not self._open(job, rank):
             return
-        tail, length = head, 0
-        while (following := self.next_of.get(tail)) is not None:
-            tail, length = following, length + 1
+        tail, length = self.tails.get(head) or self._walk(head)
         room = self.depth_of(job) - length
         if rank in self.limit:
             room = min(room, self.limit[rank] - len(self.by_rank.get(rank, ())))
@@ -88,6 +89,13 @@ class DispatchWindow:
             attempt = attempts.get(task, 0) if attempts else 0
             ahead_message.tasks.append([job.id, task, job.index_of(task), cores, gpus, attempt, tail[1]])
             tail = key
+        self.tails[head] = (tail, length + len(elements))
+
+    def _walk(self, head: Key) -> tuple[Key, int]:
+        tail, length = head, 0
+        while (following := self.next_of.get(tail)) is not None:
+            tail, length = following, length + 1
+        return tail, length
 
     def depth_of(self, job: Job) -> int:
         """How many elements may wait behind one of the job's cores: as many as run in about `seconds` by its
@@ -203,14 +211,18 @@ class DispatchWindow:
     def successor(self, key: Key) -> tuple[Key, Ahead] | None:
         """Task `key` ended: the element that followed it has started in its place (or None)."""
         following = self.next_of.pop(key, None)
+        chain = self.tails.pop(key, None)
         if following is None:
             return None
+        if chain is not None and chain[1] > 1:
+            self.tails[following] = (chain[0], chain[1] - 1)
         return following, self._forget(following)
 
     def returned(self, rank: int, keys: list[list[int]]) -> dict[int, list[int]]:
         """The worker dropped these unstarted: they are unlinked from their chains; returns job -> tasks."""
         out: dict[int, list[int]] = defaultdict(list)
         unasked = False
+        self.tails.clear()
         for job_id, task in keys:
             key = (job_id, task)
             ahead = self.ahead.get(key)
@@ -234,6 +246,7 @@ class DispatchWindow:
         """The rank lost its window (node loss, a new join): every entry of it, as job -> tasks."""
         out: dict[int, list[int]] = defaultdict(list)
         self.limit.pop(rank, None)
+        self.tails.clear()
         for key in list(self.by_rank.get(rank, ())):
             ahead = self._forget(key)
             before = ahead.after

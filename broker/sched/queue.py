@@ -398,20 +398,36 @@ class Scheduler:
         self._queue_version += 1
         return range(first, first + n)
 
-    def pass_on(self, job_id: int, element: int, to: int, now: float, to_job: int | None = None) -> None:
-        """Element `element` ended and element `to` (taken with `take_ahead`) runs on its resources from now; or,
-        with `to_job`, the single job `to_job` (taken with `take_ahead_job`) as its element `to`."""
-        new_job = job_id if to_job is None else to_job
-        old, new = (job_id, element), (new_job, to)
+    def pass_on(self, job_id: int, passes: list[tuple[int, int]], now: float) -> None:
+        """For each (element, to) in order: element `element` ended and element `to` (taken with `take_ahead`) runs
+        on its resources from now; a later pair may pass on what an earlier one started. Counted for limits and
+        fair share once for all of them: the dispatch window passes on most of a big array's elements."""
+        running, dying = self._running, self._dying
+        active = self._active.get(job_id)
+        until = now + (self._time_limit(active[0]) if active is not None else self.default_time_limit)
+        ends = 0.0
+        for element, to in passes:
+            old, new = (job_id, element), (job_id, to)
+            self.graph.rekey(old, new)
+            ends += running.pop(old)
+            running[new] = until
+            if dying:
+                dying.discard(old)
+        self._releases += len(passes)  # running elements' planned ends moved: reservations are planned again
+        self._noted_release(job_id, len(passes), now, ends)
+        if active is not None:
+            self._noted_start(active[0], len(passes), now, from_queue=False)
+
+    def hand_over(self, job_id: int, element: int, to_job: int, now: float) -> None:
+        """Element `element` of job `job_id` ended and the single job `to_job` (taken with `take_ahead_job`) runs
+        on its resources from now, as its element 0."""
+        old, new = (job_id, element), (to_job, 0)
         self.graph.rekey(old, new)
         end = self._running.pop(old)
         self._dying.discard(old)
         self._releases += 1  # a running element's planned end moved: reservations are planned again
-        active = self._active.get(job_id)
         self._noted_release(job_id, 1, now, end)
-        job = active[0] if active is not None else None
-        if to_job is not None:
-            job = self._ahead_jobs.pop(to_job, None)
+        job = self._ahead_jobs.pop(to_job, None)
         if job is not None:
             self._running[new] = now + self._time_limit(job)
             self._noted_start(job, 1, now, from_queue=False)
@@ -423,7 +439,7 @@ class Scheduler:
         core (protocol.md §2.10), if it is one task on one core (no GPUs, memory, exclusivity or constraints),
         `eligible` says yes and no core is free anywhere; taken out of the queue without resources. In a queue
         with limits only behind a job of the same queue and user: starting in its place keeps the counts. It later
-        takes over a running job's resources with `pass_on(..., to_job=)`, or comes back with `drop_ahead`."""
+        takes over a running job's resources with `hand_over`, or comes back with `drop_ahead`."""
         if self.graph.cluster.free_cores:
             return None  # it would wait behind a busy core where it could start at once
         head = self._head()

@@ -62,6 +62,9 @@ async def test_each_busy_core_gets_a_chain_and_the_next_element_takes_over_its_c
     assert scheduler.holds(record.id, 2) and not scheduler.holds(record.id, 0), "the core went on to element 2"
     assert aheads(core) == {first: [(4, 2), (5, 4)]}, "the chain is topped up to the window"
     assert core.schedule() == [], "no core was freed"
+    core.done(first, record, 2)
+    assert rank_of(core, record, 4) == first
+    assert aheads(core) == {first: [(6, 5)]}, "again, behind the chain's last entry"
 
 
 async def test_cancel_recalls_the_window_before_the_kill_and_ends_every_element(core: Core) -> None:

@@ -283,6 +283,6 @@ def test_a_single_job_of_a_queue_with_limits_goes_ahead_only_behind_one_of_its_o
     assert s.take_ahead_job(anything, after=1) is None, "behind uid 1, uid 2 would run a third job"
     taken = s.take_ahead_job(anything, after=3)
     assert taken is not None and taken.job_id == 5
-    s.pass_on(3, 0, 0, 1.0, to_job=5)
+    s.hand_over(3, 0, 5, 1.0)
     assert s.limits.by_user[("q", 2)].running == 2
     assert s.take_ahead_job(anything, after=1).job_id == 6, "a queue without limits: behind anyone"
