@@ -315,10 +315,7 @@ class Execution:
         key, ahead = started
         following = self.manager.jobs[key[0]]  # a single job sent ahead finishes only once it is back or ran
         if following is job:
-            passes = passed.get(job.id)
-            if passes is None:
-                passes = passed[job.id] = []
-            passes.append((running.element, ahead.element))
+            passed.setdefault(job.id, []).append((running.element, ahead.element))
         else:
             self.window.started_ahead(following, ahead.rank, now)
             self.manager.scheduler.hand_over(job.id, running.element, following.id, now)

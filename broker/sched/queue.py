@@ -387,7 +387,8 @@ class Scheduler:
         overtaken; one behind it waits for its elements anyway), for an array off the fast path (one flat CPU-only
         slot per element) or in a stopped queue."""
         entry = self._pending.get(job_id)
-        if entry is None or not entry.batch or entry.job.queue in self.stopped or self._head() != job_id:
+        head = self._head_key()
+        if entry is None or not entry.batch or entry.job.queue in self.stopped or head is None or head[2] != job_id:
             return range(0)
         n = min(count, entry.remaining)
         first = entry.started
@@ -442,9 +443,10 @@ class Scheduler:
         takes over a running job's resources with `hand_over`, or comes back with `drop_ahead`."""
         if self.graph.cluster.free_cores:
             return None  # it would wait behind a busy core where it could start at once
-        head = self._head()
-        if head is None:
+        head_key = self._head_key()
+        if head_key is None:
             return None
+        head = head_key[2]
         job = self._pending[head].job
         if job.count != 1 or job.request not in _ONE_CORE or not eligible(head):
             return None
@@ -494,10 +496,6 @@ class Scheduler:
                         best = merged
                     break
         return best
-
-    def _head(self) -> int | None:
-        head = self._head_key()
-        return head[2] if head is not None else None
 
     def adopt(self, job_id: int, element: int, allocation: Allocation,
               start_time: float, time_limit: float | None = None, job: SchedJob | None = None) -> None:
