@@ -1,13 +1,16 @@
 """The dispatch window (protocol.md §2.10) on and off, interleaved run by run (not a timed test).
 
-    python benchmarks/window.py [--runs N] [--quick] [--windows 0,4]
+    python benchmarks/window.py [--runs N] [--quick] [--windows 0,4] [--only slots8|jobs8|real|realjobs] [--jobs N]
 
 Two experiments on fresh `LocalCluster`s, each run trying every `dispatch_window` setting (0 is the dispatch of
 before the window: every core reused only after a round trip through rank 0) in a rotating order:
 
 slots8   the test executor (tasks end at once) on 4 ranks of 2 cores, 8 slots: one array, submit -> all done.
+jobs8    the same 8 slots, N single `true` jobs sent with `submit_many` (small single jobs go ahead: §2.10),
+         submit -> all done; the rate counts from the first submit, so it includes the submissions.
 real     `/bin/true` on 2 ranks of 4 cores (real executor), 8 in flight, and in the same run the bare
          `os.posix_spawn` loop of benchmarks/throughput.py: the ratio is taken run by run.
+realjobs the same with N single `/bin/true` jobs through `submit_many` instead of one array.
 
 Prints one JSON document: every run, the medians, and the ratios to window 0 (and to the raw loop) run by run.
 The machine may be shared: compare ratios measured in one run, not absolute rates across runs.
@@ -25,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import IN_FLIGHT, cpu_seconds, local_cluster, loadavg, progress, run_all, spawn_raw, spec
+from throughput import IN_FLIGHT, cpu_seconds, local_cluster, loadavg, progress, run_all, spawn_raw, spec, submit_ids
 
 
 def slots8(n: int, window: int, cpu: dict[str, list[float]]) -> float:
@@ -43,6 +46,31 @@ def slots8(n: int, window: int, cpu: dict[str, list[float]]) -> float:
         cpu.setdefault(f"window{window}_all_ranks_cpu_us_per_task", []).append(
             (sum(map(cpu_seconds, pids)) - all0) / n * 1e6)
         return rate
+
+
+def jobs8(n: int, window: int, cpu: dict[str, list[float]]) -> float:
+    """Jobs/s of n single test-executor `true` jobs on 4 ranks x 2 cores; appends the broker's CPU time per job
+    (µs) to `cpu`. The warm-up's jobs have the same argv: their run times make the shape known as small."""
+    with (local_cluster(4, test_exec=True, resources="cores=2", dispatch_window=window) as cluster,
+          cluster.client() as client):
+        run_all(client, submit_ids(client, [spec(["true"])] * 200))
+        broker = cluster.procs[0].pid
+        broker0 = cpu_seconds(broker)
+        start = time.perf_counter()
+        run_all(client, submit_ids(client, [spec(["true"])] * n))
+        rate = n / (time.perf_counter() - start)
+        cpu.setdefault(f"window{window}_broker_cpu_us_per_job", []).append((cpu_seconds(broker) - broker0) / n * 1e6)
+        return rate
+
+
+def realjobs(n: int, window: int) -> float:
+    """Jobs/s of n single /bin/true jobs on 2 ranks x IN_FLIGHT/2 cores (real executor), submissions included."""
+    with (local_cluster(2, resources=f"cores={IN_FLIGHT // 2}", dispatch_window=window) as cluster,
+          cluster.client() as client):
+        run_all(client, submit_ids(client, [spec(["/bin/true"])] * 50))  # warm-up: the shape's run time
+        start = time.perf_counter()
+        run_all(client, submit_ids(client, [spec(["/bin/true"])] * n))
+        return n / (time.perf_counter() - start)
 
 
 def real(n: int, window: int) -> float:
@@ -79,16 +107,26 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="small arrays")
     parser.add_argument("--windows", default="0,4", help="dispatch_window settings, comma-separated")
-    parser.add_argument("--only", choices=("slots8", "real"), default=None)
+    parser.add_argument("--only", choices=("slots8", "jobs8", "real", "realjobs"), default=None)
+    parser.add_argument("--jobs", type=int, default=None, help="single jobs of the jobs8 case (default 20,000)")
     args = parser.parse_args()
     windows = [int(w) for w in args.windows.split(",")]
-    n8, nreal = (5_000, 500) if args.quick else (40_000, 4_000)
+    n8, nreal, njobs = (5_000, 500, 2_000) if args.quick else (40_000, 4_000, 20_000)
+    njobs = args.jobs or njobs
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "loadavg_start": loadavg(), "runs": args.runs}}
     if args.only in (None, "slots8"):
         cpu: dict[str, list[float]] = {}
         rates = interleaved(args.runs, {f"window{w}": (lambda w=w: slots8(n8, w, cpu)) for w in windows})
         results["slots8"] = {"tasks": n8, **report(rates, f"window{windows[0]}"),
                              "cpu": {name: {"runs": r, "median": statistics.median(r)} for name, r in cpu.items()}}
+    if args.only in (None, "jobs8"):
+        cpu = {}
+        rates = interleaved(args.runs, {f"window{w}": (lambda w=w: jobs8(njobs, w, cpu)) for w in windows})
+        results["jobs8"] = {"jobs": njobs, **report(rates, f"window{windows[0]}"),
+                            "cpu": {name: {"runs": r, "median": statistics.median(r)} for name, r in cpu.items()}}
+    if args.only in (None, "realjobs"):
+        rates = interleaved(args.runs, {f"window{w}": (lambda w=w: realjobs(nreal, w)) for w in windows})
+        results["realjobs"] = {"jobs": nreal, **report(rates, f"window{windows[0]}")}
     if args.only in (None, "real"):
         contenders: dict[str, Any] = {f"window{w}": (lambda w=w: real(nreal, w)) for w in windows}
         contenders["raw_posix_spawn"] = lambda: spawn_raw(nreal)

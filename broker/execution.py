@@ -74,6 +74,7 @@ class Execution:
         manager.retime = self.retime
         manager.running_tasks = lambda job: [task for _, task in self.by_job.get(job.id, ())]
         manager.recall_ahead = self.window.recall_job
+        manager.waits_ahead = self.window.waits
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
@@ -182,6 +183,13 @@ class Execution:
                 readers[job.id] = targets
         for rank, run in per_rank.items():
             messages.send(self.send, rank, run)
+        if self.window.depth:  # after the `run`s: chains of small single jobs behind the one-core ones
+            aheads: dict[int, messages.Ahead] = {}
+            for job, slots, _info in gangs:
+                if len(slots) == 1 and job.id not in self._undispatched and job.id in self.by_job:
+                    rank, slot = slots[0]
+                    self.window.fill_jobs((job.id, 0), rank, list(slot.cores), list(slot.gpus), aheads)
+            self._send_ahead(aheads)
         for job_id, targets in readers.items():
             self.stdin.dispatched(job_id, targets)
 
@@ -251,6 +259,8 @@ class Execution:
                     touched[job_id] = job
                     continue
                 counted, cancelled = judged
+            if job.state == State.SCHED and flow is None and not job.is_array:
+                self.window.started_ahead(job, rank, now)  # it started ahead before a restart (protocol.md §2.10)
             job.mark_done(task)
             running = self._untrack((job_id, task))
             self.tasks_ended += 1
@@ -260,8 +270,10 @@ class Execution:
             self._account(job, result, started, ended, usage_rows)
             cancelled = cancelled or preempted is not None
             job.record_result(counted, was_running=running is not None, cancelled=cancelled)
-            if running is not None and job.is_array:
+            if running is not None:
                 self._free_slot(job, task, running, released, passed, aheads, killed, now)
+                if not job.is_array and self.window.depth and started is not None and ended is not None:
+                    self.window.observe(job, ended - started)
             if status and not job.ending and not cancelled:   # a task a workflow rule cut short is a consequence
                 failure = (status, job.failure_note(task, rank, status, error))
                 # A success_task job is decided by its driver: another task failing does not end it.
@@ -293,22 +305,27 @@ class Execution:
     def _free_slot(self, job: Job, task: int, running: RunningTask, released: list[tuple[int, int]],
                    passed: dict[int, list[tuple[int, int]]], aheads: dict[int, messages.Ahead], killed: list[Key],
                    now: float) -> None:
-        """An array element ended: its cores go to the element sent ahead to follow it, which the worker has
-        started in its place (protocol.md §2.10), else back to the scheduler."""
+        """A task ended: its cores go to the entry sent ahead to follow it, which the worker has started in its
+        place (protocol.md §2.10), else back to the scheduler (an array element's here, a job's once it ended)."""
         started = self.window.successor((job.id, task)) if self.window.ahead else None
         if started is None:
-            released.append((job.id, running.element))
+            if job.is_array:
+                released.append((job.id, running.element))
             return
         key, ahead = started
-        passes = passed.get(job.id)
-        if passes is None:
-            passes = passed[job.id] = []
-        passes.append((running.element, ahead.element))
-        self._track(job, key[1], ahead.rank, ahead.element, now)
-        if job.ending or job.state == State.INACTIVE:
-            killed.append(key)
+        following = self.manager.jobs[key[0]]  # a single job sent ahead finishes only once it is back or ran
+        if following is job:
+            passed.setdefault(job.id, []).append((running.element, ahead.element))
         else:
+            self.window.started_ahead(following, ahead.rank, now)
+            self.manager.scheduler.hand_over(job.id, running.element, following.id, now)
+        self._track(following, key[1], ahead.rank, ahead.element, now)
+        if following.ending or following.state == State.INACTIVE:
+            killed.append(key)
+        elif following is job:
             self.window.fill(job, key, ahead.rank, ahead.cores, ahead.gpus, aheads)
+        else:
+            self.window.fill_jobs(key, ahead.rank, ahead.cores, ahead.gpus, aheads)
 
     def _count_unrecorded(self, fut: asyncio.Future[None], count: int) -> None:
         """Results recorded but not yet durable, the window's measure of a lagging journal."""
@@ -330,7 +347,11 @@ class Execution:
             job = self.manager.jobs.get(job_id)
             if job is None:
                 continue
-            self.manager.workflow.attempts.queue_tasks(job, tasks)  # nothing for a job that is ending
+            if job.is_array:
+                self.manager.workflow.attempts.queue_tasks(job, tasks)  # nothing for a job that is ending
+            else:
+                self.manager.scheduler.drop_ahead(job_id)
+                self.manager.workflow.attempts.queue_plain(job)  # nor here; nor while it is held
             self.manager.maybe_finish(job)
         if tasks_by_job:
             self.manager.wake_scheduler()
@@ -418,7 +439,11 @@ class Execution:
             self._end_locally(job, list(self.by_job.get(job.id, ())), 128 + sig, "cancelled before start")
             return
         self.window.recall_job(job)  # before the kill: an entry the worker still holds must not start after it
-        self._signal(list(self.by_job.get(job.id, ())), sig)
+        keys = list(self.by_job.get(job.id, ()))
+        if not job.is_array and self.window.ahead:
+            for key in keys:  # its cores may be wanted (a preemption): the single jobs behind it run elsewhere
+                self.window.recall_after(key)
+        self._signal(keys, sig)
 
     def task_of_element(self, job: Job, element: int) -> int | None:
         """The task running as scheduler element `element` of an array, if any."""

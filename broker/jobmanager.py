@@ -88,6 +88,8 @@ class JobManager:
         self.kill_tasks: Callable[[Job, int], None] = lambda job, sig: None
         # Set by the broker: take back the job's elements sent ahead and not started (protocol.md §2.10).
         self.recall_ahead: Callable[[Job], None] = lambda job: None
+        # Set by the broker: whether a single job was sent ahead and has neither started nor come back.
+        self.waits_ahead: Callable[[Job], bool] = lambda job: False
         # Set by the broker: the job finished (nothing of it runs any more).
         self.job_finished: Callable[[Job], None] = lambda job: None
         self.all_ranks_seen = False
@@ -104,7 +106,7 @@ class JobManager:
         self.workflow = Workflow(self)
         # How each effect of an applied event (broker/job.py) is carried out, given the job and its write's future.
         self._actions: dict[Effect, Callable[[Job, asyncio.Future[None] | None], object]] = {
-            Effect.UNQUEUE: lambda job, _: self.scheduler.cancel(job.id),
+            Effect.UNQUEUE: self._unqueue,
             Effect.KILL_TASKS: lambda job, _: self.kill_tasks(job, signal.SIGTERM),
             Effect.POST_FINISH: lambda job, _: self.finish(job),
             Effect.POST_RELEASE: lambda job, _: self.post(job, "release"),
@@ -202,7 +204,13 @@ class JobManager:
         elif job.state == State.SCHED and not job.ending:  # not cancelled meanwhile
             self.enqueue(job, request)
 
+    def _unqueue(self, job: Job, _: asyncio.Future[None] | None) -> None:
+        self.scheduler.cancel(job.id)
+        self.recall_ahead(job)  # what was sent ahead must not start after the job ended
+
     def enqueue(self, job: Job, request: sched.Request, count: int | None = None, first: int = 0) -> None:
+        if not job.is_array and self.waits_ahead(job):
+            return  # it is queued again when it comes back (protocol.md §2.10)
         count = count if count is not None else job.total_tasks if job.is_array else 1
         self.scheduler.enqueue(self.sched_job(job, request, count, first), now=self.clock())
         self.wake_scheduler()
@@ -286,6 +294,8 @@ class JobManager:
 
     def finish(self, job: Job) -> None:
         """Post `finish`; its effects post `release` and `clean` (broker/job.py)."""
+        if self.waits_ahead(job):
+            return  # finished once it came back, or once its task that started after all ended
         outcome = job.outcome()
         job.t_inactive = self.clock()
         job.status = outcome["status"]  # the accounting row, written with the event, records it

@@ -167,8 +167,11 @@ class Reattach:
                 self.manager.maybe_finish(job)
             return
         if job.state == State.SCHED:
-            self.manager.enqueue(job, request)
-            return
+            if not entries:
+                self.manager.enqueue(job, request)
+                return
+            # Sent ahead and started before the restart (protocol.md §2.10): started now, and reattached below.
+            execution.window.started_ahead(job, entries[0][0], now)
         if job.tasks_left == 0:
             self.manager.maybe_finish(job)
             return

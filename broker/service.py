@@ -334,6 +334,7 @@ class Broker:
         starts = self.scheduler.schedule(time.time())
         if starts:
             self.execution.start(starts)
+        self.execution.window.recall_overtaken()
         preemptions = self.scheduler.take_preemptions()
         if preemptions:
             preemption.carry_out(self.manager, self.execution, self.sharing, preemptions)
@@ -366,7 +367,9 @@ class Broker:
     async def _deadline_loop(self) -> None:
         while True:
             await asyncio.sleep(0.1)
-            self.execution.check_deadlines(time.monotonic())
+            now = time.monotonic()
+            self.execution.check_deadlines(now)
+            self.execution.window.recall_overdue(now)
 
     async def _sharing_loop(self) -> None:
         """Every `fairshare_interval`: fair-share factors, and the usage that changed saved to the journal (a

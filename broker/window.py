@@ -1,18 +1,20 @@
-"""Rank 0's side of the dispatch window (protocol.md §2.10): array elements sent to a worker ahead of its cores.
+"""Rank 0's side of the dispatch window (protocol.md §2.10): array elements and small single-slot jobs sent to a
+worker ahead of its cores.
 
 Behind each array element running on a slot of the scheduler's array fast path, rank 0 keeps a chain of up to
-`dispatch_window` more elements of the same array, sent to the worker in `ahead` messages. The worker starts the
-next element of a chain the moment the one before it ends, so rank 0 learns of that start from the predecessor's
-result: `successor` hands the started element to Execution, which tracks it as running on the predecessor's cores.
-Elements still waiting come back with `returned` (after a `recall`) or are dropped with their rank; both go back
-to the queue. Nothing here is journaled: after a restart the workers' `join` says what started (§2.6).
+`dispatch_window` more elements of the same array; behind each running small one-core job, a chain of such jobs
+taken from the head of the queue. They go to the worker in `ahead` messages. The worker starts the next entry of a
+chain the moment the one before it ends, so rank 0 learns of that start from the predecessor's result:
+`successor` hands the started entry to Execution, which tracks it as running on the predecessor's cores. Entries
+still waiting come back with `returned` (after a `recall`) or are dropped with their rank; both go back to the
+queue. Nothing here is journaled: after a restart the workers' `join` says what started (§2.6).
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from broker.job import Job
+from broker.job import Job, State
 from minicluster.proto import messages
 
 if TYPE_CHECKING:
@@ -21,14 +23,20 @@ if TYPE_CHECKING:
 Key = tuple[int, int]
 # Back-pressure: no top-up while this many recorded results are not yet durable (the journal lags).
 LAG_RESULTS = 4096
+# How many (user, argv) shapes of single jobs keep a mean run time, and how much a new run time moves it.
+SHAPES = 1024
+SHAPE_WEIGHT = 0.2
+# A chain of single jobs waits behind a job at most this much longer than that job's expected run time.
+OVERDUE_SECONDS = 1.0
 
 
 class Ahead(NamedTuple):
     rank: int
-    element: int  # the scheduler's element number, taken with take_ahead
-    after: int  # the task of the same job it follows on the same cores
+    element: int  # the scheduler's element number, taken with take_ahead (0 for a single job)
+    after: Key  # the task it follows on the same cores: of the same array, or another single job's
     cores: list[int]
     gpus: list[int]
+    expect: float = 0.0  # a single job's expected run time, what it adds to its chain's work
 
 
 class DispatchWindow:
@@ -48,6 +56,8 @@ class DispatchWindow:
         # what waited then, until the rank joins again.
         self.limit: dict[int, int] = {}
         self.unrecorded = 0
+        # Single jobs: the mean run time of the last ones of each (uid, argv), the measure of "small".
+        self.shapes: dict[tuple[int, tuple[str, ...]], float] = {}
 
     # --- sending ahead -------------------------------------------------------------------------------------
 
@@ -72,7 +82,7 @@ class DispatchWindow:
         for element in elements:
             task = job.pending_map[element] if job.pending_map is not None else element
             key = (job.id, task)
-            self.ahead[key] = Ahead(rank, element, tail[1], cores, gpus)
+            self.ahead[key] = Ahead(rank, element, tail, cores, gpus)
             self.next_of[tail] = key
             self.by_rank[rank].add(key)
             self.by_job[job.id].add(key)
@@ -102,10 +112,99 @@ class DispatchWindow:
         spec = job.spec
         if not self.depth or spec is None or not job.is_array or job.ending or spec.stdin_tasks:
             return False
-        if self.unrecorded > LAG_RESULTS:
+        return self._open_rank(rank)
+
+    def _open_rank(self, rank: int) -> bool:
+        if not self.depth or self.unrecorded > LAG_RESULTS:
             return False
         node = self.execution.manager.scheduler.graph.nodes.get(rank)
         return node is not None and node.up and node.drain_reason is None
+
+    # --- single jobs ---------------------------------------------------------------------------------------
+
+    def fill_jobs(self, head: Key, rank: int, cores: list[int], gpus: list[int],
+                  out: dict[int, messages.Ahead]) -> None:
+        """Top up the chain behind single job `head` (running on `rank`, one core) with small single jobs from the
+        head of the queue, to about `seconds` of expected work (at least one, at most `depth`)."""
+        manager = self.execution.manager
+        if not self._open_rank(rank) or gpus or len(cores) != 1 or not self.is_small(manager.jobs[head[0]]):
+            return  # behind a job that may run long, jobs would wait where another core could take them
+        tail, length, planned = head, 0, 0.0
+        while (following := self.next_of.get(tail)) is not None:
+            tail, length = following, length + 1
+            planned += self.ahead[following].expect
+        room = self.depth - length
+        if rank in self.limit:
+            room = min(room, self.limit[rank] - len(self.by_rank.get(rank, ())))
+        while room > 0 and (planned < self.seconds or not length):
+            taken = manager.scheduler.take_ahead_job(self.small, tail[0])
+            if taken is None:
+                return
+            job = manager.jobs[taken.job_id]
+            expect = self.expected(job)
+            assert expect is not None, "only a small job is taken"
+            ahead_message = out.get(rank)
+            if ahead_message is None:
+                ahead_message = out[rank] = messages.Ahead()
+            ahead_message.jobs[job.id] = self.execution.jobinfo(job, [[rank, 1]])
+            key = (job.id, 0)
+            self.ahead[key] = Ahead(rank, 0, tail, cores, gpus, expect)
+            self.next_of[tail] = key
+            self.by_rank[rank].add(key)
+            self.by_job[job.id].add(key)
+            ahead_message.tasks.append([job.id, 0, 0, cores, gpus, 0, tail[1], tail[0]])
+            tail, length, planned, room = key, length + 1, planned + expect, room - 1
+
+    def small(self, job_id: int) -> bool:
+        """Whether a queued job may go ahead (protocol.md §2.10)."""
+        job = self.execution.manager.jobs.get(job_id)
+        return job is not None and job.state == State.SCHED and not job.ending and self.is_small(job)
+
+    def is_small(self, job: Job) -> bool:
+        """One task, no workflow state, no stdin or PMI, and an expected run time known and within `seconds`."""
+        if job.is_array or job.flow is not None:
+            return False
+        spec = job.spec
+        if spec is None or spec.ntasks != 1 or spec.stdin_tasks or spec.pmi_mode is not None:
+            return False
+        expect = self.expected(job)
+        return expect is not None and expect <= self.seconds
+
+    def expected(self, job: Job) -> float | None:
+        """A single job's expected run time: the mean of its shape's last runs, else its own time limit."""
+        spec = job.spec
+        assert spec is not None
+        mean = self.shapes.get((job.uid, spec.argv))
+        return mean if mean is not None else spec.time_limit
+
+    def observe(self, job: Job, seconds: float) -> None:
+        """A single job ran `seconds`: its shape's mean moves towards that."""
+        spec = job.spec
+        if spec is None or spec.ntasks != 1:
+            return
+        shapes, shape = self.shapes, (job.uid, spec.argv)
+        mean = shapes.get(shape)
+        if mean is None:
+            if len(shapes) >= SHAPES:
+                del shapes[next(iter(shapes))]  # the oldest shape seen
+            shapes[shape] = seconds
+        else:
+            shapes[shape] = mean + SHAPE_WEIGHT * (seconds - mean)
+
+    def started_ahead(self, job: Job, rank: int, now: float) -> None:
+        """A single job sent ahead (or, after a restart, one the journal still holds as queued) started on
+        `rank`: its `alloc` and `start` come now, after its task."""
+        if job.state != State.SCHED:
+            return
+        manager = self.execution.manager
+        manager.scheduler.cancel(job.id)  # queued again after a restart, if its worker came back late
+        job.t_run = now
+        manager.post(job, "alloc", {"ranks": str(rank)})
+        manager.post(job, "start")
+
+    def waits(self, job: Job) -> bool:
+        """A single job sent ahead and neither started nor given back yet."""
+        return not job.is_array and job.id in self.by_job
 
     # --- what happened to them -----------------------------------------------------------------------------
 
@@ -130,13 +229,13 @@ class DispatchWindow:
             if ahead is None or ahead.rank != rank:
                 continue
             unasked = unasked or key not in self.recalling
-            before = (job_id, ahead.after)
+            before = ahead.after
             if self.next_of.get(before) == key:
                 del self.next_of[before]
             following = self.next_of.pop(key, None)
             if following is not None:  # it follows the dropped entry's predecessor now, as on the worker
                 self.next_of[before] = following
-                self.ahead[following] = self.ahead[following]._replace(after=ahead.after)
+                self.ahead[following] = self.ahead[following]._replace(after=before)
             self._forget(key)
             out[job_id].append(task)
         if unasked:
@@ -150,7 +249,7 @@ class DispatchWindow:
         self.tails.clear()
         for key in list(self.by_rank.get(rank, ())):
             ahead = self._forget(key)
-            before = (key[0], ahead.after)
+            before = ahead.after
             if self.next_of.get(before) == key:
                 del self.next_of[before]
             self.next_of.pop(key, None)
@@ -174,6 +273,33 @@ class DispatchWindow:
 
     def recall_rank(self, rank: int) -> None:
         self._recall(self.by_rank.get(rank, ()))
+
+    def recall_overtaken(self) -> None:
+        """After a scheduling pass: take back the single jobs sent ahead that a job still waiting in the queue
+        comes before (it arrived, or priorities moved, since they were taken)."""
+        if self.ahead:
+            overtaken = self.execution.manager.scheduler.overtaken_ahead()
+            if overtaken:
+                self._recall([(job_id, 0) for job_id in overtaken if (job_id, 0) in self.ahead])
+
+    def recall_overdue(self, now: float) -> None:
+        """Take back the chains of single jobs whose running head has run `OVERDUE_SECONDS` longer than expected
+        (`now`: monotonic), so that they wait no longer where another core may take them first."""
+        if not self.ahead:
+            return
+        tasks, jobs = self.execution.tasks, self.execution.manager.jobs
+        overdue = []
+        for key, ahead in self.ahead.items():
+            after = ahead.after
+            running = tasks.get(after) if after[0] != key[0] else None
+            if running is None:
+                continue  # an array element, or not first in its chain
+            head = jobs.get(after[0])
+            expect = self.expected(head) if head is not None and head.spec is not None else None
+            if now - running.timed_from > (expect or 0.0) + OVERDUE_SECONDS:
+                overdue.append(after)
+        for after in overdue:
+            self.recall_after(after)
 
     def recall_after(self, key: Key) -> None:
         """The chain behind `key` (a task about to be preempted)."""

@@ -374,6 +374,7 @@ class Workflow:
 
     def _requeue_entry(self, job: Job) -> None:
         """Queue the job's unstarted elements again, so a new urgency or time limit applies to them."""
+        self.manager.recall_ahead(job)  # those sent ahead come back to the queue (protocol.md §2.10)
         remaining = self.manager.scheduler.cancel(job.id)
         if remaining:
             first = self._elements(job) - remaining if job.is_array else 0

@@ -66,8 +66,9 @@ class InstanceConfig:
     test_exec: bool = False
     # Whether rank 0 offers its node to jobs (Flux's default) or keeps it for the broker alone.
     broker_runs_tasks: bool = True
-    # Array elements rank 0 sends each worker ahead of every busy one-slot core (protocol.md §2.10), at most
-    # `dispatch_window` (0: none) and as many as take about `dispatch_window_seconds` to run.
+    # Array elements and small single jobs rank 0 sends each worker ahead of every busy one-slot core
+    # (protocol.md §2.10), at most `dispatch_window` (0: none) and as many as take about `dispatch_window_seconds`
+    # to run.
     dispatch_window: int = 32
     dispatch_window_seconds: float = 0.05
     # Spawn helper processes per rank (docs/architecture.md, "Spawn helpers"): a number (0: tasks are spawned on

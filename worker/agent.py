@@ -224,7 +224,8 @@ class WorkerAgent:
             return  # sent before our join: rank 0 counts them as returned
         returned = []
         for entry in ahead.tasks:
-            job, task, after = entry[0], entry[1], (entry[0], entry[6])
+            job, task = entry[0], entry[1]
+            after = (entry[7] if len(entry) > 7 else job, entry[6])  # a whole job follows another job's task
             info = ahead.jobs.get(job)
             if info is None or len(self._waits_for) >= WINDOW_LIMIT or after in self._next:
                 returned.append([job, task])
@@ -248,7 +249,7 @@ class WorkerAgent:
             following = self._next.pop(key, None)
             if following is not None:
                 self._next[after] = following
-                self._waits_for[(job, following[0][1])] = after
+                self._waits_for[(following[0][0], following[0][1])] = after
             returned.append([job, task])
         if returned:
             messages.send(self.send, 0, messages.Returned(returned))
@@ -445,8 +446,8 @@ class WorkerAgent:
         following = self._next.pop(key, None)
         if following is not None:  # the next element of the window starts on the cores this one freed
             entry, info = following
-            del self._waits_for[(key[0], entry[1])]
-            self._on_run(messages.Run({key[0]: info}, [entry]))
+            del self._waits_for[(entry[0], entry[1])]
+            self._on_run(messages.Run({entry[0]: info}, [entry]))
 
     def _forget_job(self, job: int) -> None:
         """The job's last task here ended: drop its info (every `run` carries it) and PMI server."""

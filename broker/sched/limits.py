@@ -89,6 +89,10 @@ class LimitCounters:
 
     # --- checking -----------------------------------------------------------------------------------------
 
+    def limited(self, queue: str) -> bool:
+        """Whether the queue has a limit of its own or per user (others are only counted)."""
+        return queue in self._limited
+
     def room(self, queue: str, user: int, cores: int, gpus: int, want: int) -> tuple[int, str | None]:
         """How many of `want` elements (of `cores`/`gpus` each) may start now, and the limit that stops the rest."""
         config = self._limited.get(queue)

@@ -70,6 +70,13 @@ class Ordering:
         found = self.buckets.get(bucket)
         return found.base if found is not None else 0.0
 
+    def base_for(self, bucket: Hashable) -> float:
+        """The bucket's base, also for a bucket with no pending job (as it would get if one were queued)."""
+        found = self.buckets.get(bucket)
+        if found is not None:
+            return found.base
+        return self._base_of(bucket) if self._base_of is not None else 0.0
+
     def resort(self, key_of: Callable[[int], OrderKey]) -> None:
         """New order keys for every job (`key_of(job_id)`), each bucket sorted again."""
         for bucket in self.buckets.values():
@@ -102,9 +109,10 @@ class Merge:
     def __iter__(self) -> Iterator[tuple[Bucket, int]]:
         buckets = self._buckets
         if len(buckets) == 1:
-            # One user in one queue (the common single-tenant case): its own order, no heap.
+            # One user in one queue (the common single-tenant case): its own order, no heap, and no copy of it (a
+            # pass would cost O(queue)): nothing queues or cancels during a walk.
             only = buckets[0]
-            for key in list(only.keys):
+            for key in only.keys:
                 if self._dropped:
                     return
                 yield only, key[2]

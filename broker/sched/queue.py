@@ -34,7 +34,8 @@ from itertools import repeat
 from typing import Any, NamedTuple
 
 from .alloc import Allocation
-from .backfill import PHANTOM, Reservation, plan_reservation
+from .backfill import Reservation, plan_reservation
+from .cycle import Cycle
 from .graph import ResourceGraph
 from .limits import LimitCounters
 from .ordering import OrderKey, Ordering
@@ -43,6 +44,8 @@ from .preempt import choose_victims, lost_work
 from .request import Request
 
 DEFAULT_BACKFILL_DEPTH = 1000
+# The requests a single job sent ahead may have: one core, nothing else (it takes over another's core).
+_ONE_CORE = (Request(), Request(nnodes=1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +187,13 @@ class Scheduler:
         self._queue_version = 0
         self._releases = 0
         self._quiet_stamp: tuple[int, int] | None = None
+        # Single jobs sent ahead (protocol.md §2.10): out of the queue, not yet running; and whether a job was
+        # queued or re-prioritized since `overtaken_ahead` last looked.
+        self._ahead_jobs: dict[int, SchedJob] = {}
+        self._ahead_check = False
+        # Queued jobs whose last element started since the last pass: `schedule` drops them from the queue (looking
+        # only at these, not at every queued job: a pass must not cost O(queue)).
+        self._exhausted: list[int] = []
 
     # ------------------------------------------------------------- the queue
 
@@ -199,6 +209,7 @@ class Scheduler:
         self._ordering.insert(job.bucket, key)
         self.limits.queued(job.queue, job.user, job.count)
         self._queue_version += 1
+        self._ahead_check = bool(self._ahead_jobs)
 
     def _order_key(self, job: SchedJob, now: float) -> OrderKey:
         return (-self.term(job, now), job.submit_time, job.job_id)
@@ -240,11 +251,13 @@ class Scheduler:
             entry.key = self._order_key(entry.job, now)
         self._ordering.resort(lambda job_id: pending[job_id].key)
         self._queue_version += 1
+        self._ahead_check = bool(self._ahead_jobs)
 
     def set_bucket_bases(self, base_of: Callable[[Hashable], float]) -> None:
         """The shared part of each bucket's priority (fair share): O(buckets)."""
         if self._ordering.set_bases(base_of):
             self._queue_version += 1
+            self._ahead_check = bool(self._ahead_jobs)
 
     def pending_job(self, job_id: int) -> SchedJob | None:
         entry = self._pending.get(job_id)
@@ -370,14 +383,18 @@ class Scheduler:
     def take_ahead(self, job_id: int, count: int) -> range:
         """Up to `count` more elements of a queued array to send ahead of its free cores (protocol.md §2.10):
         taken from the queue without resources; each later takes over a running element's with `pass_on`, or
-        comes back with `extend`. None while another job waits (it would be overtaken), for an array off the
-        fast path (one flat CPU-only slot per element) or in a stopped queue."""
+        comes back with `extend`. None unless the array is the head of the queue (a job that comes first would be
+        overtaken; one behind it waits for its elements anyway), for an array off the fast path (one flat CPU-only
+        slot per element) or in a stopped queue."""
         entry = self._pending.get(job_id)
-        if entry is None or len(self._pending) > 1 or not entry.batch or entry.job.queue in self.stopped:
+        head = self._head_key()
+        if entry is None or not entry.batch or entry.job.queue in self.stopped or head is None or head[2] != job_id:
             return range(0)
         n = min(count, entry.remaining)
         first = entry.started
         entry.started += n
+        if not entry.remaining:
+            self._exhausted.append(job_id)
         self.limits.queued(entry.job.queue, entry.job.user, -n)
         self._queue_version += 1
         return range(first, first + n)
@@ -402,6 +419,84 @@ class Scheduler:
         if active is not None:
             self._noted_start(active[0], len(passes), now, from_queue=False)
 
+    def hand_over(self, job_id: int, element: int, to_job: int, now: float) -> None:
+        """Element `element` of job `job_id` ended and the single job `to_job` (taken with `take_ahead_job`) runs
+        on its resources from now, as its element 0."""
+        old, new = (job_id, element), (to_job, 0)
+        self.graph.rekey(old, new)
+        end = self._running.pop(old)
+        self._dying.discard(old)
+        self._releases += 1  # a running element's planned end moved: reservations are planned again
+        self._noted_release(job_id, 1, now, end)
+        job = self._ahead_jobs.pop(to_job, None)
+        if job is not None:
+            self._running[new] = now + self._time_limit(job)
+            self._noted_start(job, 1, now, from_queue=False)
+        else:
+            self._running[new] = now + self.default_time_limit
+
+    def take_ahead_job(self, eligible: Callable[[int], bool], after: int) -> SchedJob | None:
+        """The job at the head of the queue, to send ahead behind job `after` (running or itself taken) on a busy
+        core (protocol.md §2.10), if it is one task on one core (no GPUs, memory, exclusivity or constraints),
+        `eligible` says yes and no core is free anywhere; taken out of the queue without resources. In a queue
+        with limits only behind a job of the same queue and user: starting in its place keeps the counts. It later
+        takes over a running job's resources with `hand_over`, or comes back with `drop_ahead`."""
+        if self.graph.cluster.free_cores:
+            return None  # it would wait behind a busy core where it could start at once
+        head_key = self._head_key()
+        if head_key is None:
+            return None
+        head = head_key[2]
+        job = self._pending[head].job
+        if job.count != 1 or job.request not in _ONE_CORE or not eligible(head):
+            return None
+        if self.limits.limited(job.queue):
+            before = self._ahead_jobs.get(after) or (self._active[after][0] if after in self._active else None)
+            if before is None or (before.queue, before.user) != (job.queue, job.user):
+                return None
+        self.cancel(head)
+        self._ahead_jobs[head] = job
+        return job
+
+    def drop_ahead(self, job_id: int) -> None:
+        """A single job sent ahead came back unstarted (or its job ended): forgotten here."""
+        self._ahead_jobs.pop(job_id, None)
+
+    def overtaken_ahead(self) -> list[int]:
+        """Single jobs sent ahead and not started that a job waiting in the queue comes before (queued or
+        re-prioritized since they were taken): the broker recalls them. Empty unless the queue changed so."""
+        if not self._ahead_check:
+            return []
+        self._ahead_check = False
+        head = self._head_key()
+        if head is None:
+            return []
+        term_time = self._term_time if self._term_time is not None else 0.0
+        out = []
+        for job_id, job in self._ahead_jobs.items():
+            key = self._order_key(job, term_time)
+            if (key[0] - self._ordering.base_for(job.bucket), key[1], key[2]) > head:
+                out.append(job_id)
+        return out
+
+    def _head_key(self) -> tuple[float, float, int] | None:
+        """The merged order key of the first job of the queue that may start (its queue runs, no limit holds its
+        bucket), or None."""
+        best = None
+        for bucket in self._ordering.buckets.values():
+            if not bucket.keys or bucket.reason:
+                continue
+            for key in bucket.keys:
+                entry = self._pending[key[2]]
+                if entry.job.queue in self.stopped:
+                    break
+                if entry.remaining:
+                    merged = (key[0] - bucket.base, key[1], key[2])
+                    if best is None or merged < best:
+                        best = merged
+                    break
+        return best
+
     def adopt(self, job_id: int, element: int, allocation: Allocation,
               start_time: float, time_limit: float | None = None, job: SchedJob | None = None) -> None:
         """Re-register a running element (broker restart from its journal); `job` counts it for limits."""
@@ -416,11 +511,13 @@ class Scheduler:
         """Start what can start now, in priority order, then backfill."""
         if self._quiet_stamp == (self.graph.version, self._queue_version):
             return []
-        cycle = _Cycle(self, now, limit)
+        cycle = Cycle(self, now, limit)
         cycle.run()
-        done = [jid for jid, e in self._pending.items() if not e.remaining]
-        for jid in done:
-            self.cancel(jid)
+        exhausted, self._exhausted = self._exhausted, []
+        for jid in exhausted:
+            entry = self._pending.get(jid)
+            if entry is not None and not entry.remaining:
+                self.cancel(jid)
         self._quiet_stamp = None if cycle.truncated else (self.graph.version, self._queue_version)
         return cycle.starts
 
@@ -433,6 +530,8 @@ class Scheduler:
         self.graph.alloc(key, allocation)
         self._running[key] = now + self._time_limit(job)
         entry.started += 1
+        if not entry.remaining:
+            self._exhausted.append(job.job_id)
         self._noted_start(job, 1, now)
         self._preempting.pop(job.job_id, None)
         return Start(job.job_id, key[1], allocation)
@@ -456,6 +555,8 @@ class Scheduler:
         self._running.update(dict.fromkeys(keys[:n] if n < want else keys,
                                            now + self._time_limit(job)))
         entry.started += n
+        if not entry.remaining:
+            self._exhausted.append(job_id)
         self._noted_start(job, n, now)
         # Start(job_id, e, alloc) for each, built without a Python-level call per element
         return list(map(_new_tuple, repeat(Start, n), zip(repeat(job_id, n),
@@ -503,159 +604,3 @@ class Scheduler:
                                    job.policy or self.policy, self._running, now)
         self._reservation, self._reservation_stamp = res, stamp
         return res
-
-
-class _Cycle:
-    """One schedule() pass: in-order starts, then backfill behind the head."""
-
-    def __init__(self, sched: Scheduler, now: float, limit: int | None) -> None:
-        self.s, self.now, self.limit = sched, now, limit
-        self.starts: list[Start] = []
-        self.truncated = False
-        self.reservation: Reservation | None = None
-        self.phantom_cores = 0  # cores held for the reservation right now
-        self.failed: set[tuple[object, ...]] = set()
-        self.held: str | None = None  # why the job being looked at may not start (a limit, a stopped queue)
-
-    def run(self) -> None:
-        s = self.s
-        examined = 0
-        merge = s._ordering.merged()
-        s._ordering.clear_reasons()
-        try:
-            for bucket, job_id in merge:
-                entry = s._pending.get(job_id)
-                if entry is None or not entry.remaining:
-                    continue
-                if self.reservation is not None:
-                    examined += 1
-                    if examined > s.backfill_depth or self._nothing_free():
-                        break
-                self.held = None
-                if self.reservation is None:
-                    self._start_in_order(entry)
-                else:
-                    self._backfill(entry)
-                if self.held is not None:
-                    # A limit or a stopped queue holds this job, and so every later job of its bucket.
-                    bucket.reason = self.held
-                    merge.drop(bucket)
-                if self._limit_reached():
-                    break
-        finally:
-            if self.reservation is not None:
-                s.graph.free(PHANTOM)
-        s._reservation = self.reservation
-
-    def _room(self, entry: _Pending | None = None) -> int:
-        """How many more starts this cycle may make (of `entry`: within its queue's limits too)."""
-        room = (1 << 62) if self.limit is None else self.limit - len(self.starts)
-        if entry is not None:
-            allowed, why = self.s._limit_room(entry.job, min(room, entry.remaining))
-            if allowed <= 0:
-                self.held = why
-            room = min(room, allowed)
-        return room
-
-    def _limit_reached(self) -> bool:
-        if self.limit is not None and len(self.starts) >= self.limit:
-            self.truncated = True
-        return self.truncated
-
-    def _nothing_free(self) -> bool:
-        return self.s.graph.cluster.free_cores + self.phantom_cores == 0
-
-    def _start_in_order(self, entry: _Pending) -> None:
-        """Start elements while they fit; reserve for the job if it blocks (preempting first if it may)."""
-        s, job = self.s, entry.job
-        policy = job.policy or s.policy
-        while entry.remaining and not self._limit_reached():
-            room = self._room(entry)
-            if room <= 0:
-                return  # held by a limit: not the head, reserves nothing
-            if entry.batch:
-                started = s._start_batch(entry, policy, self.now, room)
-                if not started:
-                    break
-                self.starts += started
-            else:
-                alloc = s.graph.match(job.request, policy)
-                if alloc is None:
-                    break
-                self.starts.append(s._start(entry, alloc, self.now))
-            s._reservation_stamp = None  # in-order starts may occupy what it counted on
-        if not entry.remaining or self.truncated:
-            return
-        # Unreservable: can never run with the current ranks, so it must not
-        # block others; the same shape is not planned twice in one cycle.
-        shape = (job.request, policy, "unreservable")
-        if shape in self.failed:
-            return
-        s._preempt_for(entry, policy, self.now)
-        self.reservation = s._reserve(entry, self.now)
-        if self.reservation is None:
-            self.failed.add(shape)
-        if self.reservation is not None:
-            self._hold_phantom()
-
-    def _hold_phantom(self) -> None:
-        graph, res = self.s.graph, self.reservation
-        assert res is not None
-        graph.hold_free_part(PHANTOM, res.allocation)
-        self.phantom_cores = graph.held_cores(PHANTOM)
-
-    def _backfill(self, entry: _Pending) -> None:
-        """Start elements that leave the reservation alone or end before it."""
-        s, job = self.s, entry.job
-        policy = job.policy or s.policy
-        assert self.reservation is not None
-        short = self.now + s._time_limit(job) <= self.reservation.start
-        disjoint = (job.request, policy, "disjoint")
-        while entry.remaining and not self._limit_reached():
-            room = self._room(entry)
-            if room <= 0:
-                return
-            if entry.batch and disjoint not in self.failed:
-                started = s._start_batch(entry, policy, self.now, room)
-                if started:
-                    self.starts += started
-                    continue
-                self.failed.add(disjoint)
-            alloc = self._match(job.request, policy, "disjoint")
-            if alloc is not None:
-                self.starts.append(s._start(entry, alloc, self.now))
-            elif not (short and self._start_over_phantom(entry, policy)):
-                return
-
-    def _match(self, request: Request, policy: str, mode: str) -> Allocation | None:
-        shape = (request, policy, mode)
-        if shape in self.failed:
-            return None
-        alloc = self.s.graph.match(request, policy)
-        if alloc is None:
-            self.failed.add(shape)
-        return alloc
-
-    def _start_over_phantom(self, entry: _Pending, policy: str) -> bool:
-        """Start one element ignoring the reservation (it ends before the shadow).
-
-        A shape that already failed this way in this cycle is not tried again; the phantom's
-        holds are put back (less what the start took) rather than recomputed.
-        """
-        shape = (entry.job.request, policy, "any")
-        if shape in self.failed:
-            return False
-        graph = self.s.graph
-        holds = graph.detach(PHANTOM)
-        alloc = graph.match(entry.job.request, policy)
-        if alloc is None:
-            self.failed.add(shape)
-            graph.attach(PHANTOM, holds)
-            return False
-        try:
-            self.starts.append(self.s._start(entry, alloc, self.now))
-        finally:
-            # what is still free of the old holds is exactly the free part of the reservation
-            graph.hold_free_of(PHANTOM, holds)
-            self.phantom_cores = graph.held_cores(PHANTOM)
-        return True

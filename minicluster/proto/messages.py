@@ -270,8 +270,9 @@ def _pair_row(row: Any) -> bool:
 
 
 def _ahead_row(row: Any) -> bool:
-    """[job, task, index, cores, gpus, attempt, after] (§2.10 `ahead`)."""
-    return (type(row) is list and len(row) == 7 and _task_row(row[:6]) and type(row[6]) is int)
+    """[job, task, index, cores, gpus, attempt, after, after_job?] (§2.10 `ahead`)."""
+    return (type(row) is list and 7 <= len(row) <= 8 and _task_row(row[:6]) and type(row[6]) is int
+            and (len(row) == 7 or type(row[7]) is int))
 
 
 # --- the dispatch window (§2.10) ---------------------------------------------------------------------------

@@ -123,6 +123,7 @@ class Core:
         starts = self.scheduler.schedule(self.clock())
         if starts:
             self.execution.start(starts)
+        self.execution.window.recall_overtaken()
         return starts
 
     async def durable(self) -> None:

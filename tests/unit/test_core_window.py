@@ -154,15 +154,20 @@ async def test_a_worker_that_returns_entries_unasked_gets_half_as_many_until_it_
         assert await recorded(core, record) == list(range(40))
 
 
-async def test_nothing_goes_ahead_while_another_job_waits(core: Core) -> None:
-    record = core.submit(array="0-9")
-    other = core.submit(ntasks=2)
+async def test_only_the_head_of_the_queue_sends_elements_ahead(core: Core) -> None:
+    record = await core.running(array="0-19")
+    aheads(core)
+    behind = core.submit(ntasks=2)  # same urgency, later: it waits for the array's elements anyway
     await core.durable()
     core.schedule()
+    core.done(rank_of(core, record, 0), record, 0)
+    assert len(aheads(core)) == 1, "a job queued behind the array leaves its window alone"
+    first = core.submit(ntasks=2, urgency=31)
     await core.durable()
-    assert aheads(core) == {}, "the other job would be overtaken"
-    await drive(core, record)
-    assert record.succeeded == 10 and other.state is State.RUN
+    core.schedule()
+    core.done(rank_of(core, record, 1), record, 1)
+    assert aheads(core) == {}, "a job that comes first would be overtaken"
+    assert first.state is State.SCHED and behind.state is State.SCHED
 
 
 async def test_elements_that_take_long_wait_one_behind_each_core(tmp_path: Any) -> None:
@@ -211,3 +216,293 @@ async def test_an_element_sent_ahead_is_timed_from_when_it_starts_not_from_when_
     core.clock.advance(1.5)
     core.execution.check_deadlines(core.clock())
     assert core.kills() == [(first, [[record.id, 2]], signal.SIGTERM)]
+
+
+# --- single jobs sent ahead (protocol.md §2.10) ------------------------------------------------------------------
+
+def job_aheads(core: Core) -> dict[int, list[tuple[int, int]]]:
+    """rank -> (job, the job it follows) of every single job sent ahead since the last look."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for m in core.sender.take("ahead"):
+        for entry in m.body["tasks"]:
+            assert len(entry) == 8 and entry[1] == 0 and entry[6] == 0, "a whole job follows another job's task 0"
+            out.setdefault(m.dst, []).append((entry[0], entry[7]))
+    return out
+
+
+async def queued_jobs(core: Core, count: int, **fields: Any) -> list[Job]:
+    """`count` one-core jobs with a time limit (so the window knows them as small), the first two started."""
+    jobs = [core.submit(time_limit=5.0, **fields) for _ in range(count)]
+    await core.durable()
+    core.schedule()
+    await core.durable()
+    for rank, entries in core.runs():
+        for job_id, task, _index, cores, *_ in entries:
+            core.placed[(job_id, task)] = (rank, cores)
+    return jobs
+
+
+def single_rank(core: Core, job: Job) -> int:
+    return core.execution.tasks[(job.id, 0)].rank
+
+
+async def drive_jobs(core: Core, jobs: list[Job]) -> None:
+    """Play the workers: every running task of these jobs ends, until all of them are over."""
+    ids = {job.id for job in jobs}
+    for _ in range(100):
+        if all(job.state is State.INACTIVE for job in jobs):
+            return
+        for job_id, task in [key for key in core.execution.tasks if key[0] in ids]:
+            core.done(core.execution.tasks[(job_id, task)].rank, core.manager.jobs[job_id], task)
+        core.schedule()
+        await core.durable()
+    raise AssertionError("the jobs did not end")
+
+
+async def recorded_jobs(core: Core, jobs: list[Job]) -> list[int]:
+    await core.durable()
+    rows = core.journal.query(f"SELECT job FROM tasks WHERE job IN ({','.join(str(j.id) for j in jobs)})")
+    return sorted(job_id for (job_id,) in rows)
+
+
+async def test_small_single_jobs_wait_in_chains_and_take_over_the_core_of_the_one_before(core: Core) -> None:
+    jobs = await queued_jobs(core, 8)
+    first, second = jobs[0], jobs[1]
+    assert first.state is State.RUN and second.state is State.RUN
+    sent = job_aheads(core)
+    ids = [j.id for j in jobs]
+    assert sorted(sent.values()) == sorted([[(ids[2], first.id), (ids[3], ids[2])],
+                                            [(ids[4], second.id), (ids[5], ids[4])]]), "two behind each core"
+    assert jobs[2].state is State.SCHED and not core.execution.tasks.get((ids[2], 0)), "sent ahead is not running"
+    rank = single_rank(core, first)
+    follower = next(job for job in jobs if sent[rank][0][0] == job.id)
+    core.done(rank, first, 0)
+    assert follower.state is State.RUN and single_rank(core, follower) == rank, "it started on the freed core"
+    assert core.scheduler.holds(follower.id, 0) and not core.scheduler.holds(first.id, 0), "the hold moved"
+    assert [(m.dst, len(m.body["tasks"])) for m in core.sender.take("ahead")] == [(rank, 1)], "topped up"
+    await drive_jobs(core, jobs)
+    assert core.execution.tasks_started == 8 and all(job.succeeded == 1 for job in jobs)
+    assert await recorded_jobs(core, jobs) == ids, "each job recorded once"
+    assert core.event_names(follower)[-5:-2] == ["alloc", "start", "finish"]
+
+
+async def test_a_job_whose_run_time_is_unknown_is_not_sent_ahead(core: Core) -> None:
+    jobs = [core.submit() for _ in range(4)]  # no time limit, no runs of its shape yet: not known to be small
+    await core.durable()
+    core.schedule()
+    await core.durable()
+    assert core.sender.take("ahead") == []
+    core.done(single_rank(core, jobs[0]), jobs[0], 0)  # a run of 1 s: the shape is known now
+    await drive_jobs(core, jobs)
+    more = [core.submit() for _ in range(4)]
+    await core.durable()
+    core.schedule()
+    await core.durable()
+    assert sum(map(len, job_aheads(core).values())) == 2, "its shape ran: small"
+    await drive_jobs(core, more)
+
+
+async def test_cancelling_a_job_waiting_ahead_recalls_it_and_it_ends_once_it_is_back(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)
+    sent = job_aheads(core)
+    rank = single_rank(core, jobs[0])
+    waiting = core.manager.jobs[sent[rank][0][0]]
+    core.manager.cancel(os.getuid(), [waiting.id])
+    (recall,) = core.sender.take("recall")
+    assert recall.dst == rank and recall.body["keys"] == [[waiting.id, 0]]
+    await core.durable()
+    assert waiting.state is State.SCHED, "it finishes only once the worker gave it back"
+    core.execution.on_returned(rank, recall.body["keys"])
+    await core.durable()
+    assert waiting.state is State.INACTIVE and waiting.exception == "cancel"
+    core.done(rank, jobs[0], 0)
+    assert single_rank(core, core.manager.jobs[sent[rank][1][0]]) == rank, "the next one followed its predecessor"
+    await drive_jobs(core, jobs)
+    assert core.execution.tasks_started == 5
+    assert await recorded_jobs(core, jobs) == sorted(j.id for j in jobs if j is not waiting)
+
+
+async def test_a_cancelled_job_that_started_before_the_recall_arrived_is_killed_and_recorded_once(core: Core) -> None:
+    jobs = await queued_jobs(core, 4)
+    sent = job_aheads(core)
+    rank = single_rank(core, jobs[0])
+    waiting = core.manager.jobs[sent[rank][0][0]]
+    core.manager.cancel(os.getuid(), [waiting.id])
+    core.sender.take("recall")
+    core.done(rank, jobs[0], 0)  # the worker started it before the recall came: nothing is returned
+    assert core.kills() == [(rank, [[waiting.id, 0]], signal.SIGTERM)]
+    core.done(rank, waiting, 0, status=TERM)
+    await core.durable()
+    assert waiting.state is State.INACTIVE and waiting.exception == "cancel"
+    assert await recorded_jobs(core, [waiting]) == [waiting.id]
+
+
+async def test_a_held_job_comes_back_from_the_window_and_runs_once_released(core: Core) -> None:
+    jobs = await queued_jobs(core, 4)
+    sent = job_aheads(core)
+    rank = single_rank(core, jobs[0])
+    held = core.manager.jobs[sent[rank][0][0]]
+    core.manager.workflow.hold(held, os.getuid())
+    (recall,) = core.sender.take("recall")
+    core.manager.workflow.release(held, os.getuid())  # before it came back: it is queued once it is back
+    assert core.scheduler.pending_job(held.id) is None
+    core.execution.on_returned(rank, recall.body["keys"])
+    assert core.scheduler.pending_job(held.id) is not None
+    await drive_jobs(core, jobs)
+    assert core.execution.tasks_started == 4 and await recorded_jobs(core, jobs) == sorted(j.id for j in jobs)
+
+
+async def test_a_higher_priority_job_that_cannot_start_recalls_the_jobs_sent_ahead(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)
+    job_aheads(core)
+    urgent = core.submit(urgency=31)
+    await core.durable()
+    core.schedule()
+    recalls = core.sender.take("recall")
+    assert sorted(k[0] for m in recalls for k in m.body["keys"]) == [j.id for j in jobs[2:6]]
+    for m in recalls:
+        core.execution.on_returned(m.dst, m.body["keys"])
+    core.done(single_rank(core, jobs[0]), jobs[0], 0)
+    core.schedule()
+    await core.durable()
+    assert urgent.state is State.RUN, "it took the first core that freed"
+    later = core.submit(time_limit=5.0)  # the same priority, later: it comes after the jobs sent ahead
+    await core.durable()
+    core.schedule()
+    assert core.sender.take("recall") == []
+    await drive_jobs(core, [*jobs, urgent, later])
+    assert core.execution.tasks_started == 8
+
+
+async def test_a_drained_rank_gives_its_single_jobs_back(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)
+    sent = job_aheads(core)
+    drained = single_rank(core, jobs[0])
+    core.graph.drain(drained, "maintenance")
+    core.execution.window.recall_rank(drained)
+    (recall,) = core.sender.take("recall")
+    assert sorted(k[0] for k in recall.body["keys"]) == sorted(job_id for job_id, _ in sent[drained])
+    core.execution.on_returned(drained, recall.body["keys"])
+    core.done(drained, jobs[0], 0)
+    assert job_aheads(core) == {}, "the drained rank gets no more"
+    await drive_jobs(core, jobs)
+    assert core.execution.tasks_started == 6
+    assert all(core.execution.tasks_started and j.succeeded == 1 for j in jobs)
+
+
+async def test_a_lost_rank_queues_its_single_jobs_again_and_each_runs_once(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)
+    lost = single_rank(core, jobs[1])
+    assert job_aheads(core)[lost], "two wait behind its core"
+    core.graph.set_down(lost)
+    core.execution.rank_lost(lost)
+    await core.durable()
+    assert jobs[1].exception == "node-lost" and not core.execution.window.by_rank.get(lost)
+    await drive_jobs(core, jobs)
+    assert core.execution.tasks_started == 6, "none of the returned jobs started twice"
+    assert await recorded_jobs(core, jobs) == [j.id for j in jobs]
+
+
+async def test_a_single_job_sent_ahead_is_timed_from_its_start(core: Core) -> None:
+    jobs = await queued_jobs(core, 4)
+    sent = job_aheads(core)
+    rank = single_rank(core, jobs[0])
+    follower = core.manager.jobs[sent[rank][0][0]]
+    core.clock.advance(4.0)
+    core.done(rank, jobs[0], 0)  # it starts now, 4 s after it was sent; its limit is 5 s
+    core.clock.advance(4.5)
+    core.execution.check_deadlines(core.clock())
+    assert follower.exception is None, "not past its 5 s"
+    core.clock.advance(1.0)
+    core.execution.check_deadlines(core.clock())
+    assert follower.exception == "timeout"
+
+
+async def test_after_a_restart_a_single_job_that_started_ahead_is_reattached_or_recorded_once(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)
+    sent = job_aheads(core)
+    rank = single_rank(core, jobs[0])
+    ran, runs = (core.manager.jobs[job_id] for job_id, _ in sent[rank])
+    # The worker ran jobs[0] and `ran`, and runs `runs` now; rank 0 dies before it hears of any of it.
+    core.crashed = True
+    async with core_rig.restarted(core) as life:
+        life.add_rank(0, "cores=1,memory=1024")
+        life.add_rank(1, "cores=1,memory=1024")
+        assert life.manager.jobs[ran.id].state is State.SCHED
+        finished = [[jobs[0].id, 0, 0, 0, None, None, 1.0, 2.0], [ran.id, 0, 0, 0, None, None, 2.0, 3.0]]
+        life.execution.on_done(rank, finished)
+        core_cores = core.placed[(jobs[0].id, 0)][1]
+        life.settle({rank: [[runs.id, 0, core_cores, []]],
+                     1 - rank: [[jobs[1].id, 0, core.placed[(jobs[1].id, 0)][1], []]]})
+        await life.durable()
+        assert life.manager.jobs.get(ran.id) is None, "recorded and finished"
+        again = life.manager.jobs[runs.id]
+        assert again.state is State.RUN and life.scheduler.pending_job(runs.id) is None, "reattached, not queued"
+        assert life.event_names(again)[-2:] == ["alloc", "start"]
+        rest = [life.manager.jobs[j.id] for j in jobs if j.id in life.manager.jobs]
+        await drive_jobs(life, rest)
+        assert await recorded_jobs(life, jobs) == [j.id for j in jobs], "each job recorded exactly once"
+
+
+async def test_an_urgency_change_takes_a_job_back_from_the_window_and_queues_it_anew(core: Core) -> None:
+    jobs = await queued_jobs(core, 4)
+    sent = job_aheads(core)
+    rank = single_rank(core, jobs[0])
+    moved = core.manager.jobs[sent[rank][1][0]]
+    core.manager.workflow.update(moved, os.getuid(), {"urgency": 20})
+    (recall,) = core.sender.take("recall")
+    assert recall.body["keys"] == [[moved.id, 0]] and core.scheduler.pending_job(moved.id) is None
+    core.execution.on_returned(rank, recall.body["keys"])
+    queued = core.scheduler.pending_job(moved.id)
+    assert queued is not None and queued.urgency == 20
+    await drive_jobs(core, jobs)
+    assert core.execution.tasks_started == 4
+
+
+async def test_ending_a_jobs_tasks_recalls_the_single_jobs_behind_it(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)
+    sent = job_aheads(core)
+    rank = single_rank(core, jobs[0])
+    core.manager.kill_tasks(jobs[0], signal.SIGTERM)  # as a preemption does: its cores are wanted
+    assert [kind for kind in core.sender.kinds() if kind in ("recall", "kill")] == ["recall", "kill"]
+    (recall,) = core.sender.take("recall")
+    assert recall.dst == rank and sorted(k[0] for k in recall.body["keys"]) == sorted(j for j, _ in sent[rank])
+    assert core.kills() == [(rank, [[jobs[0].id, 0]], signal.SIGTERM)]
+
+
+async def test_no_single_job_goes_ahead_while_the_journal_lags(core: Core) -> None:
+    core.execution.window.unrecorded = 10**6
+    jobs = await queued_jobs(core, 6)
+    assert core.sender.take("ahead") == []
+    core.execution.window.unrecorded = 0
+    core.done(single_rank(core, jobs[0]), jobs[0], 0)
+    core.schedule()
+    await core.durable()
+    assert sum(map(len, job_aheads(core).values())) == 2, "the journal caught up: the next start fills a chain"
+
+
+async def test_no_chain_waits_behind_a_job_that_may_run_long(core: Core) -> None:
+    long = core.submit(argv=("sleep", "100"))  # no time limit and no runs of its shape: it may run for hours
+    jobs = [core.submit(time_limit=5.0) for _ in range(4)]
+    await core.durable()
+    core.schedule()
+    await core.durable()
+    sent = job_aheads(core)
+    assert list(sent) == [single_rank(core, jobs[0])] and single_rank(core, long) not in sent
+
+
+async def test_a_chain_behind_a_job_that_runs_longer_than_expected_goes_back_to_the_queue(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)  # expected 5 s each (their time limit)
+    sent = job_aheads(core)
+    core.clock.advance(5.5)
+    core.execution.window.recall_overdue(core.clock())
+    assert core.sender.take("recall") == [], "within its expected time and the grace"
+    core.clock.advance(1.0)
+    core.execution.window.recall_overdue(core.clock())
+    recalled = {m.dst: sorted(k[0] for k in m.body["keys"]) for m in core.sender.take("recall")}
+    assert recalled == {rank: sorted(job_id for job_id, _ in chain) for rank, chain in sent.items()}
+    for rank, keys in recalled.items():
+        core.execution.on_returned(rank, [[job_id, 0] for job_id in keys])
+    assert all(core.scheduler.pending_job(job.id) is not None for job in jobs[2:]), "queued again"
+    await drive_jobs(core, jobs)
+    assert core.execution.tasks_started == 6

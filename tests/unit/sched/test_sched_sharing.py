@@ -268,3 +268,21 @@ def test_easy_backfill_still_works_around_a_limit_held_bucket():
     assert started(s.schedule(5.0)) == [(5, 0)]
     assert s.reason_of(2).startswith("UserMaxRunningJobs") and s.reason_of(3) == "Resources"
     assert s.estimated_start(3) == 50.0 and s.reason_of(4) == "Priority"
+
+
+def test_a_single_job_of_a_queue_with_limits_goes_ahead_only_behind_one_of_its_own_user():
+    """A job sent ahead (protocol.md §2.10) starts in its predecessor's place: where limits count, only a job of
+    the same queue and user keeps the counts right."""
+    s = sched_with({"q": (Limits(), Limits(running_jobs=2))}, nodes=1)  # 4 cores
+    for jid, user in ((1, 1), (2, 1), (3, 2), (4, 2)):
+        s.enqueue(job(jid, user=user))
+    assert len(s.schedule(0.0)) == 4
+    s.enqueue(job(5, user=2))
+    s.enqueue(job(6, user=1, queue="free"))
+    anything = lambda job_id: True  # noqa: E731
+    assert s.take_ahead_job(anything, after=1) is None, "behind uid 1, uid 2 would run a third job"
+    taken = s.take_ahead_job(anything, after=3)
+    assert taken is not None and taken.job_id == 5
+    s.hand_over(3, 0, 5, 1.0)
+    assert s.limits.by_user[("q", 2)].running == 2
+    assert s.take_ahead_job(anything, after=1).job_id == 6, "a queue without limits: behind anyone"
