@@ -241,6 +241,9 @@ class Execution:
             job = self.manager.jobs.get(job_id)
             if job is None or job.state == State.INACTIVE or not 0 <= task < job.total_tasks or job.is_done(task):
                 continue  # a duplicate (re-sent after a restart) or a purged job: acknowledge only
+            running = self.tasks.get((job_id, task))
+            if running is not None and running.rank != rank:
+                continue  # a lost rank's run that rank 0 replaced (protocol.md §2.10): the one it knows reports
             counted, cancelled = status, False
             flow = job.flow
             if flow is not None:

@@ -403,6 +403,33 @@ async def test_a_lost_rank_queues_its_single_jobs_again_and_each_runs_once(core:
     assert await recorded_jobs(core, jobs) == [j.id for j in jobs]
 
 
+async def test_a_late_result_from_a_lost_rank_leaves_the_run_that_replaced_it_alone(core: Core) -> None:
+    """The lost worker started a job from its window unreported; rank 0 ran it again elsewhere. When the lost
+    worker's result comes after all, the run rank 0 knows of keeps its cores and is the one recorded."""
+    jobs = await queued_jobs(core, 6)
+    lost = single_rank(core, jobs[1])
+    returned = core.manager.jobs[job_aheads(core)[lost][0][0]]
+    core.graph.set_down(lost)
+    core.execution.rank_lost(lost)
+    await core.durable()
+    other = 1 - lost
+    for _ in range(10):  # the other rank works through its queue until the returned job runs there
+        if returned.state is State.RUN:
+            break
+        job_id, task = next(key for key in core.execution.tasks if core.execution.tasks[key].rank == other)
+        core.done(other, core.manager.jobs[job_id], task)
+        core.schedule()
+        await core.durable()
+    assert single_rank(core, returned) == other
+    core.done(lost, returned, 0, status=3)  # the lost worker's run, reported as it comes back
+    await core.durable()
+    assert returned.state is State.RUN and single_rank(core, returned) == other, "still running where it runs"
+    assert core.scheduler.holds(returned.id, 0), "its core is not given to another job"
+    core.done(other, returned, 0)
+    await core.durable()
+    assert returned.succeeded == 1 and await recorded_jobs(core, [returned]) == [returned.id], "recorded once"
+
+
 async def test_a_single_job_sent_ahead_is_timed_from_its_start(core: Core) -> None:
     jobs = await queued_jobs(core, 4)
     sent = job_aheads(core)
