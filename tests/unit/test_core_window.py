@@ -117,6 +117,28 @@ async def test_a_lost_rank_returns_its_window_to_the_queue_and_each_element_runs
     assert await recorded(core, record) == [0, 1, 2, 3, 4, 5]
 
 
+async def test_an_element_a_lost_rank_started_unreported_is_killed_when_it_rejoins_and_its_kill_not_recorded(
+        core: Core) -> None:
+    """Found by the chaos test: the rank came back running an element rank 0 had queued again; rank 0 killed it as
+    a stray, and recorded the kill's 137 as the element's result."""
+    record = await core.running(array="0-5")
+    lost = rank_of(core, record, 1)
+    assert aheads(core)[lost] == [(3, 1)]
+    core.graph.set_down(lost)
+    core.execution.rank_lost(lost)  # element 1 ends node-lost; 3, sent ahead behind it, is queued again
+    await core.durable()
+    # The worker had started 3 the moment 1 ended, before it was cut off; it comes back running it.
+    core.graph.set_up(lost)
+    core.execution.reconcile(lost, [[record.id, 3, [0], []]])
+    assert core.kills() == [(lost, [[record.id, 3]], signal.SIGKILL)], "a stray to rank 0"
+    core.done(lost, record, 3, status=128 + signal.SIGKILL)  # what the kill made of it
+    await core.durable()
+    assert not record.is_done(3), "the stray's end is not element 3's"
+    await drive(core, record)
+    assert (record.succeeded, record.failed) == (5, 1), "only element 1, lost with its rank, failed"
+    assert await recorded(core, record) == [0, 1, 2, 3, 4, 5], "each element recorded once"
+
+
 async def test_a_drained_rank_gives_its_window_back_and_gets_no_more(core: Core) -> None:
     record = await core.running(array="0-9")
     aheads(core)
