@@ -11,7 +11,9 @@ queue. Nothing here is journaled: after a restart the workers' `join` says what 
 """
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.job import Job, State
@@ -52,6 +54,8 @@ class DispatchWindow:
         self.by_rank: dict[int, set[Key]] = defaultdict(set)
         self.by_job: dict[int, set[Key]] = defaultdict(set)
         self.recalling: set[Key] = set()
+        # Recalled and not sent yet: one `recall` per rank at the end of the loop's turn (or before a `kill` there).
+        self.to_recall: dict[int, list[Key]] = defaultdict(list)
         # Ranks that returned entries unasked (more than they hold): how many may wait there at most, half of
         # what waited then, until the rank joins again.
         self.limit: dict[int, int] = {}
@@ -311,10 +315,20 @@ class DispatchWindow:
         self._recall(chain)
 
     def _recall(self, keys: Any) -> None:
-        per_rank: dict[int, list[list[int]]] = defaultdict(list)
+        to_recall = self.to_recall
         for key in keys:
             if key not in self.recalling:
                 self.recalling.add(key)
-                per_rank[self.ahead[key].rank].append(list(key))
-        for rank, group in per_rank.items():
-            messages.send(self.execution.send, rank, messages.Recall(group))
+                if not to_recall:
+                    asyncio.get_running_loop().call_soon(self.send_recalls)
+                to_recall[self.ahead[key].rank].append(key)
+
+    def send_recalls(self, ranks: Iterable[int] | None = None) -> None:
+        """Send what was recalled since the last time (to `ranks` only, if given): one `recall` per rank, without
+        the entries that started or came back meanwhile."""
+        to_recall = self.to_recall
+        for rank in list(to_recall) if ranks is None else ranks:
+            keys = to_recall.pop(rank, None)
+            waiting = [list(key) for key in keys or () if key in self.recalling and self.ahead[key].rank == rank]
+            if waiting:
+                messages.send(self.execution.send, rank, messages.Recall(waiting))
