@@ -466,8 +466,7 @@ class Execution:
             if running is not None:
                 per_rank[running.rank].append(list(key))
         grace = self.config.kill_grace if sig == signal.SIGTERM else 0.0
-        if self.window.to_recall:
-            self.window.send_recalls(per_rank)  # an entry recalled behind a task must not start after its kill
+        self.window.send_recalls(per_rank)  # an entry recalled behind a task must not start after its kill
         for rank, group in per_rank.items():
             messages.send(self.send, rank, messages.Kill(group, int(sig), grace))
 

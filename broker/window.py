@@ -327,6 +327,8 @@ class DispatchWindow:
         """Send what was recalled since the last time (to `ranks` only, if given): one `recall` per rank, without
         the entries that started or came back meanwhile."""
         to_recall = self.to_recall
+        if not to_recall:
+            return
         for rank in list(to_recall) if ranks is None else ranks:
             keys = to_recall.pop(rank, None)
             waiting = [list(key) for key in keys or () if key in self.recalling and self.ahead[key].rank == rank]
