@@ -74,7 +74,7 @@ class Execution:
         manager.retime = self.retime
         manager.running_tasks = lambda job: [task for _, task in self.by_job.get(job.id, ())]
         manager.recall_ahead = self.window.recall_job
-        manager.waits_ahead = self.window.waits
+        manager.ahead_rank = self.window.ahead_rank
 
     # --- dispatch ------------------------------------------------------------------------------------------
 

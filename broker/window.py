@@ -206,9 +206,10 @@ class DispatchWindow:
         manager.post(job, "alloc", {"ranks": str(rank)})
         manager.post(job, "start")
 
-    def waits(self, job: Job) -> bool:
-        """A single job sent ahead and neither started nor given back yet."""
-        return not job.is_array and job.id in self.by_job
+    def ahead_rank(self, job: Job) -> int | None:
+        """The rank a single job was sent ahead to, while it has neither started nor come back."""
+        ahead = None if job.is_array else self.ahead.get((job.id, 0))
+        return ahead.rank if ahead is not None else None
 
     # --- what happened to them -----------------------------------------------------------------------------
 
