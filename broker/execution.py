@@ -65,7 +65,7 @@ class Execution:
         # Array elements being preempted (broker/share/preemption.py): they end counted as cancelled.
         self.preempted: dict[Key, str] = {}
         self.stdin = StdinRelay(send)
-        self.window = DispatchWindow(self, config.dispatch_window, config.dispatch_window_seconds)
+        self.window = DispatchWindow(self, config)
         # Since this broker started, for rates (`mc top`).
         self.tasks_started = 0
         self.tasks_ended = 0

@@ -21,15 +21,15 @@ from minicluster.proto import messages
 
 if TYPE_CHECKING:
     from broker.execution import Execution
+    from minicluster.config import InstanceConfig
 
 Key = tuple[int, int]
 # Back-pressure: no top-up while this many recorded results are not yet durable (the journal lags).
 LAG_RESULTS = 4096
-# How many (user, argv) shapes of single jobs keep a mean run time, and how much a new run time moves it.
+# How many (user, argv) shapes of single jobs keep a mean run time, and how much a new run time moves it: fixed,
+# not config (docs/scheduling.md, "The dispatch window", says why).
 SHAPES = 1024
 SHAPE_WEIGHT = 0.2
-# A chain of single jobs waits behind a job at most this much longer than that job's expected run time.
-OVERDUE_SECONDS = 1.0
 
 
 class Ahead(NamedTuple):
@@ -42,10 +42,12 @@ class Ahead(NamedTuple):
 
 
 class DispatchWindow:
-    def __init__(self, execution: Execution, depth: int, seconds: float) -> None:
+    def __init__(self, execution: Execution, config: InstanceConfig) -> None:
         self.execution = execution
-        self.depth = depth
-        self.seconds = seconds
+        self.depth = config.dispatch_window
+        self.seconds = config.dispatch_window_seconds
+        # A chain of single jobs waits behind a job at most this much longer than that job's expected run time.
+        self.grace = config.dispatch_window_grace
         self.ahead: dict[Key, Ahead] = {}
         self.next_of: dict[Key, Key] = {}  # a task (running or ahead) -> the element sent to follow it
         # A running task -> the last entry of its chain and the chain's length, so that a top-up need not walk
@@ -288,7 +290,7 @@ class DispatchWindow:
                 self._recall([(job_id, 0) for job_id in overtaken if (job_id, 0) in self.ahead])
 
     def recall_overdue(self, now: float) -> None:
-        """Take back the chains of single jobs whose running head has run `OVERDUE_SECONDS` longer than expected
+        """Take back the chains of single jobs whose running head has run `grace` seconds longer than expected
         (`now`: monotonic), so that they wait no longer where another core may take them first."""
         if not self.ahead:
             return
@@ -301,7 +303,7 @@ class DispatchWindow:
                 continue  # an array element, or not first in its chain
             head = jobs.get(after[0])
             expect = self.expected(head) if head is not None and head.spec is not None else None
-            if now - running.timed_from > (expect or 0.0) + OVERDUE_SECONDS:
+            if now - running.timed_from > (expect or 0.0) + self.grace:
                 overdue.append(after)
         for after in overdue:
             self.recall_after(after)

@@ -583,3 +583,20 @@ async def test_a_chain_behind_a_job_that_runs_longer_than_expected_goes_back_to_
     assert all(core.scheduler.pending_job(job.id) is not None for job in jobs[2:]), "queued again"
     await drive_jobs(core, jobs)
     assert core.execution.tasks_started == 6
+
+
+async def test_dispatch_window_grace_sets_how_long_a_chain_waits_behind_a_job_that_overruns(tmp_path: Any) -> None:
+    async with core_rig.started(tmp_path, dispatch_window_grace=5.0, **WINDOW) as core:
+        core.add_rank(0, "cores=1,memory=1024")
+        core.add_rank(1, "cores=1,memory=1024")
+        await queued_jobs(core, 6)  # expected 5 s each (their time limit)
+        sent = job_aheads(core)
+        core.clock.advance(5.0 + 4.5)
+        core.execution.window.recall_overdue(core.clock())
+        await core.turn()
+        assert core.sender.take("recall") == [], "4.5 s over its expected time: within the 5 s grace"
+        core.clock.advance(1.0)
+        core.execution.window.recall_overdue(core.clock())
+        await core.turn()
+        recalled = {m.dst: sorted(k[0] for k in m.body["keys"]) for m in core.sender.take("recall")}
+        assert recalled == {rank: sorted(job_id for job_id, _ in chain) for rank, chain in sent.items()}
