@@ -110,3 +110,17 @@ def test_taking_the_head_with_thousands_of_users_does_not_visit_every_bucket():
     taken = [s.take_ahead_job(lambda job_id: True, after=1).job_id for _ in range(10)]
     assert taken == list(range(5, 15))
     assert s._pending.lookups < 10 * 20  # a scan looks up one job per bucket: 5,000 for each take
+
+
+def test_a_job_queued_behind_its_users_started_array_becomes_the_head_before_another_users_job():
+    s = Scheduler(make_graph(1), default_time_limit=100.0)  # 4 cores, all busy
+    s.enqueue(SchedJob(1, urgency=31, request=Request(nslots=4), time_limit=10.0))
+    assert len(s.schedule(0.0)) == 1
+    s.enqueue(SchedJob(2, urgency=20, submit_time=1.0, request=Request(nslots=1), count=2, user=1))
+    s.enqueue(SchedJob(3, urgency=10, submit_time=2.0, request=Request(nslots=1), user=1))
+    s.enqueue(SchedJob(4, urgency=15, submit_time=3.0, request=Request(nslots=1), user=2))
+    assert list(s.take_ahead(2, 2)) == [0, 1]  # the array's last element is taken: it stays queued until a pass
+    assert s._ordering.head()[2] == 4
+    s.enqueue(SchedJob(5, urgency=17, submit_time=4.0, request=Request(nslots=1), user=1))
+    taken = s.take_ahead_job(lambda job_id: True, after=1)
+    assert taken is not None and taken.job_id == 5, "user 1's new job comes before user 2's"
