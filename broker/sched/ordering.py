@@ -171,11 +171,10 @@ class Merge:
 
     def __init__(self, buckets: list[Bucket]) -> None:
         self._buckets = buckets
-        self._dropped: set[int] = set()
-        self._index = {id(b): i for i, b in enumerate(buckets)}
+        self._dropped: set[int] = set()  # id() of the buckets dropped: no index of every bucket built per walk
 
     def drop(self, bucket: Bucket) -> None:
-        self._dropped.add(self._index[id(bucket)])
+        self._dropped.add(id(bucket))
 
     def __iter__(self) -> Iterator[tuple[Bucket, int]]:
         buckets = self._buckets
@@ -197,7 +196,7 @@ class Merge:
             yield bucket, job_id
             pos += 1
             keys = bucket.keys
-            if i in dropped or pos >= len(keys):
+            if pos >= len(keys) or (dropped and id(bucket) in dropped):
                 heapq.heappop(heap)
             else:
                 key = keys[pos]
