@@ -68,7 +68,7 @@ class Execution:
         # before it was lost, since queued again), killed at its join; their ends are not the tasks' results.
         self._strays: dict[int, set[Key]] = {}
         self.stdin = StdinRelay(send)
-        self.window = DispatchWindow(self, config.dispatch_window, config.dispatch_window_seconds)
+        self.window = DispatchWindow(self, config)
         # Since this broker started, for rates (`mc top`).
         self.tasks_started = 0
         self.tasks_ended = 0
@@ -77,7 +77,7 @@ class Execution:
         manager.retime = self.retime
         manager.running_tasks = lambda job: [task for _, task in self.by_job.get(job.id, ())]
         manager.recall_ahead = self.window.recall_job
-        manager.waits_ahead = self.window.waits
+        manager.ahead_rank = self.window.ahead_rank
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
@@ -472,6 +472,7 @@ class Execution:
             if running is not None:
                 per_rank[running.rank].append(list(key))
         grace = self.config.kill_grace if sig == signal.SIGTERM else 0.0
+        self.window.send_recalls(per_rank)  # an entry recalled behind a task must not start after its kill
         for rank, group in per_rank.items():
             messages.send(self.send, rank, messages.Kill(group, int(sig), grace))
 
