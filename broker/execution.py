@@ -65,7 +65,7 @@ class Execution:
         # Array elements being preempted (broker/share/preemption.py): they end counted as cancelled.
         self.preempted: dict[Key, str] = {}
         # Per rank: the tasks it came back running that rank 0 did not know it ran (a window entry it started just
-        # before it was lost, since queued again), killed at its join; their ends are not the tasks' results.
+        # before it was lost), killed at its join: one that ends by that kill ended because its rank was lost.
         self._strays: dict[int, set[Key]] = {}
         self.stdin = StdinRelay(send)
         self.window = DispatchWindow(self, config)
@@ -242,14 +242,22 @@ class Execution:
             attempt = result[8] if len(result) > 8 else 0
             keys.append([job_id, task, attempt] if attempt else [job_id, task])
             job = self.manager.jobs.get(job_id)
-            if job is None or job.state == State.INACTIVE or not 0 <= task < job.total_tasks or job.is_done(task):
-                continue  # a duplicate (re-sent after a restart) or a purged job: acknowledge only
+            if job is None or job.state == State.INACTIVE or not 0 <= task < job.total_tasks:
+                continue  # a purged job: acknowledge only
             running = self.tasks.get((job_id, task))
+            if job.is_done(task):  # a duplicate (re-sent after a restart): acknowledge only, but a second run of
+                if running is not None and running.rank == rank and job.is_array:  # an element (§2.10) gives
+                    self._untrack((job_id, task))                                  # its cores back
+                    job.running -= 1
+                    self._free_slot(job, task, running, released, passed, aheads, killed, now)
+                    touched[job_id] = job
+                continue
             if running is not None and running.rank != rank:
                 continue  # a lost rank's run that rank 0 replaced (protocol.md §2.10): the one it knows reports
             if self._strays and (job_id, task) in self._strays.get(rank, ()):
                 self._strays[rank].discard((job_id, task))
-                continue  # killed at its rank's join as a stray: rank 0 runs the task itself (protocol.md §2.10)
+                if status:  # killed at its rank's join (protocol.md §2.10): its rank was lost under it
+                    status, exit_code, sig, error = NODE_LOST_STATUS, None, None, "node-lost"
             counted, cancelled = status, False
             flow = job.flow
             if flow is not None:

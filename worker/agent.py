@@ -227,6 +227,8 @@ class WorkerAgent:
             job, task = entry[0], entry[1]
             after = (entry[7] if len(entry) > 7 else job, entry[6])  # a whole job follows another job's task
             info = ahead.jobs.get(job)
+            if (job, task) in self._waits_for:  # sent again (rank 0 had it back): where rank 0 says now
+                self._unlink((job, task))
             if info is None or len(self._waits_for) >= WINDOW_LIMIT or after in self._next:
                 returned.append([job, task])
             elif after in self.running or after in self._waits_for:
@@ -239,20 +241,21 @@ class WorkerAgent:
 
     def _on_recall(self, recall: messages.Recall) -> None:
         """Drop these entries if they wait still; a successor of one follows its predecessor instead."""
-        returned = []
-        for job, task in recall.keys:
-            key = (job, task)
-            after = self._waits_for.pop(key, None)
-            if after is None:
-                continue  # started already: rank 0 learns so from its predecessor's result
-            del self._next[after]
-            following = self._next.pop(key, None)
-            if following is not None:
-                self._next[after] = following
-                self._waits_for[(following[0][0], following[0][1])] = after
-            returned.append([job, task])
-        if returned:
+        returned = [[job, task] for job, task in recall.keys if self._unlink((job, task))]
+        if returned:  # the others started already: rank 0 learns so from their predecessors' results
             messages.send(self.send, 0, messages.Returned(returned))
+
+    def _unlink(self, key: Key) -> bool:
+        """Take a waiting entry out of its chain (its successor follows its predecessor); False if none waits."""
+        after = self._waits_for.pop(key, None)
+        if after is None:
+            return False
+        del self._next[after]
+        following = self._next.pop(key, None)
+        if following is not None:
+            self._next[after] = following
+            self._waits_for[(following[0][0], following[0][1])] = after
+        return True
 
     def _fresh(self, job_id: int, entries: list[list[Any]], info: messages.JobInfo) -> list[list[Any]]:
         """The entries to start now: not a repeat of a run this rank has (running or ended, not yet

@@ -65,6 +65,27 @@ async def test_the_agent_starts_each_entry_when_the_one_before_ends_and_returns_
     assert ended[0][7] <= ended[1][6] and ended[1][7] <= ended[3][6], "3 followed 1 after 2 was dropped"
 
 
+async def test_an_entry_sent_again_waits_where_it_was_sent_last_and_runs_once(tmp_path: Path) -> None:
+    """Found by the chaos test: an entry sent again behind another task was linked twice, ran when the first of the
+    two ended, and the second's end raised KeyError in the agent."""
+    config = from_mapping({"state_dir": str(tmp_path), "resources": "cores=2"})
+    sender = RecordingSender(rank=1)
+    agent = WorkerAgent(config, 1, sender.send, resources("cores=2"), "unix:///nonexistent")
+    agent.handle(Message("welcome", 0, 1, {"epoch": 1, "size": 2}))
+    jobs = {7: info(["sleep", "0.2"])}
+    agent.handle(Message("run", 0, 1, {"jobs": jobs, "tasks": [[7, 0, 0, [0], []], [7, 1, 1, [1], []]]}))
+    agent.handle(Message("ahead", 0, 1, {"jobs": jobs, "tasks": [[7, 2, 2, [0], [], 0, 0]]}))
+    agent.handle(Message("ahead", 0, 1, {"jobs": jobs, "tasks": [[7, 2, 2, [1], [], 0, 1]]}))
+    try:
+        ended = await results(sender, 3)
+        await asyncio.sleep(0.3)
+    finally:
+        await agent.shutdown()
+    assert sorted(ended) == [0, 1, 2] and all(row[2] == 0 for row in ended.values())
+    assert ended[1][7] <= ended[2][6], "2 followed 1, where it was sent last"
+    assert sender.take("done") == [], "2 ran once"
+
+
 async def test_a_join_drops_what_waits_and_nothing_is_taken_before_the_welcome(tmp_path: Path) -> None:
     config = from_mapping({"state_dir": str(tmp_path), "resources": "cores=1"})
     sender = RecordingSender(rank=1)

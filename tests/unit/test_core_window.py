@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from broker.execution import NODE_LOST_STATUS
 from broker.job import Job, State
 from tests.unit import core_rig
 from tests.unit.core_rig import Core
@@ -119,10 +120,10 @@ async def test_a_lost_rank_returns_its_window_to_the_queue_and_each_element_runs
     assert await recorded(core, record) == [0, 1, 2, 3, 4, 5]
 
 
-async def test_an_element_a_lost_rank_started_unreported_is_killed_when_it_rejoins_and_its_kill_not_recorded(
+async def test_an_element_a_lost_rank_started_unreported_is_killed_when_it_rejoins_and_ends_node_lost(
         core: Core) -> None:
     """Found by the chaos test: the rank came back running an element rank 0 had queued again; rank 0 killed it as
-    a stray, and recorded the kill's 137 as the element's result."""
+    a stray, and recorded the kill's 137 as the element's exit, not as its rank's loss."""
     record = await core.running(array="0-5")
     lost = rank_of(core, record, 1)
     assert aheads(core)[lost] == [(3, 1)]
@@ -135,9 +136,10 @@ async def test_an_element_a_lost_rank_started_unreported_is_killed_when_it_rejoi
     assert core.kills() == [(lost, [[record.id, 3]], signal.SIGKILL)], "a stray to rank 0"
     core.done(lost, record, 3, status=128 + signal.SIGKILL)  # what the kill made of it
     await core.durable()
-    assert not record.is_done(3), "the stray's end is not element 3's"
+    rows = core.journal.query("SELECT task, status, error FROM tasks WHERE job=? AND task=3", (record.id,))
+    assert [(row[1], row[2]) for row in rows] == [(NODE_LOST_STATUS, "node-lost")], "lost under its rank"
     await drive(core, record)
-    assert (record.succeeded, record.failed) == (5, 1), "only element 1, lost with its rank, failed"
+    assert (record.succeeded, record.failed) == (4, 2), "elements 1 and 3, lost with their rank, failed"
     assert await recorded(core, record) == [0, 1, 2, 3, 4, 5], "each element recorded once"
 
 
