@@ -64,8 +64,11 @@ class Execution:
         self._undispatched: set[int] = set()
         # Array elements being preempted (broker/share/preemption.py): they end counted as cancelled.
         self.preempted: dict[Key, str] = {}
+        # Per rank: the tasks it came back running that rank 0 did not know it ran (a window entry it started just
+        # before it was lost, since queued again), killed at its join; their ends are not the tasks' results.
+        self._strays: dict[int, set[Key]] = {}
         self.stdin = StdinRelay(send)
-        self.window = DispatchWindow(self, config.dispatch_window, config.dispatch_window_seconds)
+        self.window = DispatchWindow(self, config)
         # Since this broker started, for rates (`mc top`).
         self.tasks_started = 0
         self.tasks_ended = 0
@@ -74,7 +77,7 @@ class Execution:
         manager.retime = self.retime
         manager.running_tasks = lambda job: [task for _, task in self.by_job.get(job.id, ())]
         manager.recall_ahead = self.window.recall_job
-        manager.waits_ahead = self.window.waits
+        manager.ahead_rank = self.window.ahead_rank
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
@@ -244,6 +247,9 @@ class Execution:
             running = self.tasks.get((job_id, task))
             if running is not None and running.rank != rank:
                 continue  # a lost rank's run that rank 0 replaced (protocol.md §2.10): the one it knows reports
+            if self._strays and (job_id, task) in self._strays.get(rank, ()):
+                self._strays[rank].discard((job_id, task))
+                continue  # killed at its rank's join as a stray: rank 0 runs the task itself (protocol.md §2.10)
             counted, cancelled = status, False
             flow = job.flow
             if flow is not None:
@@ -466,6 +472,7 @@ class Execution:
             if running is not None:
                 per_rank[running.rank].append(list(key))
         grace = self.config.kill_grace if sig == signal.SIGTERM else 0.0
+        self.window.send_recalls(per_rank)  # an entry recalled behind a task must not start after its kill
         for rank, group in per_rank.items():
             messages.send(self.send, rank, messages.Kill(group, int(sig), grace))
 
@@ -536,9 +543,12 @@ class Execution:
                 if not job.is_array:
                     self.manager.raise_exception(job, "node-lost", f"rank {rank} restarted")
                 self._end_locally(job, [k for k in lost if k[0] == job_id], NODE_LOST_STATUS, "node-lost")
-        strays = [list(k) for k in reported_keys - known]
+        strays = reported_keys - known
+        # The strays of its last join, if any remain, ended in results that came before this join's.
+        self._strays.pop(rank, None)
         if strays:
-            messages.send(self.send, rank, messages.Kill(strays, int(signal.SIGKILL)))
+            self._strays[rank] = strays
+            messages.send(self.send, rank, messages.Kill([list(k) for k in strays], int(signal.SIGKILL)))
 
     # --- PMI exchange (§2.8) -------------------------------------------------------------------------------
 

@@ -88,8 +88,8 @@ class JobManager:
         self.kill_tasks: Callable[[Job, int], None] = lambda job, sig: None
         # Set by the broker: take back the job's elements sent ahead and not started (protocol.md §2.10).
         self.recall_ahead: Callable[[Job], None] = lambda job: None
-        # Set by the broker: whether a single job was sent ahead and has neither started nor come back.
-        self.waits_ahead: Callable[[Job], bool] = lambda job: False
+        # Set by the broker: the rank a single job was sent ahead to, while it has neither started nor come back.
+        self.ahead_rank: Callable[[Job], int | None] = lambda job: None
         # Set by the broker: the job finished (nothing of it runs any more).
         self.job_finished: Callable[[Job], None] = lambda job: None
         self.all_ranks_seen = False
@@ -209,7 +209,7 @@ class JobManager:
         self.recall_ahead(job)  # what was sent ahead must not start after the job ended
 
     def enqueue(self, job: Job, request: sched.Request, count: int | None = None, first: int = 0) -> None:
-        if not job.is_array and self.waits_ahead(job):
+        if self.ahead_rank(job) is not None:
             return  # it is queued again when it comes back (protocol.md §2.10)
         count = count if count is not None else job.total_tasks if job.is_array else 1
         self.scheduler.enqueue(self.sched_job(job, request, count, first), now=self.clock())
@@ -294,7 +294,7 @@ class JobManager:
 
     def finish(self, job: Job) -> None:
         """Post `finish`; its effects post `release` and `clean` (broker/job.py)."""
-        if self.waits_ahead(job):
+        if self.ahead_rank(job) is not None:
             return  # finished once it came back, or once its task that started after all ended
         outcome = job.outcome()
         job.t_inactive = self.clock()
@@ -358,6 +358,9 @@ class JobManager:
         self.workflow.summary(job, out)
         if self.sharing is not None:
             out.update(self.sharing.describe(job))
+        rank = self.ahead_rank(job) if job.state == State.SCHED else None
+        if rank is not None:  # out of the queue, waiting on the worker behind a busy core (protocol.md §2.10)
+            out["pending_reason"] = f"Dispatched: ahead on rank {rank}"
         return out
 
     def _estimated_start(self, job_id: int) -> float | None:

@@ -11,7 +11,9 @@ queue. Nothing here is journaled: after a restart the workers' `join` says what 
 """
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.job import Job, State
@@ -19,6 +21,7 @@ from minicluster.proto import messages
 
 if TYPE_CHECKING:
     from broker.execution import Execution
+    from minicluster.config import InstanceConfig
 
 Key = tuple[int, int]
 # Back-pressure: no top-up while this many recorded results are not yet durable (the journal lags). Elements the
@@ -26,11 +29,10 @@ Key = tuple[int, int]
 # all the same: a threshold that a journal thread briefly short of CPU crosses (4,096 was 0.2 s at 20,000 tasks/s)
 # made a busy rank 0 busier still (docs/performance.md, "Where the 8-slot wall time goes").
 LAG_RESULTS = 16_384
-# How many (user, argv) shapes of single jobs keep a mean run time, and how much a new run time moves it.
+# How many (user, argv) shapes of single jobs keep a mean run time, and how much a new run time moves it: fixed,
+# not config (docs/scheduling.md, "The dispatch window", says why).
 SHAPES = 1024
 SHAPE_WEIGHT = 0.2
-# A chain of single jobs waits behind a job at most this much longer than that job's expected run time.
-OVERDUE_SECONDS = 1.0
 
 
 class Ahead(NamedTuple):
@@ -43,10 +45,12 @@ class Ahead(NamedTuple):
 
 
 class DispatchWindow:
-    def __init__(self, execution: Execution, depth: int, seconds: float) -> None:
+    def __init__(self, execution: Execution, config: InstanceConfig) -> None:
         self.execution = execution
-        self.depth = depth
-        self.seconds = seconds
+        self.depth = config.dispatch_window
+        self.seconds = config.dispatch_window_seconds
+        # A chain of single jobs waits behind a job at most this much longer than that job's expected run time.
+        self.grace = config.dispatch_window_grace
         self.ahead: dict[Key, Ahead] = {}
         self.next_of: dict[Key, Key] = {}  # a task (running or ahead) -> the element sent to follow it
         # A running task -> the last entry of its chain and the chain's length, so that a top-up need not walk
@@ -55,6 +59,8 @@ class DispatchWindow:
         self.by_rank: dict[int, set[Key]] = defaultdict(set)
         self.by_job: dict[int, set[Key]] = defaultdict(set)
         self.recalling: set[Key] = set()
+        # Recalled and not sent yet: one `recall` per rank at the end of the loop's turn (or before a `kill` there).
+        self.to_recall: dict[int, list[Key]] = defaultdict(list)
         # Ranks that returned entries unasked (more than they hold): how many may wait there at most, half of
         # what waited then, until the rank joins again.
         self.limit: dict[int, int] = {}
@@ -205,9 +211,10 @@ class DispatchWindow:
         manager.post(job, "alloc", {"ranks": str(rank)})
         manager.post(job, "start")
 
-    def waits(self, job: Job) -> bool:
-        """A single job sent ahead and neither started nor given back yet."""
-        return not job.is_array and job.id in self.by_job
+    def ahead_rank(self, job: Job) -> int | None:
+        """The rank a single job was sent ahead to, while it has neither started nor come back."""
+        ahead = None if job.is_array else self.ahead.get((job.id, 0))
+        return ahead.rank if ahead is not None else None
 
     # --- what happened to them -----------------------------------------------------------------------------
 
@@ -286,7 +293,7 @@ class DispatchWindow:
                 self._recall([(job_id, 0) for job_id in overtaken if (job_id, 0) in self.ahead])
 
     def recall_overdue(self, now: float) -> None:
-        """Take back the chains of single jobs whose running head has run `OVERDUE_SECONDS` longer than expected
+        """Take back the chains of single jobs whose running head has run `grace` seconds longer than expected
         (`now`: monotonic), so that they wait no longer where another core may take them first."""
         if not self.ahead:
             return
@@ -299,7 +306,7 @@ class DispatchWindow:
                 continue  # an array element, or not first in its chain
             head = jobs.get(after[0])
             expect = self.expected(head) if head is not None and head.spec is not None else None
-            if now - running.timed_from > (expect or 0.0) + OVERDUE_SECONDS:
+            if now - running.timed_from > (expect or 0.0) + self.grace:
                 overdue.append(after)
         for after in overdue:
             self.recall_after(after)
@@ -314,10 +321,22 @@ class DispatchWindow:
         self._recall(chain)
 
     def _recall(self, keys: Any) -> None:
-        per_rank: dict[int, list[list[int]]] = defaultdict(list)
+        to_recall = self.to_recall
         for key in keys:
             if key not in self.recalling:
                 self.recalling.add(key)
-                per_rank[self.ahead[key].rank].append(list(key))
-        for rank, group in per_rank.items():
-            messages.send(self.execution.send, rank, messages.Recall(group))
+                if not to_recall:
+                    asyncio.get_running_loop().call_soon(self.send_recalls)
+                to_recall[self.ahead[key].rank].append(key)
+
+    def send_recalls(self, ranks: Iterable[int] | None = None) -> None:
+        """Send what was recalled since the last time (to `ranks` only, if given): one `recall` per rank, without
+        the entries that started or came back meanwhile."""
+        to_recall = self.to_recall
+        if not to_recall:
+            return
+        for rank in list(to_recall) if ranks is None else ranks:
+            keys = to_recall.pop(rank, None)
+            waiting = [list(key) for key in keys or () if key in self.recalling and self.ahead[key].rank == rank]
+            if waiting:
+                messages.send(self.execution.send, rank, messages.Recall(waiting))

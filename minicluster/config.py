@@ -71,6 +71,9 @@ class InstanceConfig:
     # to run.
     dispatch_window: int = 32
     dispatch_window_seconds: float = 0.05
+    # How much longer than its expected run time a single job may run before the chain waiting behind it goes back
+    # to the queue (protocol.md §2.10): more for jobs whose run times vary more (inf: never).
+    dispatch_window_grace: float = 1.0
     # Spawn helper processes per rank (docs/architecture.md, "Spawn helpers"): a number (0: tasks are spawned on
     # the agent's event loop), or "auto": none on small nodes, more with the node's cores (worker/helpers.py).
     spawn_helpers: int | str = "auto"
@@ -103,6 +106,9 @@ class InstanceConfig:
             raise ConfigError(f"mpi_default must be pmi1, pmix or auto, got {self.mpi_default!r}")
         if self.dispatch_window < 0 or self.dispatch_window_seconds < 0:
             raise ConfigError("dispatch_window and dispatch_window_seconds must be >= 0")
+        if not self.dispatch_window_grace >= 0:  # NaN too
+            raise ConfigError(f"dispatch_window_grace must be a number of seconds >= 0 (inf: never recall),"
+                              f" got {self.dispatch_window_grace!r}")
         if not self.broker_runs_tasks and self.tree_size == 1:
             raise ConfigError("broker_runs_tasks = false leaves no rank to run tasks: size (or max_size) must be >= 2")
         if not (self.spawn_helpers == "auto" or (type(self.spawn_helpers) is int and 0 <= self.spawn_helpers <= 256)):

@@ -23,7 +23,7 @@ import msgpack
 import worker
 from worker.fdwatch import FdWatch
 from worker.spawn import STATUS_CANNOT_RUN
-from worker.spawnhelper import CHANNEL_FD, MAX_PACKET, Request, frames, socket_pair
+from worker.spawnhelper import AGENTS_SIGNALS, CHANNEL_FD, MAX_PACKET, Request, frames, socket_pair
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,8 @@ class SpawnHelpers:
         try:
             pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "worker.spawnhelper", self._home,
                                                   "1" if self._record else "0"], env,
-                                 file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), CHANNEL_FD)])
+                                 file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), CHANNEL_FD)],
+                                 setsigmask=AGENTS_SIGNALS)  # until it ignores them: they are not for it
         finally:
             theirs.close()
         helper = _Helper(pid, os.pidfd_open(pid), ours)

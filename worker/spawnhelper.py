@@ -38,6 +38,8 @@ MAX_FRAME = 256 * 1024  # bytes of requests per frame, unless one request is lar
 # What one frame may hold at most (the socket buffers are as large); execve refuses far less (ARG_MAX, 2 MiB).
 MAX_PACKET = 4 << 20
 MAX_REPORTS = 2000  # per frame
+# The signals a helper ignores: meant for its agent (a terminal's Ctrl-C, a SIGTERM to the process group).
+AGENTS_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
 
 _FDS_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
@@ -93,9 +95,11 @@ class Helper:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         # It lives as long as its channel: a terminal's Ctrl-C or a SIGTERM to the worker's process group is for the
-        # agent, which still needs its helpers to end its tasks.  (Tasks get every signal's default back.)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        # agent, which still needs its helpers to end its tasks.  (Tasks get every signal's default back.)  The agent
+        # spawned us with them blocked, so one that came while this interpreter started is dropped here.
+        for sig in AGENTS_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, AGENTS_SIGNALS)
         poller = select.poll()
         poller.register(self.channel, select.POLLIN)
         poller.register(wake_r, select.POLLIN)

@@ -170,7 +170,8 @@ class Scheduler:
         self.preemptible: set[str] = set()
         self.preempt_grace = 0.0
         self._pending: dict[int, _Pending] = {}
-        self._ordering = Ordering()
+        self._ordering = Ordering(live=lambda job_id: self._pending[job_id].remaining > 0,
+                                  runs=lambda job_id: self._pending[job_id].job.queue not in self.stopped)
         # The time every queued job's term is dated at (its age): the last reprioritize, or the first enqueue.
         # Dated at each job's own enqueue, a job whose submission took longer to become durable would count as
         # older than one submitted before it, and overtake it until the next reprioritize.
@@ -237,6 +238,7 @@ class Scheduler:
         grown = _Pending(dataclasses.replace(job, count=job.count + count), entry.key, self.array_fast_path)
         grown.started = entry.started
         self._pending[job_id] = grown
+        self._ordering.touch(job.bucket)
         self.limits.queued(job.queue, job.user, count)
         self._queue_version += 1
         return True
@@ -276,6 +278,7 @@ class Scheduler:
 
     def start_queue(self, queue: str) -> None:
         self.stopped.discard(queue)
+        self._ordering.rebuild_heads()
         self._queue_version += 1
 
     def reason_of(self, job_id: int) -> str | None:
@@ -387,7 +390,7 @@ class Scheduler:
         overtaken; one behind it waits for its elements anyway), for an array off the fast path (one flat CPU-only
         slot per element) or in a stopped queue."""
         entry = self._pending.get(job_id)
-        head = self._head_key()
+        head = self._ordering.head()
         if entry is None or not entry.batch or entry.job.queue in self.stopped or head is None or head[2] != job_id:
             return range(0)
         n = min(count, entry.remaining)
@@ -443,7 +446,7 @@ class Scheduler:
         takes over a running job's resources with `hand_over`, or comes back with `drop_ahead`."""
         if self.graph.cluster.free_cores:
             return None  # it would wait behind a busy core where it could start at once
-        head_key = self._head_key()
+        head_key = self._ordering.head()
         if head_key is None:
             return None
         head = head_key[2]
@@ -468,7 +471,7 @@ class Scheduler:
         if not self._ahead_check:
             return []
         self._ahead_check = False
-        head = self._head_key()
+        head = self._ordering.head()
         if head is None:
             return []
         term_time = self._term_time if self._term_time is not None else 0.0
@@ -478,24 +481,6 @@ class Scheduler:
             if (key[0] - self._ordering.base_for(job.bucket), key[1], key[2]) > head:
                 out.append(job_id)
         return out
-
-    def _head_key(self) -> tuple[float, float, int] | None:
-        """The merged order key of the first job of the queue that may start (its queue runs, no limit holds its
-        bucket), or None."""
-        best = None
-        for bucket in self._ordering.buckets.values():
-            if not bucket.keys or bucket.reason:
-                continue
-            for key in bucket.keys:
-                entry = self._pending[key[2]]
-                if entry.job.queue in self.stopped:
-                    break
-                if entry.remaining:
-                    merged = (key[0] - bucket.base, key[1], key[2])
-                    if best is None or merged < best:
-                        best = merged
-                    break
-        return best
 
     def adopt(self, job_id: int, element: int, allocation: Allocation,
               start_time: float, time_limit: float | None = None, job: SchedJob | None = None) -> None:

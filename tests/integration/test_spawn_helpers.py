@@ -69,17 +69,22 @@ def tree(tmp_path: Path):
 async def test_a_task_is_a_helpers_child_in_its_cgroup_from_its_first_instruction(tree: CgroupTasks) -> None:
     h = Harness(containment=tree, spawn_helpers=2)
     try:
-        r, out, _ = await h.run("sh", "-c", "echo $PPID; cat /proc/self/cgroup")
+        key, _ = h.start("sh", "-c", "echo $PPID; cat /proc/self/cgroup")
+        # Signals for the worker's process group are the agent's business: the helpers stay, also when one comes
+        # while they are still starting (here: right after the first task made the agent spawn them).
+        helpers = h.ex._helpers.pids
+        for helper in helpers:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                os.kill(helper, sig)
+        r = await h.wait(key)
         assert r.status == 0
-        parent, *groups = out.decode().split()
+        parent, *groups = h.out[key, "stdout"].decode().split()
         assert int(parent) in h.ex._helpers.pids, "the task's parent is a spawn helper"
         # `sh` ran in its task's group under the rank's tree, so `cat`, its child, did too.
         assert f"0::/{tree.base.relative_to(tree.own)}/t" in "".join(groups).replace(str(tree.own), "")
         for helper in h.ex._helpers.pids:  # and the helpers are back in the worker's own group
             assert Path(f"/proc/{helper}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()
-        # Signals for the worker's process group are the agent's business: the helpers stay.
-        helpers = h.ex._helpers.pids
-        for helper in helpers:
+        for helper in helpers:  # and once they run
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 os.kill(helper, sig)
         r, out, _ = await h.run("sh", "-c", "echo $PPID")

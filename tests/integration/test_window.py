@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -321,3 +322,25 @@ def test_cancelling_all_single_jobs_with_full_windows_ends_every_one(tmp_path: P
     ran = Counter(job_id for job_id, _, _ in lines(record))
     assert set(ran.values()) == {1} and set(ran) <= {job_id for job_id, r in rows.items() if r}, \
         "each job that began was recorded, none began twice"
+
+
+def test_mc_jobs_shows_a_job_sent_ahead_as_dispatched_to_its_rank(tmp_path: Path) -> None:
+    with (LocalCluster(tmp_path / "mc", size=2, resources="cores=1", dispatch_window=4, kill_grace=0.5,
+                       **LONG_CHAINS) as cluster, cluster.client() as c):
+        ids = [i for i in c.submit_many([job(["sleep", "60"], time_limit=600.0)] * 4) if isinstance(i, int)]
+        deadline = time.time() + 30
+        while {c.job(job_id)["state"] for job_id in ids[:2]} != {"RUN"}:
+            assert time.time() < deadline, "the first two jobs do not start"
+            time.sleep(0.05)
+        running_on = {c.job(job_id)["ranks"] for job_id in ids[:2]}
+        summaries = {s["id"]: s for s in c.jobs(ids=ids[2:])}
+        assert {summaries[job_id]["state"] for job_id in ids[2:]} == {"SCHED"}
+        reasons = {summaries[job_id]["pending_reason"] for job_id in ids[2:]}
+        assert reasons <= {f"Dispatched: ahead on rank {rank}" for rank in running_on}, reasons
+        table = subprocess.run(["mc", "jobs"], env={**os.environ, "MC_URI": cluster.uri}, capture_output=True,
+                               text=True, timeout=60)
+        assert table.returncode == 0, table.stderr
+        rows = [line for line in table.stdout.splitlines() if line.split()[:1] in ([str(i)] for i in ids[2:])]
+        assert len(rows) == 2 and all("Dispatched: ahead on rank" in row for row in rows), table.stdout
+        c.cancel(ids)
+        jobs_done(c, ids, timeout=30)

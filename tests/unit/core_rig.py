@@ -126,6 +126,10 @@ class Core:
         self.execution.window.recall_overtaken()
         return starts
 
+    async def turn(self) -> None:
+        """The end of the event loop's turn: what waits for it is sent (the dispatch window's recalls)."""
+        await asyncio.sleep(0)
+
     async def durable(self) -> None:
         """Everything posted so far is committed, and its commit callbacks (run dispatch, watchers) have run."""
         assert not self.crashed, "a crashed life commits nothing more: go on with `restarted`"

@@ -71,8 +71,10 @@ async def test_cancel_recalls_the_window_before_the_kill_and_ends_every_element(
     record = await core.running(array="0-9")
     aheads(core)
     core.manager.cancel(os.getuid(), [record.id])
+    await core.turn()
     kinds = core.sender.kinds()
     assert kinds.index("recall") < kinds.index("kill")
+    await core.turn()
     recalls = {m.dst: sorted(k[1] for k in m.body["keys"]) for m in core.sender.take("recall")}
     first = rank_of(core, record, 0)
     assert recalls == {first: [2], 1 - first: [3]}
@@ -117,12 +119,35 @@ async def test_a_lost_rank_returns_its_window_to_the_queue_and_each_element_runs
     assert await recorded(core, record) == [0, 1, 2, 3, 4, 5]
 
 
+async def test_an_element_a_lost_rank_started_unreported_is_killed_when_it_rejoins_and_its_kill_not_recorded(
+        core: Core) -> None:
+    """Found by the chaos test: the rank came back running an element rank 0 had queued again; rank 0 killed it as
+    a stray, and recorded the kill's 137 as the element's result."""
+    record = await core.running(array="0-5")
+    lost = rank_of(core, record, 1)
+    assert aheads(core)[lost] == [(3, 1)]
+    core.graph.set_down(lost)
+    core.execution.rank_lost(lost)  # element 1 ends node-lost; 3, sent ahead behind it, is queued again
+    await core.durable()
+    # The worker had started 3 the moment 1 ended, before it was cut off; it comes back running it.
+    core.graph.set_up(lost)
+    core.execution.reconcile(lost, [[record.id, 3, [0], []]])
+    assert core.kills() == [(lost, [[record.id, 3]], signal.SIGKILL)], "a stray to rank 0"
+    core.done(lost, record, 3, status=128 + signal.SIGKILL)  # what the kill made of it
+    await core.durable()
+    assert not record.is_done(3), "the stray's end is not element 3's"
+    await drive(core, record)
+    assert (record.succeeded, record.failed) == (5, 1), "only element 1, lost with its rank, failed"
+    assert await recorded(core, record) == [0, 1, 2, 3, 4, 5], "each element recorded once"
+
+
 async def test_a_drained_rank_gives_its_window_back_and_gets_no_more(core: Core) -> None:
     record = await core.running(array="0-9")
     aheads(core)
     drained = rank_of(core, record, 1)
     core.graph.drain(drained, "maintenance")
     core.execution.window.recall_rank(drained)
+    await core.turn()
     (recall,) = core.sender.take("recall")
     assert recall.dst == drained and recall.body["keys"] == [[record.id, 3]]
     core.execution.on_returned(drained, recall.body["keys"])
@@ -190,6 +215,7 @@ async def test_a_hold_takes_the_window_back_and_a_release_runs_it(core: Core) ->
     record = await core.running(array="0-9")
     aheads(core)
     core.manager.workflow.hold(record, os.getuid())
+    await core.turn()
     recalls = core.sender.take("recall")
     assert sorted(k[1] for m in recalls for k in m.body["keys"]) == [2, 3]
     for m in recalls:
@@ -308,6 +334,7 @@ async def test_cancelling_a_job_waiting_ahead_recalls_it_and_it_ends_once_it_is_
     rank = single_rank(core, jobs[0])
     waiting = core.manager.jobs[sent[rank][0][0]]
     core.manager.cancel(os.getuid(), [waiting.id])
+    await core.turn()
     (recall,) = core.sender.take("recall")
     assert recall.dst == rank and recall.body["keys"] == [[waiting.id, 0]]
     await core.durable()
@@ -322,12 +349,49 @@ async def test_cancelling_a_job_waiting_ahead_recalls_it_and_it_ends_once_it_is_
     assert await recorded_jobs(core, jobs) == sorted(j.id for j in jobs if j is not waiting)
 
 
+async def test_cancelling_many_jobs_waiting_ahead_sends_one_recall_per_rank(tmp_path: Any) -> None:
+    async with core_rig.started(tmp_path, dispatch_window=8, dispatch_window_seconds=1e9) as core:
+        core.add_rank(0, "cores=1,memory=1024")
+        core.add_rank(1, "cores=1,memory=1024")
+        jobs = await queued_jobs(core, 18)
+        sent = job_aheads(core)
+        waiting = [job_id for entries in sent.values() for job_id, _ in entries]
+        assert len(waiting) == 16, "8 wait behind each running job"
+        core.manager.cancel(os.getuid(), waiting)
+        await core.turn()
+        recalls = core.sender.take("recall")
+        assert sorted(m.dst for m in recalls) == [0, 1], "one recall per rank, not one per job"
+        for m in recalls:
+            assert sorted(k[0] for k in m.body["keys"]) == sorted(job_id for job_id, _ in sent[m.dst])
+            core.execution.on_returned(m.dst, m.body["keys"])
+        await core.durable()
+        cancelled = [job for job in jobs if job.id in waiting]
+        assert all(job.state is State.INACTIVE and job.exception == "cancel" for job in cancelled)
+        await drive_jobs(core, jobs[:2])
+        assert core.execution.tasks_started == 2
+
+
+async def test_cancelling_all_jobs_sends_each_rank_one_recall_before_its_kill(tmp_path: Any) -> None:
+    async with core_rig.started(tmp_path, dispatch_window=8, dispatch_window_seconds=1e9) as core:
+        core.add_rank(0, "cores=1,memory=1024")
+        core.add_rank(1, "cores=1,memory=1024")
+        jobs = await queued_jobs(core, 18)
+        sent = job_aheads(core)
+        core.manager.cancel(os.getuid(), [job.id for job in jobs])
+        await core.turn()
+        for rank in (0, 1):
+            to_rank = [m for m in core.sender.sent if m.dst == rank and m.kind in ("recall", "kill")]
+            assert [m.kind for m in to_rank] == ["recall", "kill"], "the chain is recalled before its head is killed"
+            assert sorted(k[0] for k in to_rank[0].body["keys"]) == sorted(job_id for job_id, _ in sent[rank])
+
+
 async def test_a_cancelled_job_that_started_before_the_recall_arrived_is_killed_and_recorded_once(core: Core) -> None:
     jobs = await queued_jobs(core, 4)
     sent = job_aheads(core)
     rank = single_rank(core, jobs[0])
     waiting = core.manager.jobs[sent[rank][0][0]]
     core.manager.cancel(os.getuid(), [waiting.id])
+    await core.turn()
     core.sender.take("recall")
     core.done(rank, jobs[0], 0)  # the worker started it before the recall came: nothing is returned
     assert core.kills() == [(rank, [[waiting.id, 0]], signal.SIGTERM)]
@@ -343,6 +407,7 @@ async def test_a_held_job_comes_back_from_the_window_and_runs_once_released(core
     rank = single_rank(core, jobs[0])
     held = core.manager.jobs[sent[rank][0][0]]
     core.manager.workflow.hold(held, os.getuid())
+    await core.turn()
     (recall,) = core.sender.take("recall")
     core.manager.workflow.release(held, os.getuid())  # before it came back: it is queued once it is back
     assert core.scheduler.pending_job(held.id) is None
@@ -358,6 +423,7 @@ async def test_a_higher_priority_job_that_cannot_start_recalls_the_jobs_sent_ahe
     urgent = core.submit(urgency=31)
     await core.durable()
     core.schedule()
+    await core.turn()
     recalls = core.sender.take("recall")
     assert sorted(k[0] for m in recalls for k in m.body["keys"]) == [j.id for j in jobs[2:6]]
     for m in recalls:
@@ -369,6 +435,7 @@ async def test_a_higher_priority_job_that_cannot_start_recalls_the_jobs_sent_ahe
     later = core.submit(time_limit=5.0)  # the same priority, later: it comes after the jobs sent ahead
     await core.durable()
     core.schedule()
+    await core.turn()
     assert core.sender.take("recall") == []
     await drive_jobs(core, [*jobs, urgent, later])
     assert core.execution.tasks_started == 8
@@ -380,6 +447,7 @@ async def test_a_drained_rank_gives_its_single_jobs_back(core: Core) -> None:
     drained = single_rank(core, jobs[0])
     core.graph.drain(drained, "maintenance")
     core.execution.window.recall_rank(drained)
+    await core.turn()
     (recall,) = core.sender.take("recall")
     assert sorted(k[0] for k in recall.body["keys"]) == sorted(job_id for job_id, _ in sent[drained])
     core.execution.on_returned(drained, recall.body["keys"])
@@ -477,6 +545,7 @@ async def test_an_urgency_change_takes_a_job_back_from_the_window_and_queues_it_
     rank = single_rank(core, jobs[0])
     moved = core.manager.jobs[sent[rank][1][0]]
     core.manager.workflow.update(moved, os.getuid(), {"urgency": 20})
+    await core.turn()
     (recall,) = core.sender.take("recall")
     assert recall.body["keys"] == [[moved.id, 0]] and core.scheduler.pending_job(moved.id) is None
     core.execution.on_returned(rank, recall.body["keys"])
@@ -492,6 +561,7 @@ async def test_ending_a_jobs_tasks_recalls_the_single_jobs_behind_it(core: Core)
     rank = single_rank(core, jobs[0])
     core.manager.kill_tasks(jobs[0], signal.SIGTERM)  # as a preemption does: its cores are wanted
     assert [kind for kind in core.sender.kinds() if kind in ("recall", "kill")] == ["recall", "kill"]
+    await core.turn()
     (recall,) = core.sender.take("recall")
     assert recall.dst == rank and sorted(k[0] for k in recall.body["keys"]) == sorted(j for j, _ in sent[rank])
     assert core.kills() == [(rank, [[jobs[0].id, 0]], signal.SIGTERM)]
@@ -523,9 +593,11 @@ async def test_a_chain_behind_a_job_that_runs_longer_than_expected_goes_back_to_
     sent = job_aheads(core)
     core.clock.advance(5.5)
     core.execution.window.recall_overdue(core.clock())
+    await core.turn()
     assert core.sender.take("recall") == [], "within its expected time and the grace"
     core.clock.advance(1.0)
     core.execution.window.recall_overdue(core.clock())
+    await core.turn()
     recalled = {m.dst: sorted(k[0] for k in m.body["keys"]) for m in core.sender.take("recall")}
     assert recalled == {rank: sorted(job_id for job_id, _ in chain) for rank, chain in sent.items()}
     for rank, keys in recalled.items():
@@ -533,3 +605,20 @@ async def test_a_chain_behind_a_job_that_runs_longer_than_expected_goes_back_to_
     assert all(core.scheduler.pending_job(job.id) is not None for job in jobs[2:]), "queued again"
     await drive_jobs(core, jobs)
     assert core.execution.tasks_started == 6
+
+
+async def test_dispatch_window_grace_sets_how_long_a_chain_waits_behind_a_job_that_overruns(tmp_path: Any) -> None:
+    async with core_rig.started(tmp_path, dispatch_window_grace=5.0, **WINDOW) as core:
+        core.add_rank(0, "cores=1,memory=1024")
+        core.add_rank(1, "cores=1,memory=1024")
+        await queued_jobs(core, 6)  # expected 5 s each (their time limit)
+        sent = job_aheads(core)
+        core.clock.advance(5.0 + 4.5)
+        core.execution.window.recall_overdue(core.clock())
+        await core.turn()
+        assert core.sender.take("recall") == [], "4.5 s over its expected time: within the 5 s grace"
+        core.clock.advance(1.0)
+        core.execution.window.recall_overdue(core.clock())
+        await core.turn()
+        recalled = {m.dst: sorted(k[0] for k in m.body["keys"]) for m in core.sender.take("recall")}
+        assert recalled == {rank: sorted(job_id for job_id, _ in chain) for rank, chain in sent.items()}
