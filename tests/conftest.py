@@ -19,8 +19,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # The tiers (CONTRIBUTING.md#tiers). The fast tier, `-m 'not slow and not apiserver'`, is the unit tests plus the
 # real-process tests marked `smoke`; every other test that starts processes or runs the operator is `slow`.
-# `pytest` with no -m, as .ci/run calls it, runs every tier but the pod-level one (pyproject's addopts), which
-# .ci/run runs next with `pytest -m e2e`.
+# `pytest` with no -m, as .ci/run calls it, runs every tier but the pod-level one and the soak test (pyproject's
+# addopts), which .ci/run runs next with `pytest -m 'e2e or soak'`.
 _REAL_PROCESS_TIERS = ("tests/integration/", "tests/e2e/", "tests/operator/test_operator_kmock.py")
 
 

@@ -152,6 +152,7 @@ def test_chaos_short(tmp_path, capfd) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(600)
 def test_chaos_long(tmp_path, capfd) -> None:
     chaos(tmp_path, rounds=25, capfd=capfd)
