@@ -11,8 +11,12 @@ array    one array, the tree's default configuration (the dispatch window where 
 jobs     a stream of plain (non-array) jobs sent with `submit_many`
 
 Each figure is the broker's utime + stime (/proc/PID/stat) over the timed part divided by its tasks, and the
-same summed over all ranks.  Each run of each tree is a fresh interpreter whose PYTHONPATH is that tree
-(started in a scratch directory, so the tree decides which minicluster the ranks run); the trees take turns
+same summed over all ranks.  Where the wall time went: `broker_main_run_us_per_task` and
+`broker_main_runqueue_us_per_task` (/proc/PID/schedstat of rank 0's main thread: on a CPU, and runnable but waiting
+for one; their sum near the wall time per task means rank 0 never waited for a worker), `machine_busy_cpus` (the
+CPUs the whole machine kept busy, /proc/stat; near the CPU count means the run was bound by CPU, not latency) and
+`ranks_cpus` (the CPUs the ranks used themselves).  Each run of each tree is a fresh interpreter whose PYTHONPATH
+is that tree (started in a scratch directory, so the tree decides which minicluster the ranks run); the trees take turns
 run by run and the ratios are taken run by run: the machine may be shared.  --profile DIR writes a cProfile of
 every rank (MC_PROFILE) of each tree's last run to DIR/<tree>-<case>-rank<N>.prof.
 """
@@ -35,6 +39,20 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def main_thread_sched(pid: int) -> tuple[float, float]:
+    """Seconds the process's main thread ran and waited runnable for a CPU (/proc/PID/schedstat)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        ran, waited, _ = f.read().split()
+    return int(ran) / 1e9, int(waited) / 1e9
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all of the machine's CPUs spent on anything but idling, since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(field) for field in f.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK  # all but idle and iowait
 
 
 def spec(**fields: Any) -> dict[str, Any]:
@@ -61,6 +79,7 @@ def measure(case: str, tasks: int, cores: int, profile: str | None) -> dict[str,
                 list(client.wait([client.submit(spec(array="1-200"))]))
                 pids = [p.pid for p in cluster.procs.values()]
                 broker0, all0, start = cpu_seconds(pids[0]), sum(map(cpu_seconds, pids)), time.perf_counter()
+                sched0, busy0 = main_thread_sched(pids[0]), machine_busy_seconds()
                 if case == "jobs":
                     ids = [i for chunk in range(0, tasks, 1000)
                            for i in client.submit_many([spec()] * min(1000, tasks - chunk)) if isinstance(i, int)]
@@ -71,10 +90,13 @@ def measure(case: str, tasks: int, cores: int, profile: str | None) -> dict[str,
                     raise RuntimeError(f"{len(bad)} job(s) failed, first: {bad[0]}")
                 wall = time.perf_counter() - start
                 broker, total = cpu_seconds(pids[0]) - broker0, sum(map(cpu_seconds, pids)) - all0
+                (ran, waited), busy = main_thread_sched(pids[0]), machine_busy_seconds() - busy0
         finally:
             cluster.stop()
     return {"broker_cpu_us_per_task": 1e6 * broker / tasks, "all_ranks_cpu_us_per_task": 1e6 * total / tasks,
-            "tasks_per_s": tasks / wall}
+            "tasks_per_s": tasks / wall, "broker_main_run_us_per_task": 1e6 * (ran - sched0[0]) / tasks,
+            "broker_main_runqueue_us_per_task": 1e6 * (waited - sched0[1]) / tasks,
+            "machine_busy_cpus": busy / wall, "ranks_cpus": total / wall}
 
 
 def interleaved(args: argparse.Namespace) -> dict[str, Any]:

@@ -24,8 +24,11 @@ if TYPE_CHECKING:
     from minicluster.config import InstanceConfig
 
 Key = tuple[int, int]
-# Back-pressure: no top-up while this many recorded results are not yet durable (the journal lags).
-LAG_RESULTS = 4096
+# Back-pressure: no top-up while this many recorded results are not yet durable (the journal lags). Elements the
+# window does not take go through the scheduler, which costs rank 0 several times the CPU and records their results
+# all the same: a threshold that a journal thread briefly short of CPU crosses (4,096 was 0.2 s at 20,000 tasks/s)
+# made a busy rank 0 busier still (docs/performance.md, "Where the 8-slot wall time goes").
+LAG_RESULTS = 16_384
 # How many (user, argv) shapes of single jobs keep a mean run time, and how much a new run time moves it: fixed,
 # not config (docs/scheduling.md, "The dispatch window", says why).
 SHAPES = 1024
