@@ -107,7 +107,16 @@ def requirements(repo: Path, recipe: Recipe) -> list[str]:
 
 
 def scripts(repo: Path) -> dict[str, str]:
-    return dict(tomllib.loads((repo / "pyproject.toml").read_text())["project"]["scripts"])
+    """What pip puts in the venv's bin/, name -> the text after the interpreter line: a wrapper for each entry
+    point, and each of setuptools' script-files as it is (mc-submit)."""
+    project = tomllib.loads((repo / "pyproject.toml").read_text())
+    out = {}
+    for name, target in project["project"]["scripts"].items():
+        module, func = target.split(":")
+        out[name] = f"import sys\nfrom {module} import {func}\nsys.exit({func}())\n"
+    for path in project.get("tool", {}).get("setuptools", {}).get("script-files", []):
+        out[Path(path).name] = (repo / path).read_text().partition("\n")[2]
+    return out
 
 
 def instructions(repo: Path, recipe: Recipe) -> dict[str, Any]:
@@ -145,11 +154,9 @@ def _build(image: Image, reqs: list[str], entry_points: dict[str, str]) -> None:
     _run([str(image.venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", *reqs])
     [site] = list((image.venv / "lib").glob("python3*/site-packages"))
     (site / "minicluster-checkout.pth").write_text(SRC_MOUNT + "\n")
-    for name, target in entry_points.items():
-        module, func = target.split(":")
+    for name, text in entry_points.items():
         path = image.venv / "bin" / name
-        path.write_text(f"#!{image.venv}/bin/python\nimport sys\nfrom {module} import {func}\n"
-                        f"sys.exit({func}())\n")
+        path.write_text(f"#!{image.venv}/bin/python\n{text}")
         path.chmod(0o755)
     _run(["chmod", "-R", "a+rX", str(image.root)])
     (image.root / "ready").touch()
