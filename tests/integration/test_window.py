@@ -31,6 +31,16 @@ def info(argv: list[str]) -> dict[str, Any]:
             "layout": [[1, 1]], "uid": os.getuid(), "gid": os.getgid(), "array": True}
 
 
+def agent_on(tmp_path: Path, cores: int, welcomed: bool = True) -> tuple[WorkerAgent, RecordingSender]:
+    """A worker agent of rank 1 (real executor) whose messages to rank 0 are recorded."""
+    config = from_mapping({"state_dir": str(tmp_path), "resources": f"cores={cores}"})
+    sender = RecordingSender(rank=1)
+    agent = WorkerAgent(config, 1, sender.send, resources(f"cores={cores}"), "unix:///nonexistent")
+    if welcomed:
+        agent.handle(Message("welcome", 0, 1, {"epoch": 1, "size": 2}))
+    return agent, sender
+
+
 async def results(sender: RecordingSender, count: int, timeout: float = 20.0) -> dict[int, list[Any]]:
     seen: dict[int, list[Any]] = {}
     loop = asyncio.get_running_loop()
@@ -45,10 +55,7 @@ async def results(sender: RecordingSender, count: int, timeout: float = 20.0) ->
 
 async def test_the_agent_starts_each_entry_when_the_one_before_ends_and_returns_recalled_ones(
         tmp_path: Path) -> None:
-    config = from_mapping({"state_dir": str(tmp_path), "resources": "cores=1"})
-    sender = RecordingSender(rank=1)
-    agent = WorkerAgent(config, 1, sender.send, resources("cores=1"), "unix:///nonexistent")
-    agent.handle(Message("welcome", 0, 1, {"epoch": 1, "size": 2}))
+    agent, sender = agent_on(tmp_path, 1)
     jobs = {7: info(["sleep", "0.3"])}
     agent.handle(Message("run", 0, 1, {"jobs": jobs, "tasks": [[7, 0, 0, [0], []]]}))
     chain = [[7, 1, 1, [0], [], 0, 0], [7, 2, 2, [0], [], 0, 1], [7, 3, 3, [0], [], 0, 2]]
@@ -68,10 +75,7 @@ async def test_the_agent_starts_each_entry_when_the_one_before_ends_and_returns_
 async def test_an_entry_sent_again_waits_where_it_was_sent_last_and_runs_once(tmp_path: Path) -> None:
     """Found by the chaos test: an entry sent again behind another task was linked twice, ran when the first of the
     two ended, and the second's end raised KeyError in the agent."""
-    config = from_mapping({"state_dir": str(tmp_path), "resources": "cores=2"})
-    sender = RecordingSender(rank=1)
-    agent = WorkerAgent(config, 1, sender.send, resources("cores=2"), "unix:///nonexistent")
-    agent.handle(Message("welcome", 0, 1, {"epoch": 1, "size": 2}))
+    agent, sender = agent_on(tmp_path, 2)
     jobs = {7: info(["sleep", "0.2"])}
     agent.handle(Message("run", 0, 1, {"jobs": jobs, "tasks": [[7, 0, 0, [0], []], [7, 1, 1, [1], []]]}))
     agent.handle(Message("ahead", 0, 1, {"jobs": jobs, "tasks": [[7, 2, 2, [0], [], 0, 0]]}))
@@ -87,9 +91,7 @@ async def test_an_entry_sent_again_waits_where_it_was_sent_last_and_runs_once(tm
 
 
 async def test_a_join_drops_what_waits_and_nothing_is_taken_before_the_welcome(tmp_path: Path) -> None:
-    config = from_mapping({"state_dir": str(tmp_path), "resources": "cores=1"})
-    sender = RecordingSender(rank=1)
-    agent = WorkerAgent(config, 1, sender.send, resources("cores=1"), "unix:///nonexistent")
+    agent, sender = agent_on(tmp_path, 1, welcomed=False)
     jobs = {7: info(["sleep", "0.2"])}
     agent.handle(Message("ahead", 0, 1, {"jobs": jobs, "tasks": [[7, 5, 5, [0], [], 0, 4]]}))
     assert not agent.running, "an `ahead` before the welcome is from a broker that does not know us"
@@ -108,10 +110,7 @@ async def test_a_join_drops_what_waits_and_nothing_is_taken_before_the_welcome(t
 
 async def test_the_agent_starts_a_whole_job_when_another_jobs_task_ends_and_returns_it_when_recalled(
         tmp_path: Path) -> None:
-    config = from_mapping({"state_dir": str(tmp_path), "resources": "cores=1"})
-    sender = RecordingSender(rank=1)
-    agent = WorkerAgent(config, 1, sender.send, resources("cores=1"), "unix:///nonexistent")
-    agent.handle(Message("welcome", 0, 1, {"epoch": 1, "size": 2}))
+    agent, sender = agent_on(tmp_path, 1)
     single = {**info(["sleep", "0.2"]), "ntasks": 1, "array": False}
     agent.handle(Message("run", 0, 1, {"jobs": {7: single}, "tasks": [[7, 0, 0, [0], []]]}))
     chain = [[8, 0, 0, [0], [], 0, 0, 7], [9, 0, 0, [0], [], 0, 0, 8], [10, 0, 0, [0], [], 0, 0, 9]]

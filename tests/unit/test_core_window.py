@@ -590,10 +590,11 @@ async def test_no_chain_waits_behind_a_job_that_may_run_long(core: Core) -> None
     assert list(sent) == [single_rank(core, jobs[0])] and single_rank(core, long) not in sent
 
 
-async def test_a_chain_behind_a_job_that_runs_longer_than_expected_goes_back_to_the_queue(core: Core) -> None:
-    jobs = await queued_jobs(core, 6)  # expected 5 s each (their time limit)
+async def recalled_once_overdue(core: Core, grace: float) -> dict[int, list[int]]:
+    """The chains sent behind jobs expected to take 5 s: none is recalled half a second before the grace is over,
+    each half a second after; rank -> recalled job ids."""
     sent = job_aheads(core)
-    core.clock.advance(5.5)
+    core.clock.advance(5.0 + grace - 0.5)
     core.execution.window.recall_overdue(core.clock())
     await core.turn()
     assert core.sender.take("recall") == [], "within its expected time and the grace"
@@ -602,6 +603,12 @@ async def test_a_chain_behind_a_job_that_runs_longer_than_expected_goes_back_to_
     await core.turn()
     recalled = {m.dst: sorted(k[0] for k in m.body["keys"]) for m in core.sender.take("recall")}
     assert recalled == {rank: sorted(job_id for job_id, _ in chain) for rank, chain in sent.items()}
+    return recalled
+
+
+async def test_a_chain_behind_a_job_that_runs_longer_than_expected_goes_back_to_the_queue(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)  # expected 5 s each (their time limit)
+    recalled = await recalled_once_overdue(core, grace=1.0)
     for rank, keys in recalled.items():
         core.execution.on_returned(rank, [[job_id, 0] for job_id in keys])
     assert all(core.scheduler.pending_job(job.id) is not None for job in jobs[2:]), "queued again"
@@ -614,13 +621,4 @@ async def test_dispatch_window_grace_sets_how_long_a_chain_waits_behind_a_job_th
         core.add_rank(0, "cores=1,memory=1024")
         core.add_rank(1, "cores=1,memory=1024")
         await queued_jobs(core, 6)  # expected 5 s each (their time limit)
-        sent = job_aheads(core)
-        core.clock.advance(5.0 + 4.5)
-        core.execution.window.recall_overdue(core.clock())
-        await core.turn()
-        assert core.sender.take("recall") == [], "4.5 s over its expected time: within the 5 s grace"
-        core.clock.advance(1.0)
-        core.execution.window.recall_overdue(core.clock())
-        await core.turn()
-        recalled = {m.dst: sorted(k[0] for k in m.body["keys"]) for m in core.sender.take("recall")}
-        assert recalled == {rank: sorted(job_id for job_id, _ in chain) for rank, chain in sent.items()}
+        await recalled_once_overdue(core, grace=5.0)
