@@ -3,8 +3,10 @@ ahead, the next element taking over a core, and what cancel, a lost rank, a drai
 elements that wait."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,11 +24,17 @@ TERM = 128 + signal.SIGTERM
 WINDOW = {"dispatch_window": 2, "dispatch_window_seconds": 1e9}
 
 
-@pytest.fixture
-async def core(tmp_path):
-    async with core_rig.started(tmp_path, **WINDOW) as rig:
+@contextlib.asynccontextmanager
+async def two_one_core_ranks(tmp_path: Any, **config: Any) -> AsyncIterator[Core]:
+    async with core_rig.started(tmp_path, **config) as rig:
         rig.add_rank(0, "cores=1,memory=1024")
         rig.add_rank(1, "cores=1,memory=1024")
+        yield rig
+
+
+@pytest.fixture
+async def core(tmp_path):
+    async with two_one_core_ranks(tmp_path, **WINDOW) as rig:
         yield rig
 
 
@@ -330,13 +338,20 @@ async def test_a_job_whose_run_time_is_unknown_is_not_sent_ahead(core: Core) -> 
     await drive_jobs(core, more)
 
 
-async def test_cancelling_a_job_waiting_ahead_recalls_it_and_it_ends_once_it_is_back(core: Core) -> None:
-    jobs = await queued_jobs(core, 6)
+async def cancel_the_first_waiting(core: Core, count: int) -> tuple[list[Job], dict[int, Any], int, Job]:
+    """`count` small jobs queued; the first that waits behind jobs[0] is cancelled: (jobs, what was sent ahead,
+    its rank, it)."""
+    jobs = await queued_jobs(core, count)
     sent = job_aheads(core)
     rank = single_rank(core, jobs[0])
     waiting = core.manager.jobs[sent[rank][0][0]]
     core.manager.cancel(os.getuid(), [waiting.id])
     await core.turn()
+    return jobs, sent, rank, waiting
+
+
+async def test_cancelling_a_job_waiting_ahead_recalls_it_and_it_ends_once_it_is_back(core: Core) -> None:
+    jobs, sent, rank, waiting = await cancel_the_first_waiting(core, 6)
     (recall,) = core.sender.take("recall")
     assert recall.dst == rank and recall.body["keys"] == [[waiting.id, 0]]
     await core.durable()
@@ -352,9 +367,7 @@ async def test_cancelling_a_job_waiting_ahead_recalls_it_and_it_ends_once_it_is_
 
 
 async def test_cancelling_many_jobs_waiting_ahead_sends_one_recall_per_rank(tmp_path: Any) -> None:
-    async with core_rig.started(tmp_path, dispatch_window=8, dispatch_window_seconds=1e9) as core:
-        core.add_rank(0, "cores=1,memory=1024")
-        core.add_rank(1, "cores=1,memory=1024")
+    async with two_one_core_ranks(tmp_path, dispatch_window=8, dispatch_window_seconds=1e9) as core:
         jobs = await queued_jobs(core, 18)
         sent = job_aheads(core)
         waiting = [job_id for entries in sent.values() for job_id, _ in entries]
@@ -374,9 +387,7 @@ async def test_cancelling_many_jobs_waiting_ahead_sends_one_recall_per_rank(tmp_
 
 
 async def test_cancelling_all_jobs_sends_each_rank_one_recall_before_its_kill(tmp_path: Any) -> None:
-    async with core_rig.started(tmp_path, dispatch_window=8, dispatch_window_seconds=1e9) as core:
-        core.add_rank(0, "cores=1,memory=1024")
-        core.add_rank(1, "cores=1,memory=1024")
+    async with two_one_core_ranks(tmp_path, dispatch_window=8, dispatch_window_seconds=1e9) as core:
         jobs = await queued_jobs(core, 18)
         sent = job_aheads(core)
         core.manager.cancel(os.getuid(), [job.id for job in jobs])
@@ -388,12 +399,7 @@ async def test_cancelling_all_jobs_sends_each_rank_one_recall_before_its_kill(tm
 
 
 async def test_a_cancelled_job_that_started_before_the_recall_arrived_is_killed_and_recorded_once(core: Core) -> None:
-    jobs = await queued_jobs(core, 4)
-    sent = job_aheads(core)
-    rank = single_rank(core, jobs[0])
-    waiting = core.manager.jobs[sent[rank][0][0]]
-    core.manager.cancel(os.getuid(), [waiting.id])
-    await core.turn()
+    jobs, _, rank, waiting = await cancel_the_first_waiting(core, 4)
     core.sender.take("recall")
     core.done(rank, jobs[0], 0)  # the worker started it before the recall came: nothing is returned
     assert core.kills() == [(rank, [[waiting.id, 0]], signal.SIGTERM)]
@@ -617,8 +623,6 @@ async def test_a_chain_behind_a_job_that_runs_longer_than_expected_goes_back_to_
 
 
 async def test_dispatch_window_grace_sets_how_long_a_chain_waits_behind_a_job_that_overruns(tmp_path: Any) -> None:
-    async with core_rig.started(tmp_path, dispatch_window_grace=5.0, **WINDOW) as core:
-        core.add_rank(0, "cores=1,memory=1024")
-        core.add_rank(1, "cores=1,memory=1024")
+    async with two_one_core_ranks(tmp_path, dispatch_window_grace=5.0, **WINDOW) as core:
         await queued_jobs(core, 6)  # expected 5 s each (their time limit)
         await recalled_once_overdue(core, grace=5.0)
