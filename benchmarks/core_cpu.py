@@ -6,7 +6,7 @@
 The real JobManager, Execution, scheduler and sqlite journal (on tmpfs), one worker rank of 8 cores, a fake clock.
 Every message rank 0 sends is msgpack-encoded and decoded, and typed-decoded as its receiver would; each `done`
 goes the same way before rank 0 reads it. `jobs`: 8 single-task jobs submitted per scheduling pass; `array`: one
-N-element array with `dispatch_window = 0`; `window`: the same with the default dispatch window and elements that
+N-element array with `dispatch_window = 0`; `window`: the same with a dispatch window of 32 and elements that
 take no time (each core runs a chain of elements sent ahead, as on a big test-executor array). Prints the
 process CPU time per task (both threads: the journal writer's too).
 
@@ -101,7 +101,7 @@ class _Worker:
 async def drive(case: str, n: int, profile: cProfile.Profile | None) -> float:
     """CPU µs per task of n plain jobs or an n-element array."""
     fields = InstanceConfig.__dataclass_fields__
-    settings = {"dispatch_window": 0} if "dispatch_window" in fields and case != "window" else {}
+    settings = ({"dispatch_window": 32 if case == "window" else 0}) if "dispatch_window" in fields else {}
     async with core_rig.started(Path(tempfile.mkdtemp()), **settings) as core:
         core.add_rank(1, "cores=8,memory=4096")
         if profile is not None:

@@ -65,7 +65,7 @@ def measure(case: str, tasks: int, cores: int, profile: str | None) -> dict[str,
     from minicluster.testing import LocalCluster
 
     has_window = "dispatch_window" in InstanceConfig.__dataclass_fields__  # not in trees older than the window
-    settings: dict[str, Any] = {"dispatch_window": 0} if case == "array0" and has_window else {}
+    settings: dict[str, Any] = {"dispatch_window": 0 if case == "array0" else 32} if has_window else {}
     with tempfile.TemporaryDirectory(prefix="mc-trees-") as state_dir:
         cluster = LocalCluster(state_dir, size=4, test_exec=True, resources=f"cores={cores}", **settings)
         try:
