@@ -64,8 +64,9 @@ class Execution:
         self._undispatched: set[int] = set()
         # Array elements being preempted (broker/share/preemption.py): they end counted as cancelled.
         self.preempted: dict[Key, str] = {}
-        # Per rank: the tasks it came back running that rank 0 did not know it ran (a window entry it started just
-        # before it was lost), killed at its join: one that ends by that kill ended because its rank was lost.
+        # Per rank: the tasks it came back running that rank 0 did not know it ran there (a window entry it started
+        # just before it was lost, which rank 0 queued again), killed at its join. Such a run does not count: the
+        # task is queued, running elsewhere or recorded already (protocol.md §2.10).
         self._strays: dict[int, set[Key]] = {}
         self.stdin = StdinRelay(send)
         self.window = DispatchWindow(self, config)
@@ -85,14 +86,22 @@ class Execution:
         batches: dict[int, messages.Run] = {}
         aheads: dict[int, messages.Ahead] = {}
         gangs: list[tuple[Job, list[tuple[int, sched.Slot]], messages.JobInfo]] = []
+        stale: list[tuple[int, int]] = []
         now = self.manager.clock()
         durable: asyncio.Future[None] | None = None
         for st in starts:
-            job = self.manager.jobs[st.job_id]
-            if job.is_array:
-                self._start_element(job, st, now, batches, aheads)
+            job = self.manager.jobs.get(st.job_id)
+            if job is None or job.state == State.INACTIVE:
+                stale.append((st.job_id, st.element))
+            elif job.is_array:
+                self._start_element(job, st, now, batches, aheads, stale)
             else:
                 durable = self._start_job(job, st, now, gangs)
+        if stale:
+            # A task that a run rank 0 had taken back recorded after all (protocol.md §2.10): not run again.
+            log.info("%d queued elements were recorded meanwhile: not started", len(stale))
+            self.manager.scheduler.release_many(stale, now)
+            self.manager.wake_scheduler()
         for rank, run in batches.items():
             messages.send(self.send, rank, run)
         self._send_ahead(aheads)  # after the `run`s: an entry must find the task it follows
@@ -101,6 +110,8 @@ class Execution:
             durable.add_done_callback(lambda _: self._dispatch_gangs(gangs))
 
     def _track(self, job: Job, task: int, rank: int, element: int, now: float) -> None:
+        assert job.spec is not None
+        limit = self.manager.time_limit(job.spec)
         key = (job.id, task)
         running = self.tasks[key] = RunningTask(rank, element, now, self.monotonic())
         self.by_rank[rank].add(key)
@@ -108,8 +119,7 @@ class Execution:
         job.running += 1
         self.tasks_started += 1
         job.ranks.add(rank)
-        assert job.spec is not None
-        heapq.heappush(self._deadlines, (running.timed_from + self.manager.time_limit(job.spec), job.id, task))
+        heapq.heappush(self._deadlines, (running.timed_from + limit, job.id, task))
 
     def adopt(self, job: Job, task: int, element: int, rank: int, allocation: sched.Allocation | None,
               now: float) -> None:
@@ -121,8 +131,11 @@ class Execution:
                                          job=self.manager.sched_job(job, request_of(job.spec)))
 
     def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, messages.Run],
-                       aheads: dict[int, messages.Ahead]) -> None:
+                       aheads: dict[int, messages.Ahead], stale: list[tuple[int, int]]) -> None:
         task = job.pending_map[st.element] if job.pending_map is not None else st.element
+        if job.is_done(task):
+            stale.append((job.id, st.element))
+            return
         ((rank, slot),) = st.allocation.tasks
         if job.state == State.SCHED:
             job.t_run = now
@@ -256,8 +269,7 @@ class Execution:
                 continue  # a lost rank's run that rank 0 replaced (protocol.md §2.10): the one it knows reports
             if self._strays and (job_id, task) in self._strays.get(rank, ()):
                 self._strays[rank].discard((job_id, task))
-                if status:  # killed at its rank's join (protocol.md §2.10): its rank was lost under it
-                    status, exit_code, sig, error = NODE_LOST_STATUS, None, None, "node-lost"
+                continue  # a run rank 0 had taken back, killed at its rank's join: it does not count
             counted, cancelled = status, False
             flow = job.flow
             if flow is not None:
@@ -365,7 +377,8 @@ class Execution:
             if job is None:
                 continue
             if job.is_array:
-                self.manager.workflow.attempts.queue_tasks(job, tasks)  # nothing for a job that is ending
+                # Nothing for a job that is ending, nor for a task a run rank 0 had taken back recorded after all.
+                self.manager.workflow.attempts.queue_tasks(job, [task for task in tasks if not job.is_done(task)])
             else:
                 self.manager.scheduler.drop_ahead(job_id)
                 self.manager.workflow.attempts.queue_plain(job)  # nor here; nor while it is held

@@ -272,7 +272,9 @@ class Job:
         self.succeeded, self.failed = counts.get("succeeded", 0), counts.get("failed", 0)
         self.cancelled = counts.get("cancelled", 0)
         self.tasks_left = 0
-        return (Effect.POST_RELEASE, Effect.TASKS_OVER, Effect.POST_CLEAN)
+        # UNQUEUE too: an array can end with an element still queued for a task that a run rank 0 had taken back
+        # recorded after all (protocol.md §2.10).
+        return (Effect.UNQUEUE, Effect.POST_RELEASE, Effect.TASKS_OVER, Effect.POST_CLEAN)
 
     def _cleaned(self, event: Event) -> tuple[Effect, ...]:
         self.retire()

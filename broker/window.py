@@ -80,16 +80,16 @@ class DispatchWindow:
         if rank in self.limit:
             room = min(room, self.limit[rank] - len(self.by_rank.get(rank, ())))
         elements = self.execution.manager.scheduler.take_ahead(job.id, room) if room > 0 else range(0)
-        if not elements:
-            return
-        ahead_message = out.get(rank)
-        if ahead_message is None:
-            ahead_message = out[rank] = messages.Ahead()
-        if job.id not in ahead_message.jobs:
-            ahead_message.jobs[job.id] = self.execution.jobinfo(job, [[rank, 1]])
         attempts = job.flow.attempts if job.flow is not None else None
+        ahead_message = None
         for element in elements:
             task = job.pending_map[element] if job.pending_map is not None else element
+            if job.is_done(task):
+                continue  # recorded by a run rank 0 had taken back (protocol.md §2.10): taken, and dropped
+            if ahead_message is None:
+                ahead_message = out.get(rank) or out.setdefault(rank, messages.Ahead())
+                if job.id not in ahead_message.jobs:
+                    ahead_message.jobs[job.id] = self.execution.jobinfo(job, [[rank, 1]])
             key = (job.id, task)
             self.ahead[key] = Ahead(rank, element, tail, cores, gpus)
             self.next_of[tail] = key
@@ -97,8 +97,8 @@ class DispatchWindow:
             self.by_job[job.id].add(key)
             attempt = attempts.get(task, 0) if attempts else 0
             ahead_message.tasks.append([job.id, task, job.index_of(task), cores, gpus, attempt, tail[1]])
-            tail = key
-        self.tails[head] = (tail, length + len(elements))
+            tail, length = key, length + 1
+        self.tails[head] = (tail, length)
 
     def _walk(self, head: Key) -> tuple[Key, int]:
         tail, length = head, 0

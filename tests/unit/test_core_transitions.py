@@ -114,7 +114,7 @@ EFFECTS: list[tuple[str, dict[str, Any], int, tuple[Effect, ...]]] = [
     ("success", {"note": "success_count 2 met"}, 0, (E.UNQUEUE, E.POST_FINISH)),
     ("success", {"note": "success_count 2 met"}, 1, (E.UNQUEUE, E.KILL_TASKS)),
     ("finish", {"status": 0, "counts": {"succeeded": 3, "failed": 0, "cancelled": 0}}, 0,
-     (E.POST_RELEASE, E.TASKS_OVER, E.POST_CLEAN)),
+     (E.UNQUEUE, E.POST_RELEASE, E.TASKS_OVER, E.POST_CLEAN)),
     ("clean", {}, 0, (E.ENDED, E.CLOSE, E.WAKE_SCHEDULER)),
 ]
 # The state each of those events is posted in, in its table row above.

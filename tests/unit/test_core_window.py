@@ -128,27 +128,91 @@ async def test_a_lost_rank_returns_its_window_to_the_queue_and_each_element_runs
     assert await recorded(core, record) == [0, 1, 2, 3, 4, 5]
 
 
-async def test_an_element_a_lost_rank_started_unreported_is_killed_when_it_rejoins_and_ends_node_lost(
-        core: Core) -> None:
-    """Found by the chaos test: the rank came back running an element rank 0 had queued again; rank 0 killed it as
-    a stray, and recorded the kill's 137 as the element's exit, not as its rank's loss."""
-    record = await core.running(array="0-5")
+async def lost_with_element_3_queued_again(core: Core, last: int) -> tuple[Job, int]:
+    """Array 0-`last` with element 3 sent ahead behind element 1 on a rank that is then lost: 1 ends node-lost,
+    3 goes back to the queue. Returns the job and the lost rank."""
+    record = await core.running(array=f"0-{last}")
     lost = rank_of(core, record, 1)
     assert aheads(core)[lost] == [(3, 1)]
     core.graph.set_down(lost)
-    core.execution.rank_lost(lost)  # element 1 ends node-lost; 3, sent ahead behind it, is queued again
+    core.execution.rank_lost(lost)
     await core.durable()
-    # The worker had started 3 the moment 1 ended, before it was cut off; it comes back running it.
+    assert core.manager.scheduler.pending_job(record.id) is not None, "3 is queued again"
+    return record, lost
+
+
+async def test_an_element_a_lost_rank_started_unreported_is_killed_at_its_join_and_runs_again_once(
+        core: Core) -> None:
+    """Found by the chaos test: the rank came back running an element rank 0 had queued again. Rank 0 kills it as a
+    stray, and that run does not count: the element runs again from the queue and is recorded once."""
+    record, lost = await lost_with_element_3_queued_again(core, 5)
     core.graph.set_up(lost)
-    core.execution.reconcile(lost, [[record.id, 3, [0], []]])
+    core.execution.reconcile(lost, [[record.id, 3, [0], []]])  # the worker started 3 the moment 1 ended
     assert core.kills() == [(lost, [[record.id, 3]], signal.SIGKILL)], "a stray to rank 0"
     core.done(lost, record, 3, status=128 + signal.SIGKILL)  # what the kill made of it
-    await core.durable()
-    rows = core.journal.query("SELECT task, status, error FROM tasks WHERE job=? AND task=3", (record.id,))
-    assert [(row[1], row[2]) for row in rows] == [(NODE_LOST_STATUS, "node-lost")], "lost under its rank"
+    assert await recorded(core, record) == [1], "the killed stray is not the element's end"
     await drive(core, record)
-    assert (record.succeeded, record.failed) == (4, 2), "elements 1 and 3, lost with their rank, failed"
+    assert (record.succeeded, record.failed) == (5, 1), "only element 1, lost with its rank, failed"
     assert await recorded(core, record) == [0, 1, 2, 3, 4, 5], "each element recorded once"
+    assert core.execution.tasks_started == 6 and not core.manager.scheduler.holds(record.id, 3)
+
+
+async def test_the_result_of_an_element_queued_again_counts_and_the_queued_element_is_dropped_at_its_turn(
+        core: Core) -> None:
+    """Found by the chaos test: the rank came back with the result of an element rank 0 had queued again (it ran
+    there while cut off). That result is the element's; when the queued element's turn comes, nothing starts and
+    its core goes back."""
+    record, lost = await lost_with_element_3_queued_again(core, 3)
+    core.done(lost, record, 3)  # carried by its join, before rank 0 reads what it runs
+    core.graph.set_up(lost)
+    core.execution.reconcile(lost, [])
+    assert await recorded(core, record) == [1, 3]
+    core.runs()
+    starts = core.schedule()
+    assert [(start.job_id, record.pending_map[start.element]) for start in starts] == [(record.id, 3)]
+    assert core.runs() == [], "a recorded element is not run again"
+    assert not any(core.manager.scheduler.holds(record.id, start.element) for start in starts), "its core is free"
+    await drive(core, record)
+    assert (record.succeeded, record.failed) == (3, 1)
+    assert await recorded(core, record) == [0, 1, 2, 3], "each element recorded once"
+
+
+async def test_an_array_whose_last_result_came_from_a_run_rank_0_took_back_ends_and_leaves_nothing_queued(
+        core: Core) -> None:
+    """The chaos test's hang: such a result was the array's last while its element was still queued. The job
+    ended, the scheduler later started the element of a job that was gone, and the pass died halfway, leaving
+    another job's element allocated and never sent."""
+    record, lost = await lost_with_element_3_queued_again(core, 3)
+    scheduler = core.manager.scheduler
+    queue = scheduler.pending_job(record.id).queue
+    scheduler.stop_queue(queue)  # 3 waits in the queue while the rest ends
+    other = 1 - lost
+    core.done(other, record, 0)  # 2, sent ahead behind 0, starts in its place
+    assert running(core, record) == [2]
+    core.done(other, record, 2)
+    core.done(lost, record, 3)  # the lost rank's run of 3, the last element
+    await core.durable()
+    assert record.state is State.INACTIVE and (record.succeeded, record.failed) == (3, 1)
+    assert scheduler.pending_job(record.id) is None, "nothing of it stays queued"
+    scheduler.start_queue(queue)
+    follower = await core.running()  # the next job gets a free core, and its pass goes through
+    assert running(core, follower) == [0]
+    assert await recorded(core, record) == [0, 1, 2, 3]
+
+
+async def test_an_element_taken_ahead_after_its_result_came_from_a_run_rank_0_took_back_is_dropped(
+        core: Core) -> None:
+    record, lost = await lost_with_element_3_queued_again(core, 3)
+    core.done(lost, record, 3)  # carried by the lost rank's join: 3 is recorded while queued
+    other = 1 - lost
+    core.done(other, record, 0)  # 2 takes over the core; the window takes 3 from the queue, and drops it
+    assert running(core, record) == [2] and aheads(core) == {}
+    assert core.schedule() == [], "nothing of it is left to start"
+    core.done(other, record, 2)
+    await core.durable()
+    assert record.state is State.INACTIVE and (record.succeeded, record.failed) == (3, 1)
+    assert core.execution.tasks_started == 3, "0, 1 and 2: rank 0 never started 3 again"
+    assert await recorded(core, record) == [0, 1, 2, 3]
 
 
 async def test_a_drained_rank_gives_its_window_back_and_gets_no_more(core: Core) -> None:
