@@ -68,8 +68,8 @@ class InstanceConfig:
     broker_runs_tasks: bool = True
     # Array elements and small single jobs rank 0 sends each worker ahead of every busy one-slot core
     # (protocol.md §2.10), at most `dispatch_window` (0: none) and as many as take about `dispatch_window_seconds`
-    # to run.  Off by default: the soak test found an element left pending with a rank's cores held (issue 17).
-    dispatch_window: int = 0
+    # to run.
+    dispatch_window: int = 32
     dispatch_window_seconds: float = 0.05
     # How much longer than its expected run time a single job may run before the chain waiting behind it goes back
     # to the queue (protocol.md §2.10): more for jobs whose run times vary more (inf: never).
