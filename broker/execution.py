@@ -1,5 +1,5 @@
-"""Task execution as seen from rank 0: dispatch (`run`), results (`done`), output, kills, time limits,
-lost ranks and the PMI exchange (protocol.md §2.5–2.8).
+"""Task execution as seen from rank 0: dispatch (`run`), results (`done`), output, kills, time limits and
+lost ranks (protocol.md §2.5–2.7); the PMI exchange is broker/pmiexchange.py's, the window broker/window.py's.
 
 Tracks every running task by (job, task) with its rank, so a lost rank, a cancel or a time limit can be
 turned into the right `kill` messages and exceptions.  Job-level consequences go back to the JobManager.
@@ -16,25 +16,22 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from broker import sched, store
-from broker.abortcause import AbortSettlement
 from broker.job import Job, State
 from broker.jobmanager import JobManager, request_of
+from broker.pmiexchange import PmiExchange
 from broker.journal import Statement, when_durable
 from broker.share import accounting
 from broker.stdin import StdinRelay
 from broker.window import DispatchWindow
 from minicluster.proto import messages
+from minicluster.proto.messages import Send
 from minicluster.config import InstanceConfig
 from minicluster.model.idset import IdSet
 
 log = logging.getLogger(__name__)
 
 Key = tuple[int, int]
-Send = Callable[[str, int, dict[str, Any]], None]
 NODE_LOST_STATUS = 128 + signal.SIGKILL
-# How long an MPI abort waits for an earlier cause: Open MPI ranks call abort themselves when a peer
-# vanishes, and their abort can overtake the report of the task that exited first.
-ABORT_SETTLE = 0.25
 
 
 class RunningTask(NamedTuple):
@@ -57,9 +54,6 @@ class Execution:
         self.by_rank: dict[int, set[Key]] = defaultdict(set)
         self.by_job: dict[int, set[Key]] = defaultdict(set)
         self._deadlines: list[tuple[float, int, int]] = []
-        self._pmi: dict[tuple[int, str, int], dict[int, Any]] = {}
-        # Per job: the aborts settling, task -> (when the task called abort, status, note), and their timer.
-        self._aborts: dict[int, tuple[AbortSettlement, asyncio.TimerHandle]] = {}
         # Plain jobs whose `run` waits for their alloc event to be durable.
         self._undispatched: set[int] = set()
         # Array elements being preempted (broker/share/preemption.py): they end counted as cancelled.
@@ -69,6 +63,7 @@ class Execution:
         # task is queued, running elsewhere or recorded already (protocol.md §2.10).
         self._strays: dict[int, set[Key]] = {}
         self.stdin = StdinRelay(send)
+        self.pmi = PmiExchange(manager, send)
         self.window = DispatchWindow(self, config)
         # Since this broker started, for rates (`mc top`).
         self.tasks_started = 0
@@ -224,21 +219,6 @@ class Execution:
 
     # --- results and output --------------------------------------------------------------------------------
 
-    def _abort_gang(self, job: Job) -> None:
-        """A failed task ends a job that fails as a gang, with that task's status (protocol.md §3.6).
-
-        An MPI job does: the other ranks would wait for the failed one forever.  A job is one when it asked for
-        PMI by name (`--mpi pmi1|pmix|auto`), or once a task initialized the PMI served by default (`pmi-init`,
-        even after the failure: its ranks would wait in MPI_Init); until then a multi-task job is a set of
-        independent tasks that run on when one fails, as under `srun`.
-        """
-        spec = job.spec
-        if job.first_failure is None or job.ending or job.is_array or spec is None or not spec.uses_pmi:
-            return
-        if job.pmi_used or spec.mpi not in (None, "none"):
-            status, note = job.first_failure
-            self.manager.raise_exception(job, "abort", note, status=status)
-
     def on_done(self, rank: int, results: list[list[Any]], ack: bool = True) -> None:
         touched: dict[int, Job] = {}
         statements: list[Statement] = []
@@ -307,11 +287,7 @@ class Execution:
                 failure = (status, job.failure_note(task, rank, status, error))
                 # A success_task job is decided by its driver: another task failing does not end it.
                 if job.spec is None or job.spec.success_task in (None, task):
-                    settling = self._aborts.get(job.id)
-                    if settling is not None:  # the settle timer names the earliest cause
-                        settling[0].exit(task, ended if ended is not None else now, failure)
-                    else:
-                        job.first_failure = job.first_failure or failure
+                    self.pmi.task_failed(job, task, ended if ended is not None else now, failure)
                 if error and job.reason is None:
                     job.reason = failure[1]
             touched[job_id] = job
@@ -407,7 +383,7 @@ class Execution:
             scheduler.release(job.id, 0, now)
         if job.flow is not None:
             self.manager.workflow.attempts.after_results(job)
-        self._abort_gang(job)
+        self.pmi.abort_gang(job)
         self.manager.maybe_finish(job)
         self.manager.wake_scheduler()
 
@@ -570,61 +546,6 @@ class Execution:
         if strays:
             self._strays[rank] = strays
             messages.send(self.send, rank, messages.Kill([list(k) for k in strays], int(signal.SIGKILL)))
-
-    # --- PMI exchange (§2.8) -------------------------------------------------------------------------------
-
-    def on_pmi_put(self, rank: int, put: messages.PmiPut) -> None:
-        job = self.manager.jobs.get(put.job)
-        if job is None or rank not in job.ranks:
-            messages.send(self.send, rank, messages.Refusal("bad-request", "pmi-put for an unknown job", put.KIND))
-            return
-        # PMI-1 barriers (kvs) and PMIx fences (data) of one job are numbered apart.
-        seq = put.seq
-        field = "data" if put.data is not None else "kvs"
-        parts = self._pmi.setdefault((job.id, field, seq), {})
-        parts[rank] = put.data if put.data is not None else put.kvs
-        if len(parts) < len(job.ranks):
-            return
-        del self._pmi[(job.id, field, seq)]
-        merged: dict[str, str] | bytes
-        if field == "data":
-            merged = b"".join(parts[r] for r in sorted(parts))  # PMIx unpacks the blobs one after another
-        else:
-            merged = {}
-            for part in parts.values():
-                merged.update(part)
-        kvs = messages.PmiKvs(job.id, seq, data=merged) if isinstance(merged, bytes) else messages.PmiKvs(
-            job.id, seq, kvs=merged)
-        for r in job.ranks:
-            messages.send(self.send, r, kvs)
-
-    def on_pmi_init(self, init: messages.PmiInit) -> None:
-        """A task of the job initialized PMI: it is an MPI job, whose tasks fail together from now on."""
-        job = self.manager.jobs.get(init.job)
-        if job is not None and not job.pmi_used:
-            job.pmi_used = True
-            self._abort_gang(job)
-
-    def on_abort(self, rank: int, abort: messages.Abort) -> None:
-        job = self.manager.jobs.get(abort.job)
-        if job is None or job.ending:
-            return
-        job.pmi_used = True  # only MPI programs call PMI abort
-        note = f"task {abort.task} on rank {rank} called abort({abort.code}): {abort.message}".strip()
-        # As mpiexec: the job exits with the code given to MPI_Abort (one that reads as success becomes 1).
-        status = abort.code % 256
-        when = abort.t if abort.t is not None else time.time()
-        settling = self._aborts.get(job.id)
-        if settling is None:
-            timer = asyncio.get_running_loop().call_later(ABORT_SETTLE, self._raise_abort, job)
-            settling = self._aborts[job.id] = (AbortSettlement(), timer)
-        settling[0].abort(abort.task, when, (status or 1, note))
-
-    def _raise_abort(self, job: Job) -> None:
-        settlement, _ = self._aborts.pop(job.id)
-        if not job.ending and job.state == State.RUN:
-            status, note = settlement.cause()
-            self.manager.raise_exception(job, "abort", note, status=status)
 
 
 def _cut_at_line_end(data: bytes, room: int, whole_output: bool) -> bytes:

@@ -306,16 +306,16 @@ class Broker:
         self.execution.on_output(out.chunks)
 
     def _on_pmi_put(self, rank: int, put: messages.PmiPut) -> None:
-        self.execution.on_pmi_put(rank, put)
+        self.execution.pmi.on_put(rank, put)
 
     def _on_stdin_ack(self, rank: int, ack: messages.StdinAck) -> None:
         self.execution.stdin.on_ack(rank, ack)
 
     def _on_pmi_init(self, _rank: int, init: messages.PmiInit) -> None:
-        self.execution.on_pmi_init(init)
+        self.execution.pmi.on_init(init)
 
     def _on_abort(self, rank: int, abort: messages.Abort) -> None:
-        self.execution.on_abort(rank, abort)
+        self.execution.pmi.on_abort(rank, abort)
 
     def _on_error(self, rank: int, refusal: messages.Refusal) -> None:
         log.warning("rank %d refused a %s message: %s", rank, refusal.ref, refusal.message)

@@ -86,7 +86,7 @@ async def test_pmi_init_after_a_failure_makes_the_job_a_gang(core: Core) -> None
     record = await core.running(ntasks=2)
     core.done(1, record, 1, 4)
     assert not record.ending
-    core.execution.on_pmi_init(messages.PmiInit(record.id))
+    core.execution.pmi.on_init(messages.PmiInit(record.id))
     assert record.exception == "abort" and core.kills() == [(0, [[record.id, 0]], signal.SIGTERM)]
 
 

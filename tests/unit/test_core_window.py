@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from broker.execution import NODE_LOST_STATUS
 from broker.job import Job, State
 from tests.unit import core_rig
 from tests.unit.core_rig import Core
