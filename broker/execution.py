@@ -41,6 +41,19 @@ class RunningTask(NamedTuple):
     timed_from: float  # monotonic: the time limit counts from here, whatever the wall clock does
 
 
+class FreedCores:
+    """What the results of one `done` did with their cores, carried out together once all are read."""
+
+    __slots__ = ("now", "released", "passed", "aheads", "killed")
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.released: list[tuple[int, int]] = []  # array elements whose cores go back to the scheduler
+        self.passed: dict[int, list[tuple[int, int]]] = {}  # job -> (element, the one that took over its cores)
+        self.aheads: dict[int, messages.Ahead] = {}  # chains topped up, per rank
+        self.killed: list[Key] = []  # entries that started behind a task of a job that is ending
+
+
 class Execution:
     def __init__(self, config: InstanceConfig, manager: JobManager, send: Send, uri: str,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -223,12 +236,9 @@ class Execution:
         touched: dict[int, Job] = {}
         statements: list[Statement] = []
         keys = []
-        released: list[tuple[int, int]] = []
-        passed: dict[int, list[tuple[int, int]]] = {}  # job -> (element, the one that took over its cores)
-        aheads: dict[int, messages.Ahead] = {}
-        killed: list[Key] = []  # started behind a task of a job that is ending
         usage_rows: list[Statement] = []  # after the task rows, so each kind still goes through one executemany
         now = self.manager.clock()
+        freed = FreedCores(now)
         attempts = self.manager.workflow.attempts
         for result in results:
             job_id, task, status, exit_code, sig, error, started, ended = result if len(result) == 8 else result[:8]
@@ -242,7 +252,7 @@ class Execution:
                 if running is not None and running.rank == rank and job.is_array:  # an element (§2.10) gives
                     self._untrack((job_id, task))                                  # its cores back
                     job.running -= 1
-                    self._free_slot(job, task, running, released, passed, aheads, killed, now)
+                    self._free_slot(job, task, running, freed)
                     touched[job_id] = job
                 continue
             if running is not None and running.rank != rank:
@@ -264,7 +274,7 @@ class Execution:
                     if running is not None:
                         job.running -= 1
                         if job.is_array:
-                            self._free_slot(job, task, running, released, passed, aheads, killed, now)
+                            self._free_slot(job, task, running, freed)
                     touched[job_id] = job
                     continue
                 counted, cancelled = judged
@@ -280,7 +290,7 @@ class Execution:
             cancelled = cancelled or preempted is not None
             job.record_result(counted, was_running=running is not None, cancelled=cancelled)
             if running is not None:
-                self._free_slot(job, task, running, released, passed, aheads, killed, now)
+                self._free_slot(job, task, running, freed)
                 if not job.is_array and self.window.depth and started is not None and ended is not None:
                     self.window.observe(job, ended - started)
             if status and not job.ending and not cancelled:   # a task a workflow rule cut short is a consequence
@@ -291,14 +301,7 @@ class Execution:
                 if error and job.reason is None:
                     job.reason = failure[1]
             touched[job_id] = job
-        for job_id, passes in passed.items():  # before the releases: an element passed to may have ended too
-            self.manager.scheduler.pass_on(job_id, passes, now)
-        if released:
-            # Array elements free their cores together: one accounting pass per node.
-            self.manager.scheduler.release_many(released, now)
-        self._send_ahead(aheads)
-        if killed:
-            self._signal(killed, signal.SIGTERM)
+        self._settle_freed(freed)
         attempts.commit()
         fut = self.manager.journal.write(statements + usage_rows)
         self._count_unrecorded(fut, len(statements))
@@ -307,30 +310,40 @@ class Execution:
         for job in touched.values():
             self._after_results(job, now)
 
-    def _free_slot(self, job: Job, task: int, running: RunningTask, released: list[tuple[int, int]],
-                   passed: dict[int, list[tuple[int, int]]], aheads: dict[int, messages.Ahead], killed: list[Key],
-                   now: float) -> None:
+    def _free_slot(self, job: Job, task: int, running: RunningTask, freed: FreedCores) -> None:
         """A task ended: its cores go to the entry sent ahead to follow it, which the worker has started in its
         place (protocol.md §2.10), else back to the scheduler (an array element's here, a job's once it ended)."""
         started = self.window.successor((job.id, task)) if self.window.ahead else None
         if started is None:
             if job.is_array:
-                released.append((job.id, running.element))
+                freed.released.append((job.id, running.element))
             return
         key, ahead = started
         following = self.manager.jobs[key[0]]  # a single job sent ahead finishes only once it is back or ran
+        now = freed.now
         if following is job:
-            passed.setdefault(job.id, []).append((running.element, ahead.element))
+            freed.passed.setdefault(job.id, []).append((running.element, ahead.element))
         else:
             self.window.started_ahead(following, ahead.rank, now)
             self.manager.scheduler.hand_over(job.id, running.element, following.id, now)
         self._track(following, key[1], ahead.rank, ahead.element, now)
         if following.ending or following.state == State.INACTIVE:
-            killed.append(key)
+            freed.killed.append(key)
         elif following is job:
-            self.window.fill(job, key, ahead.rank, ahead.cores, ahead.gpus, aheads)
+            self.window.fill(job, key, ahead.rank, ahead.cores, ahead.gpus, freed.aheads)
         else:
-            self.window.fill_jobs(key, ahead.rank, ahead.cores, ahead.gpus, aheads)
+            self.window.fill_jobs(key, ahead.rank, ahead.cores, ahead.gpus, freed.aheads)
+
+    def _settle_freed(self, freed: FreedCores) -> None:
+        scheduler, now = self.manager.scheduler, freed.now
+        for job_id, passes in freed.passed.items():  # before the releases: an element passed to may have ended too
+            scheduler.pass_on(job_id, passes, now)
+        if freed.released:
+            # Array elements free their cores together: one accounting pass per node.
+            scheduler.release_many(freed.released, now)
+        self._send_ahead(freed.aheads)
+        if freed.killed:
+            self._signal(freed.killed, signal.SIGTERM)
 
     def _count_unrecorded(self, fut: asyncio.Future[None], count: int) -> None:
         """Results recorded but not yet durable, the window's measure of a lagging journal."""
