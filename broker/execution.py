@@ -248,9 +248,9 @@ class Execution:
             if job is None or job.state == State.INACTIVE or not 0 <= task < job.total_tasks:
                 continue  # a purged job: acknowledge only
             running = self.tasks.get((job_id, task))
-            if job.is_done(task):  # a duplicate (re-sent after a restart): acknowledge only, but a second run of
-                if running is not None and running.rank == rank and job.is_array:  # an element (§2.10) gives
-                    self._untrack((job_id, task))                                  # its cores back
+            if job.is_done(task):  # a duplicate (re-sent after a restart): acknowledge only, but a second run
+                if running is not None and running.rank == rank:  # (an entry of a task recorded while it waited
+                    self._untrack((job_id, task))                 # ahead, protocol.md §2.10) gives its cores back
                     job.running -= 1
                     self._free_slot(job, task, running, freed)
                     touched[job_id] = job
@@ -293,6 +293,8 @@ class Execution:
                 self._free_slot(job, task, running, freed)
                 if not job.is_array and self.window.depth and started is not None and ended is not None:
                     self.window.observe(job, ended - started)
+            elif self.window.ahead and (job_id, task) in self.window.ahead:
+                self.window.recall([(job_id, task)])  # recorded from a run rank 0 took back: not needed again
             if status and not job.ending and not cancelled:   # a task a workflow rule cut short is a consequence
                 failure = (status, job.failure_note(task, rank, status, error))
                 # A success_task job is decided by its driver: another task failing does not end it.

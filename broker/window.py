@@ -279,10 +279,10 @@ class DispatchWindow:
     # --- recalling -----------------------------------------------------------------------------------------
 
     def recall_job(self, job: Job) -> None:
-        self._recall(self.by_job.get(job.id, ()))
+        self.recall(self.by_job.get(job.id, ()))
 
     def recall_rank(self, rank: int) -> None:
-        self._recall(self.by_rank.get(rank, ()))
+        self.recall(self.by_rank.get(rank, ()))
 
     def recall_overtaken(self) -> None:
         """After a scheduling pass: take back the single jobs sent ahead that a job still waiting in the queue
@@ -290,7 +290,7 @@ class DispatchWindow:
         if self.ahead:
             overtaken = self.execution.manager.scheduler.overtaken_ahead()
             if overtaken:
-                self._recall([(job_id, 0) for job_id in overtaken if (job_id, 0) in self.ahead])
+                self.recall([(job_id, 0) for job_id in overtaken if (job_id, 0) in self.ahead])
 
     def recall_overdue(self, now: float) -> None:
         """Take back the chains of single jobs whose running head has run `grace` seconds longer than expected
@@ -318,9 +318,10 @@ class DispatchWindow:
         while following is not None:
             chain.append(following)
             following = self.next_of.get(following)
-        self._recall(chain)
+        self.recall(chain)
 
-    def _recall(self, keys: Any) -> None:
+    def recall(self, keys: Iterable[Key]) -> None:
+        """Take these entries back: one `recall` per rank at the end of the loop's turn (`send_recalls`)."""
         to_recall = self.to_recall
         for key in keys:
             if key not in self.recalling:

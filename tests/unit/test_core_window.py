@@ -569,6 +569,36 @@ async def test_a_late_result_from_a_lost_rank_leaves_the_run_that_replaced_it_al
     assert returned.succeeded == 1 and await recorded_jobs(core, [returned]) == [returned.id], "recorded once"
 
 
+async def test_a_single_job_recorded_from_a_lost_rank_while_it_waits_ahead_elsewhere_ends_once(core: Core) -> None:
+    """The lost worker ran a job from its window; rank 0 had queued it again and sent it ahead on the other rank.
+    The lost worker's result counts: the job is recorded once, the entry waiting elsewhere is recalled, and if it
+    started before the recall came, that second run gives its core back and is not recorded."""
+    jobs = await queued_jobs(core, 6)
+    lost = single_rank(core, jobs[0])
+    other = 1 - lost
+    sent = job_aheads(core)
+    taken_back = core.manager.jobs[sent[lost][0][0]]
+    core.graph.set_down(lost)
+    core.execution.rank_lost(lost)
+    await core.durable()
+    core.done(other, jobs[1], 0)  # the other rank's chain moves on and takes the returned job from the queue
+    core.done(other, core.manager.jobs[sent[other][0][0]], 0)
+    assert core.execution.window.ahead_rank(taken_back) == other, "sent ahead again, on the other rank"
+    core.done(lost, taken_back, 0)  # the lost worker's run, reported as it comes back
+    await core.turn()
+    (recall,) = core.sender.take("recall")
+    assert recall.dst == other and recall.body["keys"] == [[taken_back.id, 0]]
+    # It had started there before the recall came: it runs to its end and gives its core back.
+    while (taken_back.id, 0) not in core.execution.tasks:
+        key = next(key for key, run in core.execution.tasks.items() if run.rank == other)
+        core.done(other, core.manager.jobs[key[0]], key[1])
+    core.done(other, taken_back, 0, status=1)
+    await drive_jobs(core, jobs)
+    assert taken_back.succeeded == 1 and taken_back.failed == 0, "the run that counted is the lost worker's"
+    assert await recorded_jobs(core, jobs) == sorted(job.id for job in jobs), "each recorded once"
+    assert not core.execution.tasks and not core.scheduler.holds(taken_back.id, 0)
+
+
 async def test_a_single_job_sent_ahead_is_timed_from_its_start(core: Core) -> None:
     jobs = await queued_jobs(core, 4)
     sent = job_aheads(core)
