@@ -141,14 +141,11 @@ class Execution:
     def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, messages.Run],
                        aheads: dict[int, messages.Ahead], stale: list[tuple[int, int]]) -> None:
         task = job.pending_map[st.element] if job.pending_map is not None else st.element
-        if job.is_done(task):
+        if job.is_done(task) or (job.id, task) in self.tasks:  # recorded, or adopted (protocol.md §2.10)
             stale.append((job.id, st.element))
             return
         ((rank, slot),) = st.allocation.tasks
-        if job.state == State.SCHED:
-            job.t_run = now
-            self.manager.post(job, "alloc", {"ranks": str(rank)})
-            self.manager.post(job, "start")
+        self._post_start(job, rank, now)
         self._track(job, task, rank, st.element, now)
         batch = batches.get(rank)
         if batch is None:
@@ -163,6 +160,13 @@ class Execution:
         batch.tasks.append(entry)
         if self.window.depth:
             self.window.fill(job, (job.id, task), rank, cores, gpus, aheads)
+
+    def _post_start(self, job: Job, rank: int, now: float) -> None:
+        """An array's first element starts: the job's `alloc` and `start` events."""
+        if job.state == State.SCHED:
+            job.t_run = now
+            self.manager.post(job, "alloc", {"ranks": str(rank)})
+            self.manager.post(job, "start")
 
     def _send_ahead(self, aheads: dict[int, messages.Ahead]) -> None:
         for rank, ahead in aheads.items():
@@ -255,11 +259,12 @@ class Execution:
                     self._free_slot(job, task, running, freed)
                     touched[job_id] = job
                 continue
-            if running is not None and running.rank != rank:
+            if running is None:
+                if self._strays and (job_id, task) in self._strays.get(rank, ()):
+                    self._strays[rank].discard((job_id, task))
+                    continue  # a run rank 0 had taken back, killed at its rank's join: it does not count
+            elif running.rank != rank:
                 continue  # a lost rank's run that rank 0 replaced (protocol.md §2.10): the one it knows reports
-            if self._strays and (job_id, task) in self._strays.get(rank, ()):
-                self._strays[rank].discard((job_id, task))
-                continue  # a run rank 0 had taken back, killed at its rank's join: it does not count
             counted, cancelled = status, False
             flow = job.flow
             if flow is not None:
@@ -368,8 +373,10 @@ class Execution:
             if job is None:
                 continue
             if job.is_array:
-                # Nothing for a job that is ending, nor for a task a run rank 0 had taken back recorded after all.
-                self.manager.workflow.attempts.queue_tasks(job, [task for task in tasks if not job.is_done(task)])
+                # Nothing for a job that is ending, nor for a task that a run rank 0 had taken back recorded after
+                # all or runs (adopted).
+                self.manager.workflow.attempts.queue_tasks(
+                    job, [task for task in tasks if not job.is_done(task) and (job_id, task) not in self.tasks])
             else:
                 self.manager.scheduler.drop_ahead(job_id)
                 self.manager.workflow.attempts.queue_plain(job)  # nor here; nor while it is held
@@ -544,23 +551,56 @@ class Execution:
             self._end_locally(job, [k for k in keys if k[0] == job_id], NODE_LOST_STATUS, why)
 
     def reconcile(self, rank: int, reported: list[list[Any]]) -> None:
-        """A rank (re)joined listing the tasks it still runs: end the ones it lost, kill the ones we forgot."""
+        """A rank (re)joined listing the tasks it still runs: end the ones it lost, adopt the ones it ran from its
+        window that are still to run, kill the other ones we do not know there."""
         self._requeue(self.window.drop_rank(rank))  # a joining worker drops what waited (protocol.md §2.10)
-        reported_keys = {(int(r[0]), int(r[1])) for r in reported}
+        reported_keys = {(int(r[0]), int(r[1])): r for r in reported}
         known = self.by_rank.get(rank, set())
-        lost = known - reported_keys
+        lost = known - reported_keys.keys()
         if lost:
             for job_id in {k[0] for k in lost}:
                 job = self.manager.jobs[job_id]
                 if not job.is_array:
                     self.manager.raise_exception(job, "node-lost", f"rank {rank} restarted")
                 self._end_locally(job, [k for k in lost if k[0] == job_id], NODE_LOST_STATUS, "node-lost")
-        strays = reported_keys - known
+        strays = {key for key, entry in reported_keys.items()
+                  if key not in known and not self._adopt_taken_back(rank, key, entry)}
         # The strays of its last join, if any remain, ended in results that came before this join's.
         self._strays.pop(rank, None)
         if strays:
             self._strays[rank] = strays
             messages.send(self.send, rank, messages.Kill([list(k) for k in strays], int(signal.SIGKILL)))
+
+    def _adopt_taken_back(self, rank: int, key: Key, entry: list[Any]) -> bool:
+        """Whether the task the rank reports running, which rank 0 does not know there, is adopted: one of the
+        window entries rank 0 took back when it lost the rank (protocol.md §2.10), still queued, not running or
+        waiting ahead elsewhere, nor recorded. Its run goes on where it is; the queued copy is dropped at its turn."""
+        job = self.manager.jobs.get(key[0])
+        task = key[1]
+        if (job is None or job.ending or job.spec is None or key in self.tasks or key in self.window.ahead
+                or not 0 <= task < job.total_tasks or job.is_done(task)):
+            return False
+        attempt = int(entry[4]) if len(entry) > 4 else 0
+        if job.flow is not None and not job.flow.current(task, attempt, job.is_array):
+            return False
+        if not job.is_array and (job.state != State.SCHED or job.total_tasks != 1):
+            return False  # a single job is adopted only while queued again; a gang job's end was decided
+        try:
+            cores, gpus = tuple(int(c) for c in entry[2]), tuple(int(g) for g in entry[3])
+            allocation = sched.Allocation({rank: sched.RankAlloc((sched.Slot(cores, gpus),))})
+            element = -1 - task if job.is_array else 0  # negative: apart from the elements still queued
+            now = self.manager.clock()
+            self.manager.scheduler.adopt(job.id, element, allocation, now, self.manager.time_limit(job.spec),
+                                         job=self.manager.sched_job(job, request_of(job.spec)))
+        except (TypeError, ValueError):  # cores not free, or not the rank's: a stray after all
+            return False
+        if job.is_array:
+            self._post_start(job, rank, now)
+        else:
+            self.window.started_ahead(job, rank, now)  # out of the queue; its `alloc` and `start` now
+        self._track(job, task, rank, element, now)
+        log.info("rank %d came back running job %d task %d that it was sent ahead: adopted", rank, job.id, task)
+        return True
 
 
 def _cut_at_line_end(data: bytes, room: int, whole_output: bool) -> bytes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from broker.job import Job, State
 from minicluster.proto import messages
@@ -84,8 +84,8 @@ class DispatchWindow:
         ahead_message = None
         for element in elements:
             task = job.pending_map[element] if job.pending_map is not None else element
-            if job.is_done(task):
-                continue  # recorded by a run rank 0 had taken back (protocol.md §2.10): taken, and dropped
+            if job.is_done(task) or (job.id, task) in self.execution.tasks:
+                continue  # a run rank 0 had taken back recorded it or runs it (protocol.md §2.10): dropped
             if ahead_message is None:
                 ahead_message = out.get(rank) or out.setdefault(rank, messages.Ahead())
                 if job.id not in ahead_message.jobs:

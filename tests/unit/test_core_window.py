@@ -140,20 +140,46 @@ async def lost_with_element_3_queued_again(core: Core, last: int) -> tuple[Job, 
     return record, lost
 
 
-async def test_an_element_a_lost_rank_started_unreported_is_killed_at_its_join_and_runs_again_once(
+async def test_a_rank_that_comes_back_running_an_element_queued_again_keeps_it_and_it_is_recorded_once(
         core: Core) -> None:
-    """Found by the chaos test: the rank came back running an element rank 0 had queued again. Rank 0 kills it as a
-    stray, and that run does not count: the element runs again from the queue and is recorded once."""
-    record, lost = await lost_with_element_3_queued_again(core, 5)
+    """Found by the chaos test: the rank came back running an element rank 0 had queued again. The run is adopted
+    where it is; the element queued again is dropped at its turn (a kill, as an unknown stray, made the
+    element's end that kill's 137; and when the element was sent to the same rank again, the worker took the new
+    `run` for a repeat of the one it was killing, and the kill's 137 was recorded as the element's end)."""
+    record, lost = await lost_with_element_3_queued_again(core, 3)
     core.graph.set_up(lost)
     core.execution.reconcile(lost, [[record.id, 3, [0], []]])  # the worker started 3 the moment 1 ended
-    assert core.kills() == [(lost, [[record.id, 3]], signal.SIGKILL)], "a stray to rank 0"
-    core.done(lost, record, 3, status=128 + signal.SIGKILL)  # what the kill made of it
-    assert await recorded(core, record) == [1], "the killed stray is not the element's end"
+    assert core.kills() == [], "not a stray: adopted"
+    assert rank_of(core, record, 3) == lost and core.execution.tasks_started == 3, "0, 1, and 3 where it runs"
+    core.runs(), aheads(core)
+    other = 1 - lost
+    core.done(other, record, 0)  # 2 takes over that core; the copy of 3 the window takes from the queue is dropped
+    core.done(lost, record, 3)
     await drive(core, record)
-    assert (record.succeeded, record.failed) == (5, 1), "only element 1, lost with its rank, failed"
-    assert await recorded(core, record) == [0, 1, 2, 3, 4, 5], "each element recorded once"
-    assert core.execution.tasks_started == 6 and not core.manager.scheduler.holds(record.id, 3)
+    sent = [entry[1] for _rank, entries in core.runs() for entry in entries] + [
+        task for entries in aheads(core).values() for task, _after in entries]
+    assert 3 not in sent and core.execution.tasks_started == 4, "3 is not run again"
+    assert (record.succeeded, record.failed) == (3, 1), "only element 1, lost with its rank, failed"
+    assert await recorded(core, record) == [0, 1, 2, 3], "each element recorded once"
+    assert not core.execution.tasks and core.manager.scheduler.graph.cluster.free_cores == 2, "no core held"
+
+
+async def test_a_stray_of_an_element_that_ran_elsewhere_meanwhile_is_killed_and_its_end_does_not_count(
+        core: Core) -> None:
+    record, lost = await lost_with_element_3_queued_again(core, 3)
+    other = 1 - lost
+    core.done(other, record, 0)  # 2 takes over the core, and 3 goes ahead behind it
+    core.done(other, record, 2)  # 3 starts there
+    assert rank_of(core, record, 3) == other
+    core.graph.set_up(lost)
+    core.execution.reconcile(lost, [[record.id, 3, [0], []]])
+    assert core.kills() == [(lost, [[record.id, 3]], signal.SIGKILL)], "a stray: it runs elsewhere"
+    core.done(lost, record, 3, status=128 + signal.SIGKILL)  # what the kill made of it
+    assert rank_of(core, record, 3) == other, "the run rank 0 knows of goes on"
+    core.done(other, record, 3)
+    await core.durable()
+    assert record.state is State.INACTIVE and (record.succeeded, record.failed) == (3, 1)
+    assert await recorded(core, record) == [0, 1, 2, 3]
 
 
 async def test_the_result_of_an_element_queued_again_counts_and_the_queued_element_is_dropped_at_its_turn(
@@ -597,6 +623,25 @@ async def test_a_single_job_recorded_from_a_lost_rank_while_it_waits_ahead_elsew
     assert taken_back.succeeded == 1 and taken_back.failed == 0, "the run that counted is the lost worker's"
     assert await recorded_jobs(core, jobs) == sorted(job.id for job in jobs), "each recorded once"
     assert not core.execution.tasks and not core.scheduler.holds(taken_back.id, 0)
+
+
+async def test_a_rank_that_comes_back_running_a_single_job_queued_again_keeps_it(core: Core) -> None:
+    jobs = await queued_jobs(core, 6)
+    lost = single_rank(core, jobs[0])
+    sent = job_aheads(core)
+    taken_back = core.manager.jobs[sent[lost][0][0]]
+    core.graph.set_down(lost)
+    core.execution.rank_lost(lost)
+    await core.durable()
+    assert taken_back.state is State.SCHED and core.manager.scheduler.pending_job(taken_back.id) is not None
+    core.kills()  # the lost job's
+    core.graph.set_up(lost)
+    core.execution.reconcile(lost, [[taken_back.id, 0, [0], []]])
+    assert core.kills() == [] and single_rank(core, taken_back) == lost, "adopted where it runs"
+    assert taken_back.state is State.RUN and core.manager.scheduler.pending_job(taken_back.id) is None
+    await drive_jobs(core, jobs)
+    assert taken_back.succeeded == 1 and core.execution.tasks_started == 6, "each job started once"
+    assert await recorded_jobs(core, jobs) == sorted(job.id for job in jobs), "each recorded once"
 
 
 async def test_a_single_job_sent_ahead_is_timed_from_its_start(core: Core) -> None:
