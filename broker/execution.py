@@ -563,8 +563,11 @@ class Execution:
                 if not job.is_array:
                     self.manager.raise_exception(job, "node-lost", f"rank {rank} restarted")
                 self._end_locally(job, [k for k in lost if k[0] == job_id], NODE_LOST_STATUS, "node-lost")
-        strays = {key for key, entry in reported_keys.items()
-                  if key not in known and not self._adopt_taken_back(rank, key, entry)}
+        unknown = [(key, entry) for key, entry in reported_keys.items() if key not in known]
+        strays = {key for key, entry in unknown if not self._adopt_taken_back(rank, key, entry)}
+        if len(strays) < len(unknown):
+            log.warning("rank %d came back running %d tasks of its window that were queued again: they go on there",
+                        rank, len(unknown) - len(strays))
         # The strays of its last join, if any remain, ended in results that came before this join's.
         self._strays.pop(rank, None)
         if strays:
@@ -599,7 +602,6 @@ class Execution:
         else:
             self.window.started_ahead(job, rank, now)  # out of the queue; its `alloc` and `start` now
         self._track(job, task, rank, element, now)
-        log.info("rank %d came back running job %d task %d that it was sent ahead: adopted", rank, job.id, task)
         return True
 
 

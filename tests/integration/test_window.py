@@ -206,6 +206,39 @@ def test_kill9_of_a_worker_returns_its_window_and_each_element_is_recorded_once(
     assert set(range(200)) - lost <= set(ran) and set(ran.values()) == {1}, "no element ran twice"
 
 
+@pytest.mark.slow
+def test_a_worker_cut_off_with_a_full_window_comes_back_and_each_element_is_recorded_once(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Rank 2's agent stops (SIGSTOP) past `lost_after` while its tasks run on: rank 0 ends them `node-lost` and
+    queues its window again. Resumed, the agent starts the entries behind the tasks that ended meanwhile, and
+    rejoins running them: they are adopted there, and recorded once (protocol.md §2.10)."""
+    record = tmp_path / "ran"
+    with two_workers(tmp_path) as cluster, cluster.client() as c:
+        array = c.submit(job(appending(record, 0.3), array="0-59"))
+        progressed(c, array, 8)
+        cluster.procs[2].send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.time() + 10
+            while next(r for r in c.status()["ranks"] if r["rank"] == 2)["state"] != "lost":
+                assert time.time() < deadline, "rank 2 is not lost"
+                time.sleep(0.1)
+        finally:
+            cluster.procs[2].send_signal(signal.SIGCONT)
+        result = wait_for(c, array, timeout=120)
+        rows = each_once(c, array, 60)
+        held = [r for r in c.resources() if r["state"] == "up" and r["cores_free"] != r["cores_total"]]
+        assert held == [], "no core stays held"
+    lost = {row[1] for row in rows if row[6] == "node-lost"}
+    assert {row[1] for row in rows if row[3] != 0} == lost and len(lost) <= 2, "what ran on rank 2 as it was lost"
+    assert (result["status"] != 0) == bool(lost)
+    ran = Counter(index for index, _, _ in lines(record))
+    # The entries rank 2 started once resumed went on there: killed and run again, they would show twice.
+    assert set(ran) == set(range(60)) and set(ran.values()) == {1}, "every element ran, none twice"
+    logged = capfd.readouterr().err
+    for bad in ("Traceback", " ERROR"):
+        assert bad not in logged, logged[logged.find(bad) - 300:][:3000]
+
+
 def test_cancelling_an_array_with_full_windows_ends_every_element(tmp_path: Path) -> None:
     record = tmp_path / "ran"
     with (LocalCluster(tmp_path / "mc", size=2, resources="cores=2", dispatch_window=4, kill_grace=0.5,
