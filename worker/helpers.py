@@ -3,7 +3,8 @@
 Requests asked for during one loop iteration leave together, one frame per helper, from a callback at the end of
 the iteration; sends never block (a full socket waits for it to drain).  Reports come back in frames too and are
 handed on in one call per frame.  A helper that dies is reaped through its pidfd, what it reported before it died
-is handed on, the tasks it still had are handed to `on_lost`, and a new helper takes its place.
+is handed on, the tasks it still had are handed to `on_lost`, and a new helper takes its place and the requests
+not yet sent to the dead one.
 """
 from __future__ import annotations
 
@@ -188,10 +189,10 @@ class SpawnHelpers:
         helper.channel.close()
         how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                else f"exited with status {os.WEXITSTATUS(status)}")
-        log.error("spawn helper %d %s; %d task(s) it had are lost", helper.pid, how, len(helper.keys))
-        for _, _, fds in helper.queued:
-            for fd in fds:
-                os.close(fd)
+        unsent, helper.queued = helper.queued, []  # they never reached it: another helper spawns them
+        helper.keys.difference_update(request.key for request, _, _ in unsent)
+        log.error("spawn helper %d %s; %d task(s) it had are lost, %d not yet sent go to another", helper.pid, how,
+                  len(helper.keys), len(unsent))
         self._helpers.remove(helper)
         loop = asyncio.get_running_loop()
         if not helper.reported and time.monotonic() - helper.started < RESTART_DELAY:
@@ -200,6 +201,8 @@ class SpawnHelpers:
             self._restart()
         if helper.keys:
             self._on_lost(set(helper.keys), f"spawn helper (pid {helper.pid}) {how}")
+        for request, _, fds in unsent:
+            self.send(request, fds)
 
     # -- starting ---------------------------------------------------------------------------------------------
 

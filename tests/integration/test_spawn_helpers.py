@@ -143,19 +143,27 @@ async def test_a_kill_before_the_spawn_is_reported_reaches_the_task() -> None:
 
 
 async def test_a_helper_killed_with_kill_9_loses_its_tasks_once_and_leaves_nothing(tree: CgroupTasks) -> None:
+    """Its tasks end once, with the reason, and are killed; what it was not yet sent goes to the new helper."""
     h = Harness(containment=tree, spawn_helpers=1)
     try:
         running = [h.start("sleep", "30", env=MARKED)[0] for _ in range(10)]
         await h.spawned()
         [helper] = h.ex._helpers.pids
-        queued = [h.start("sleep", "30", env=MARKED)[0] for _ in range(5)]  # not sent yet: this loop iteration goes on
+        queued = [h.start("sh", "-c", "echo $PPID", env=MARKED)[0] for _ in range(5)]  # not sent: the loop goes on
         os.kill(helper, signal.SIGKILL)
-        for key in running + queued:
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{helper}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+            assert time.monotonic() < deadline  # dead before the loop sends it anything: its channel is closed
+            time.sleep(0.01)  # noqa: ASYNC251 (the loop must not run meanwhile)
+        for key in running:
             r = await h.wait(key)
             assert (r.status, r.error) == (255, f"spawn helper (pid {helper}) killed by signal 9: exit status lost")
         assert no_leftovers(), "a task of the dead helper still runs"
         [new] = h.ex._helpers.pids
         assert new != helper
+        for key in queued:
+            r = await h.wait(key)
+            assert r.status == 0 and int(h.out[key, "stdout"]) == new, "the new helper spawns what was not sent"
         r, out, _ = await h.run("sh", "-c", "echo $PPID")
         assert r.status == 0 and int(out) == new, "the new helper spawns"
     finally:
