@@ -23,14 +23,17 @@ ELEMENTS = job(["sh", "-c", "echo $MC_TASK_INDEX; sleep 0.05"], array=f"1-{ARRAY
 
 
 class Submitter(threading.Thread):
-    """Pipelines batches of plain jobs and an array, reconnecting whenever the broker goes away."""
+    """Pipelines batches of plain jobs and an array, reconnecting whenever the broker goes away; cancels about one
+    array in four 0.3 s after its submission, while its elements run and wait in the dispatch window."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: LocalCluster, rng: random.Random) -> None:
         super().__init__(daemon=True)
         self.cluster = cluster
+        self.rng = random.Random(rng.random())  # its own: the main thread's draws stay replayable
         self.stop = threading.Event()
         self.acked: list[int] = []
         self.arrays: set[int] = set()
+        self.cancelled: set[int] = set()
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -42,6 +45,9 @@ class Submitter(threading.Thread):
                             self.arrays.add(answers[0])
                         self.acked.extend(a for a in answers if isinstance(a, int))
                         time.sleep(0.3)
+                        if isinstance(answers[0], int) and self.rng.random() < 0.25:
+                            self.cancelled.add(answers[0])  # before the call: the broker may die in it
+                            c.cancel([answers[0]])
             except (ClientError, OSError):
                 time.sleep(0.1)  # the broker died or stopped under us: what was acknowledged counts
 
@@ -100,13 +106,20 @@ def settle_and_check(cluster: LocalCluster, submitter: Submitter, counts: Counts
             assert set(lines) <= mine, (job_id, lines)
             kept += len(lines)
             if job_id in submitter.arrays:
-                # Each index ends exactly once: it succeeded, or its rank was lost under it.
                 rows = c.task_results(job_id)
-                assert sorted(r[1] for r in rows) == list(range(1, ARRAY + 1)), (job_id, rows)
-                assert all(r[3] == 0 or r[6] == "node-lost" for r in rows), (job_id, rows)
                 ended_counts = summary["counts"]
-                assert ended_counts["succeeded"] + ended_counts["failed"] == ARRAY, summary
+                assert sum(ended_counts[k] for k in ("succeeded", "failed", "cancelled")) == ARRAY, summary
                 assert ended_counts["succeeded"] == sum(r[3] == 0 for r in rows), (summary, rows)
+                if summary["exception"] == "cancel":
+                    # Each index ends at most once; one that ran ended on its own, by the cancel's signal, or
+                    # with its rank; the others never started.
+                    assert job_id in submitter.cancelled, summary
+                    assert len({r[1] for r in rows}) == len(rows), (job_id, rows)
+                else:
+                    # Each index ends exactly once: it succeeded, or its rank was lost under it.
+                    assert sorted(r[1] for r in rows) == list(range(1, ARRAY + 1)), (job_id, rows)
+                    assert all(r[3] == 0 or r[6] == "node-lost" for r in rows), (job_id, rows)
+                    assert ended_counts["succeeded"] + ended_counts["failed"] == ARRAY, summary
                 results += len(rows)
             else:
                 assert summary["exception"] in (None, "node-lost", "broker-restart"), summary
@@ -117,7 +130,8 @@ def settle_and_check(cluster: LocalCluster, submitter: Submitter, counts: Counts
         while (held := [r for r in c.resources() if r["state"] == "up" and r["cores_free"] != r["cores_total"]]):
             assert time.monotonic() < deadline, held
             time.sleep(0.2)
-    return {"jobs": len(acked), "arrays": len(submitter.arrays), "results": results, "events": events,
+    return {"jobs": len(acked), "arrays": len(submitter.arrays), "cancelled": len(submitter.cancelled),
+            "results": results, "events": events,
             "output lines": kept}
 
 
@@ -133,7 +147,7 @@ def chaos(tmp_path: Any, rounds: int, capfd: pytest.CaptureFixture[str]) -> None
                       dispatch_window=window) as cluster:
         with cluster.client() as c:
             c.drain([0], "chaos: tasks on the workers")
-        submitter = Submitter(cluster)
+        submitter = Submitter(cluster, rng)
         submitter.start()
         try:
             for _ in range(rounds):
