@@ -685,6 +685,27 @@ async def test_after_a_restart_a_single_job_that_started_ahead_is_reattached_or_
         assert await recorded_jobs(life, jobs) == [j.id for j in jobs], "each job recorded exactly once"
 
 
+async def test_a_rank_that_joins_after_the_reattach_window_keeps_the_element_it_runs(core: Core) -> None:
+    """After a restart, the rank running element 1 joins only once the reattach window closed, which queued 1
+    again: that run goes on where it is (it used to be killed as a stray) and 1 is recorded once."""
+    record = await core.running(array="0-3")
+    late = rank_of(core, record, 1)
+    core.crashed = True
+    async with core_rig.restarted(core) as life:
+        life.add_rank(0, "cores=1,memory=1024")
+        life.add_rank(1, "cores=1,memory=1024")
+        again = life.manager.jobs[record.id]
+        life.settle({1 - late: [[record.id, 0, core.placed[(record.id, 0)][1], []]]})
+        await life.durable()
+        assert (record.id, 1) not in life.execution.tasks, "queued again: its rank did not report in time"
+        life.execution.reconcile(late, [[record.id, 1, core.placed[(record.id, 1)][1], []]])
+        assert life.kills() == [] and life.execution.tasks[(record.id, 1)].rank == late, "adopted"
+        await drive(life, again)
+        assert (again.succeeded, again.failed) == (4, 0)
+        assert await recorded(life, again) == [0, 1, 2, 3], "each element recorded once"
+        assert life.execution.tasks_started == 4, "0 and 1 where they ran, 2 and 3: none twice"
+
+
 async def test_an_urgency_change_takes_a_job_back_from_the_window_and_queues_it_anew(core: Core) -> None:
     jobs = await queued_jobs(core, 4)
     sent = job_aheads(core)
