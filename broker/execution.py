@@ -259,12 +259,8 @@ class Execution:
                     self._free_slot(job, task, running, freed)
                     touched[job_id] = job
                 continue
-            if running is None:
-                if self._strays and (job_id, task) in self._strays.get(rank, ()):
-                    self._strays[rank].discard((job_id, task))
-                    continue  # a run rank 0 had taken back, killed at its rank's join: it does not count
-            elif running.rank != rank:
-                continue  # a lost rank's run that rank 0 replaced (protocol.md §2.10): the one it knows reports
+            if self._not_counted(rank, (job_id, task), running):
+                continue
             counted, cancelled = status, False
             flow = job.flow
             if flow is not None:
@@ -316,6 +312,17 @@ class Execution:
             when_durable(fut, lambda: messages.send(self.send, rank, messages.DoneAck(keys)))
         for job in touched.values():
             self._after_results(job, now)
+
+    def _not_counted(self, rank: int, key: Key, running: RunningTask | None) -> bool:
+        """Whether a result for a task not yet recorded comes from a run that does not count (protocol.md §2.10):
+        one that rank 0 replaced by a run on another rank, or a stray it killed at its rank's join."""
+        if running is not None:
+            return running.rank != rank
+        strays = self._strays.get(rank) if self._strays else None
+        if strays and key in strays:
+            strays.discard(key)
+            return True
+        return False
 
     def _free_slot(self, job: Job, task: int, running: RunningTask, freed: FreedCores) -> None:
         """A task ended: its cores go to the entry sent ahead to follow it, which the worker has started in its
