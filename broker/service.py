@@ -46,6 +46,8 @@ from worker import rank0
 log = logging.getLogger(__name__)
 # How long a stopping broker waits for its last journal write (a full disk stalls it).
 CLOSE_WRITE_WAIT = 5.0
+# How often the scheduler looks at the queue again while the journal is stalled.
+STALLED_RETRY = 0.5
 
 
 class Broker:
@@ -330,6 +332,13 @@ class Broker:
     def _schedule(self) -> None:
         self._schedule_pending = False
         if self.reattach is not None or self.stopping:
+            return
+        if self.journal.stalled is not None:
+            # Nothing new starts while its results could not be recorded (a full disk): what runs goes on, and
+            # the queue is looked at again a moment later.
+            if not self._schedule_pending:
+                self._schedule_pending = True
+                asyncio.get_running_loop().call_later(STALLED_RETRY, self._schedule)
             return
         starts = self.scheduler.schedule(time.time())
         if starts:

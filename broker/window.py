@@ -124,7 +124,7 @@ class DispatchWindow:
         return self._open_rank(rank)
 
     def _open_rank(self, rank: int) -> bool:
-        if not self.depth or self.unrecorded > LAG_RESULTS:
+        if not self.depth or self.unrecorded > LAG_RESULTS or self.execution.manager.journal.stalled is not None:
             return False
         node = self.execution.manager.scheduler.graph.nodes.get(rank)
         return node is not None and node.up and node.drain_reason is None

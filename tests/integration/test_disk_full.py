@@ -20,6 +20,7 @@ from minicluster.client import Client, ClientError
 from minicluster.testing import LocalCluster, temp_journal
 from tests.integration.conftest import job, output_of, started, wait_for
 from tests.integration.test_restart_output import assert_gapless
+from tests.integration.test_window import appending, each_once, lines, progressed
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
@@ -176,6 +177,29 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
             assert c.submit(job(["true"])) > max(acked)
     print(f"disk full: {len(acked)} acknowledged, {len(refused)} refused, broker started on a full disk: "
           f"{started_full}", file=sys.stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_nothing_new_starts_while_results_cannot_be_recorded_and_the_array_ends_once_space_is_back(
+        tmp_path: Path) -> None:
+    """An array runs with its dispatch window when the disk fills: what runs finishes, nothing new starts (its
+    results would pile up in memory with no end), and once space is back every element runs, recorded once."""
+    record = tmp_path / "ran"
+    with small_tmpfs(tmp_path / "state", "3m") as state, \
+            LocalCluster(state, size=2, resources="cores=2", lost_after=30.0) as cluster, cluster.client() as c:
+        array = c.submit(job(appending(record, 0.05), array="0-299"))
+        progressed(c, array, 20)
+        filler = fill(state)
+        wait_stalled(c)
+        time.sleep(1.0)  # what ran as the stall came, and the entries already waiting behind it, end
+        ran = len(lines(record))
+        time.sleep(2.0)
+        assert len(lines(record)) == ran < 300, "nothing new started while nothing could be recorded"
+        filler.unlink()
+        assert wait_for(c, array, timeout=90)["status"] == 0
+        each_once(c, array, 300)
+    assert sorted(index for index, _, _ in lines(record)) == list(range(300)), "each element ran once"
 
 
 DRAIN = "INSERT OR REPLACE INTO drains (rank, reason) VALUES (?, ?)"
