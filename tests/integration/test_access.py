@@ -93,3 +93,39 @@ def test_owner_only_operations(shared: LocalCluster) -> None:
         assert as_user(GUEST, NOGROUP, call)["error"] == "permission"
     with shared.client() as owner:
         assert owner.hello()["uid"] == 0
+
+
+def test_single_jobs_of_two_users_sent_ahead_on_the_same_cores_each_run_as_their_submitter(
+        shared: LocalCluster) -> None:
+    """The dispatch window chains small single jobs from the head of the queue whoever submitted them
+    (protocol.md §2.10): each still runs under its own submitter's uid and gid."""
+    ident = job(["sh", "-c", "id -u; id -g"])
+
+    def submit_many(count: int) -> list[int]:
+        with Client(shared.uri) as c:
+            return [answer for answer in c.submit_many([ident] * count) if isinstance(answer, int)]
+
+    with shared.client() as owner:
+        for _ in range(2):  # each user's first runs of the command make it known as small
+            for ids in (submit_many(2), as_user(GUEST, NOGROUP, lambda: submit_many(2))["ok"]):
+                for job_id in ids:
+                    wait_for(owner, job_id)
+        pid = os.fork()
+        if pid == 0:  # the guest submits while the owner does
+            os.setgroups([])
+            os.setgid(NOGROUP)
+            os.setuid(GUEST)
+            ids = submit_many(60)
+            with open(os.path.join(tempfile.gettempdir(), f"mc-guest-ids-{os.getppid()}"), "w") as out:
+                json.dump(ids, out)
+            os._exit(0)
+        mine = submit_many(60)
+        os.waitpid(pid, 0)
+        with open(os.path.join(tempfile.gettempdir(), f"mc-guest-ids-{os.getpid()}")) as f:
+            theirs = json.load(f)
+        os.unlink(f.name)
+        assert len(mine) == len(theirs) == 60
+        for ids, uid, gid in ((mine, 0, 0), (theirs, GUEST, NOGROUP)):
+            for job_id in ids:
+                assert wait_for(owner, job_id)["status"] == 0
+                assert output_of(owner, job_id)[0].split() == [str(uid).encode(), str(gid).encode()], job_id
