@@ -19,12 +19,15 @@ from tests.integration.conftest import job
 
 ARRAY = 16
 PLAIN = job(["sh", "-c", "echo plain; sleep 0.1"])
+# Short enough (once a few ran) to go ahead in the dispatch window behind one another (protocol.md §2.10).
+SMALL = job(["sh", "-c", "echo small"])
 ELEMENTS = job(["sh", "-c", "echo $MC_TASK_INDEX; sleep 0.05"], array=f"1-{ARRAY}")
 
 
 class Submitter(threading.Thread):
-    """Pipelines batches of plain jobs and an array, reconnecting whenever the broker goes away; cancels about one
-    array in four 0.3 s after its submission, while its elements run and wait in the dispatch window."""
+    """Pipelines batches of plain jobs, small ones and an array, reconnecting whenever the broker goes away;
+    cancels about one array in four 0.3 s after its submission, while its elements run and wait in the dispatch
+    window."""
 
     def __init__(self, cluster: LocalCluster, rng: random.Random) -> None:
         super().__init__(daemon=True)
@@ -33,6 +36,7 @@ class Submitter(threading.Thread):
         self.stop = threading.Event()
         self.acked: list[int] = []
         self.arrays: set[int] = set()
+        self.small: set[int] = set()
         self.cancelled: set[int] = set()
 
     def run(self) -> None:
@@ -40,9 +44,10 @@ class Submitter(threading.Thread):
             try:
                 with self.cluster.client() as c:
                     while not self.stop.is_set():
-                        answers = c.submit_many([ELEMENTS, PLAIN, PLAIN, PLAIN])
+                        answers = c.submit_many([ELEMENTS, PLAIN, PLAIN, SMALL, SMALL, SMALL, SMALL])
                         if isinstance(answers[0], int):
                             self.arrays.add(answers[0])
+                        self.small.update(a for a in answers[3:] if isinstance(a, int))
                         self.acked.extend(a for a in answers if isinstance(a, int))
                         time.sleep(0.3)
                         if isinstance(answers[0], int) and self.rng.random() < 0.25:
@@ -102,7 +107,8 @@ def settle_and_check(cluster: LocalCluster, submitter: Submitter, counts: Counts
             summary = c.job(job_id)
             # No job shows another's output (a line in flight to a dying broker may be missing, never foreign).
             lines = b"".join(d for _, _, d in c.output(job_id)).split()
-            mine = {str(i).encode() for i in range(1, ARRAY + 1)} if job_id in submitter.arrays else {b"plain"}
+            mine = ({str(i).encode() for i in range(1, ARRAY + 1)} if job_id in submitter.arrays
+                    else {b"small"} if job_id in submitter.small else {b"plain"})
             assert set(lines) <= mine, (job_id, lines)
             kept += len(lines)
             if job_id in submitter.arrays:
@@ -130,7 +136,8 @@ def settle_and_check(cluster: LocalCluster, submitter: Submitter, counts: Counts
         while (held := [r for r in c.resources() if r["state"] == "up" and r["cores_free"] != r["cores_total"]]):
             assert time.monotonic() < deadline, held
             time.sleep(0.2)
-    return {"jobs": len(acked), "arrays": len(submitter.arrays), "cancelled": len(submitter.cancelled),
+    return {"jobs": len(acked), "arrays": len(submitter.arrays), "small": len(submitter.small),
+            "cancelled": len(submitter.cancelled),
             "results": results, "events": events,
             "output lines": kept}
 
