@@ -1,7 +1,8 @@
 """A cut link (issue 10): rank 2 runs in its own network namespace behind a veth pair, over CURVE TCP. Cutting
 the link makes it `lost` and ends its job as `node-lost`; restoring it brings the same process back, which
-rejoins, has the lost job's task killed, and runs new work. Needs root and iproute2; everything it creates
-carries this run's id and is removed at the end."""
+rejoins, has the lost job's task killed, and runs new work; behind the cut, it runs on the dispatch window it was
+sent, whose results count when it is back. Needs root and iproute2; everything it creates carries this run's id
+and is removed at the end."""
 from __future__ import annotations
 
 import ipaddress
@@ -10,6 +11,7 @@ import random
 import shutil
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, output_of, wait_for
+from tests.integration.test_window import appending, each_once, lines, progressed
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="needs root and iproute2 (network namespaces, veth pairs)")
@@ -123,3 +126,46 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.mark.slow
+def test_a_worker_cut_off_runs_its_window_on_and_its_results_are_the_ones_recorded(
+        tmp_path: Path, link: Link) -> None:
+    """Only rank 2 may run the array. Behind the cut it works through the chain it was sent ahead, while rank 0,
+    which lost it, queues that chain again. When the link is back its join brings the results: they come first,
+    so they count, the array ends, and the copies still queued are dropped, never run (protocol.md §2.10). Rank
+    0 used to start such a copy after the array had ended and crash its scheduling pass."""
+    endpoint = f"tcp://{link.subnet.network_address.exploded.rsplit('.', 1)[0]}.1{{rank}}:{{port}}"
+    cluster = LocalCluster(tmp_path / "mc", size=3, fanout=2, transport="tcp", endpoint=endpoint,
+                           resources="cores=1", lost_after=2.0, dispatch_window=8, dispatch_window_seconds=3600.0)
+    record = tmp_path / "ran"
+    try:
+        cluster.start_rank(0)
+        cluster.start_rank(1)
+        cluster.start_rank(2, env={"MC_PROPERTIES": "outside"}, wrapper=("ip", "netns", "exec", link.netns))
+        cluster.wait_up()
+        with cluster.client() as c:
+            array = c.submit(job(appending(record, 0.4), array="0-10", requires=["outside"]))
+            progressed(c, array, 2)  # results say how long an element takes: the rest goes ahead behind the third
+            time.sleep(0.1)
+            link.cut()
+            deadline = time.monotonic() + 30
+            cluster.wait_states({2: "lost"}, timeout=30)
+            while len(lines(record)) < 11:  # the whole chain runs on behind the cut
+                assert time.monotonic() < deadline, lines(record)
+                time.sleep(0.05)
+            time.sleep(0.6)  # the last one ends
+            link.restore()
+            result = wait_for(c, array, timeout=60)
+            rows = each_once(c, array, 11)
+            cluster.wait_states({2: "up"}, timeout=30)
+            time.sleep(1.0)  # a copy queued again would start now
+            assert c.resources()[2]["cores_free"] == 1, "no core stays held"
+            assert wait_for(c, c.submit(job(["true"], requires=["outside"])), timeout=30)["status"] == 0
+    finally:
+        cluster.stop()
+    lost = [row[1] for row in rows if row[6] == "node-lost"]
+    assert len(lost) == 1 and all(row[3] == 0 for row in rows if row[1] not in lost), rows
+    assert result["status"] == 137
+    ran = Counter(index for index, _, _ in lines(record))
+    assert sorted(ran) == list(range(11)) and set(ran.values()) == {1}, "each element ran once: no copy ran"
