@@ -71,9 +71,9 @@ class Execution:
         self._undispatched: set[int] = set()
         # Array elements being preempted (broker/share/preemption.py): they end counted as cancelled.
         self.preempted: dict[Key, str] = {}
-        # Per rank: the tasks it came back running that rank 0 did not know it ran there (a window entry it started
-        # just before it was lost, which rank 0 queued again), killed at its join. Such a run does not count: the
-        # task is queued, running elsewhere or recorded already (protocol.md §2.10).
+        # Per rank: the tasks it came back running that rank 0 neither knew there nor could adopt (recorded already,
+        # running or waiting ahead elsewhere, or of a job that ends), killed at its join: such a run does not count
+        # (protocol.md §2.10).
         self._strays: dict[int, set[Key]] = {}
         self.stdin = StdinRelay(send)
         self.pmi = PmiExchange(manager, send)
