@@ -131,13 +131,12 @@ class Execution:
 
     def adopt(self, job: Job, task: int, element: int, rank: int, allocation: sched.Allocation | None,
               now: float) -> None:
-        """Track a task that survived a broker restart (broker/recovery.py) or that its rank came back running
-        (`reconcile`); ValueError, with nothing changed, if the allocation's resources are not free."""
+        """Track a task that survived a broker restart (broker/recovery.py)."""
+        self._track(job, task, rank, element, now)
         if allocation is not None:
             assert job.spec is not None
             self.manager.scheduler.adopt(job.id, element, allocation, now, self.manager.time_limit(job.spec),
                                          job=self.manager.sched_job(job, request_of(job.spec)))
-        self._track(job, task, rank, element, now)
 
     def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, messages.Run],
                        aheads: dict[int, messages.Ahead], stale: list[tuple[int, int]]) -> None:
@@ -146,7 +145,7 @@ class Execution:
             stale.append((job.id, st.element))
             return
         ((rank, slot),) = st.allocation.tasks
-        self.manager.post_started(job, rank, now)
+        self._post_start(job, rank, now)
         self._track(job, task, rank, st.element, now)
         batch = batches.get(rank)
         if batch is None:
@@ -161,6 +160,13 @@ class Execution:
         batch.tasks.append(entry)
         if self.window.depth:
             self.window.fill(job, (job.id, task), rank, cores, gpus, aheads)
+
+    def _post_start(self, job: Job, rank: int, now: float) -> None:
+        """An array's first element starts: the job's `alloc` and `start` events."""
+        if job.state == State.SCHED:
+            job.t_run = now
+            self.manager.post(job, "alloc", {"ranks": str(rank)})
+            self.manager.post(job, "start")
 
     def _send_ahead(self, aheads: dict[int, messages.Ahead]) -> None:
         for rank, ahead in aheads.items():
@@ -594,13 +600,15 @@ class Execution:
             allocation = sched.Allocation({rank: sched.RankAlloc((sched.Slot(cores, gpus),))})
             element = -1 - task if job.is_array else 0  # negative: apart from the elements still queued
             now = self.manager.clock()
-            self.adopt(job, task, element, rank, allocation, now)
+            self.manager.scheduler.adopt(job.id, element, allocation, now, self.manager.time_limit(job.spec),
+                                         job=self.manager.sched_job(job, request_of(job.spec)))
         except (TypeError, ValueError):  # cores not free, or not the rank's: a stray after all
             return False
         if job.is_array:
-            self.manager.post_started(job, rank, now)
+            self._post_start(job, rank, now)
         else:
             self.window.started_ahead(job, rank, now)  # out of the queue; its `alloc` and `start` now
+        self._track(job, task, rank, element, now)
         return True
 
 

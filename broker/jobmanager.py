@@ -302,14 +302,6 @@ class JobManager:
         accounting = self.sharing.finished(job) if self.sharing is not None else []
         self.post(job, "finish", outcome, extra=accounting)
 
-    def post_started(self, job: Job, rank: int, now: float) -> None:
-        """A queued job's first task started on `rank` with no durable `alloc` before it (an array element, or a
-        job sent ahead, protocol.md §2.10): its `alloc` and `start` events now."""
-        if job.state == State.SCHED:
-            job.t_run = now
-            self.post(job, "alloc", {"ranks": str(rank)})
-            self.post(job, "start")
-
     def clean(self, job: Job) -> None:
         """The last step, also taken alone for a job a restart found in CLEANUP."""
         job.t_inactive = job.t_inactive or self.clock()
