@@ -13,6 +13,11 @@ killpg() misses it. Two ways to find such children:
 * `Subreaper` elsewhere: the worker is a child subreaper (PR_SET_CHILD_SUBREAPER), so an orphaned descendant
   of a task becomes the worker's child. It still carries the task's MC_JOB_ID and MC_TASK_RANK, which tell
   whose it is; orphans of tasks that ended are killed and reaped.
+
+Both need a live worker. `guard` covers its death, however it dies (kill -9 included): a small process forked from
+the worker before its threads start waits on the worker's pidfd and, the moment it exits, kills what its tasks
+left (issue 24 item 4): the pidfile's groups, the cgroup tree, and every process that carries this instance's
+MC_URI and this rank's MC_NODE_RANK (what escaped to PID 1 or another subreaper).
 """
 from __future__ import annotations
 
@@ -23,7 +28,9 @@ import errno
 import hashlib
 import logging
 import os
+import select
 import signal
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -38,6 +45,11 @@ CGROUP_FS = Path("/sys/fs/cgroup")
 PR_SET_CHILD_SUBREAPER = 36
 # Empty task groups kept for reuse: about the tasks that end between two spawns; more are removed.
 SPARE_GROUPS = 64
+# The guards this process forked (`guard`): children of the worker that are no task's, never swept.
+_GUARDS: set[int] = set()
+# What stops a process; a guard ignores them all (a Ctrl-C or a signal to the process group must not end it before
+# the worker it watches).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class CgroupTasks:
@@ -219,7 +231,7 @@ class Subreaper:
         """
         killed = 0
         own_session = os.getsid(0)
-        for pid in _children(os.getpid()) - tracked:
+        for pid in _children(os.getpid()) - tracked - _GUARDS:
             key = _task_of(pid)
             if key is None:
                 # An orphan killed with its task's group before a sweep saw it: a zombie whose environment is
@@ -278,6 +290,88 @@ def kill_instance_leftovers(state_dir: str, ranks: Iterable[int]) -> None:
                 tree.kill_leftovers()
             except OSError as exc:
                 log.warning("cgroup %s: %s", tree.base, exc)
+
+
+def guard(state_dir: str, rank: int, uri: str) -> int | None:
+    """Fork this worker's guard, which kills what the worker's tasks left once the worker is gone (module doc).
+
+    Call it before any thread starts (a fork copies only the calling thread). Returns the guard's pid, or None
+    where it cannot watch (no pidfd_open: Linux before 5.3), said in the log."""
+    worker = os.getpid()
+    try:
+        watch = os.pidfd_open(worker)
+    except OSError as exc:
+        log.warning("a killed worker's tasks may outlive it: %s", exc)
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        os.close(watch)
+        _GUARDS.add(pid)
+        return pid
+    try:
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        select.select([watch], [], [])  # a pidfd reads ready once its process has exited
+        killed = kill_rank_leftovers(state_dir, rank, uri)
+        if killed:
+            log.warning("the worker of rank %d is gone: killed %d process(es) its tasks left", rank, killed)
+    except BaseException:
+        log.exception("the guard of rank %d failed", rank)
+    finally:
+        os._exit(0)
+
+
+def kill_rank_leftovers(state_dir: str, rank: int, uri: str) -> int:
+    """Kill what the tasks of a rank that just ended left on this host; returns how many processes were found.
+
+    Only processes started by then are taken, and their descendants, so a new run of the rank keeps its tasks."""
+    by = int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))  # /proc's start-time clock
+    kill_instance_leftovers(state_dir, [rank])
+    marks = {b"MC_URI=" + uri.encode(), b"MC_NODE_RANK=%d" % rank}
+    stopped: set[int] = set()
+    while True:
+        # Stopped first, killed together at the end: a stopped process forks no more, and a child it forked before
+        # is found by its parent in the next round (a killed parent would hand it to PID 1, unrecognizable).
+        found = {pid for pid, parent in _processes()
+                 if pid not in stopped and (parent in stopped or (_started_by(pid, by) and _marked(pid, marks)))}
+        found.discard(os.getpid())
+        if not found:
+            break
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= found
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(stopped)
+
+
+def _processes() -> Iterator[tuple[int, int]]:
+    """(pid, parent pid) of every process this one can see."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+            except OSError:
+                continue
+            yield int(name), int(fields[1])
+
+
+def _started_by(pid: int, tick: int) -> bool:
+    started = starttime(pid)
+    return started is not None and started <= tick
+
+
+def _marked(pid: int, marks: set[bytes]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marks <= set(f.read().split(b"\0"))
+    except OSError:
+        return False
 
 
 def starttime(pid: int) -> int | None:

@@ -85,11 +85,14 @@ def _run_profiled(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 
 def run_worker(config_path: str, rank: int) -> int:
+    from worker.containment import guard
     from worker.service import run_worker as serve
 
     config = config_mod.load(config_path)
     setup_logging(rank)
     cert = curve.load(config.curve_cert)
+    # Before any thread: whatever ends this process, kill -9 included, its tasks end with it (worker/containment.py).
+    guard(config.state_dir, rank, f"unix://{config.socket_path}")
     return _run_profiled(lambda: serve(config, rank, cert))
 
 
