@@ -5,6 +5,7 @@ N-1 workers from this already-imported, single-threaded process (cheap: no inter
 Each child runs the same code as `mc broker` / `mc worker` in a pod.  With a command, the broker runs it once
 every rank joined, and its status is ours; without one, the instance runs until `mc shutdown` or a signal.
 Nothing is left behind: ranks that do not exit are killed, and so are tasks recorded in their pidfiles.
+A worker rank that dies while the instance runs is started again, as Kubernetes restarts a pod (`_Restarts`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.statelock import StateLock
@@ -29,13 +31,18 @@ from minicluster.cli.options import positive_int
 from minicluster.overlay import curve
 
 EXIT_GRACE = 10.0
+# A lost worker is restarted after RESTART_FIRST s, twice as long after each quick failure up to RESTART_MAX s (a
+# pod's CrashLoopBackOff, shorter); a run of RESTART_RESET s starts the count again, and after RESTART_LIMIT quick
+# failures in a row the rank stays down (its status says why it cannot run).
+RESTART_FIRST, RESTART_MAX, RESTART_RESET, RESTART_LIMIT = 1.0, 30.0, 60.0, 10
 
 
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="mc start", description="start a local MiniCluster", epilog=(
         "Without a command, mc start runs in the foreground until `mc shutdown`, SIGTERM, SIGHUP or a second "
-        "Ctrl-C; `mc start --size 4 -- bash` gives a shell inside the instance instead. The broker is not "
-        "restarted if it dies: the instance stops (in Kubernetes, its pod is restarted)."))
+        "Ctrl-C; `mc start --size 4 -- bash` gives a shell inside the instance instead. A worker rank that dies "
+        "is restarted after a delay that grows with each quick failure (1 s to 30 s), as its pod would be. The "
+        "broker is not restarted if it dies: the instance stops (in Kubernetes, its pod is restarted)."))
     p.add_argument("--size", type=positive_int, default=1, help="number of ranks, broker included (default 1)")
     p.add_argument("--fanout", type=positive_int, default=32, help="tree fanout (default 32)")
     p.add_argument("--state-dir", help="keep the journal here; an existing one is resumed (default: temporary)")
@@ -174,7 +181,7 @@ def _wait(pid: int, deadline: float | None) -> int | None:
         time.sleep(0.02)
 
 
-def _stop_all(pids: dict[int, int], state_dir: Path) -> None:
+def _stop_all(pids: dict[int, int], state_dir: Path, ranks: int) -> None:
     deadline = time.time() + EXIT_GRACE
     for pid in pids.values():
         if _wait(pid, deadline) is None:
@@ -183,7 +190,68 @@ def _stop_all(pids: dict[int, int], state_dir: Path) -> None:
             _wait(pid, None)
     from worker.containment import kill_instance_leftovers
 
-    kill_instance_leftovers(str(state_dir), range(max(pids, default=0) + 1))  # rank 0 included
+    kill_instance_leftovers(str(state_dir), range(ranks))  # rank 0 included
+
+
+class _Restarts:
+    """When each worker rank that died is started again, and whether it still is."""
+
+    def __init__(self) -> None:
+        self.started: dict[int, float] = {}  # rank -> when its process was started (monotonic)
+        self.quick: dict[int, int] = {}  # rank -> failures in a row that came before RESTART_RESET s
+        self.due: dict[int, float] = {}  # rank -> when to start it again
+
+    def ended(self, rank: int, code: int, now: float) -> None:
+        """The rank's process ended with `code` (as os.waitstatus_to_exitcode): schedule it again, or say why not."""
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        if code == 0:  # told to stop
+            return
+        if 0 < code < 128:  # a failure a restart would not fix (minicluster/exitcodes.py)
+            print(f"mc start: rank {rank} {how}; it is not restarted", file=sys.stderr, flush=True)
+            return
+        quick = 0 if now - self.started.get(rank, now) >= RESTART_RESET else self.quick.get(rank, 0)
+        if quick >= RESTART_LIMIT:
+            print(f"mc start: rank {rank} {how}; it failed {quick} times in a row, it stays down", file=sys.stderr,
+                  flush=True)
+            return
+        self.quick[rank] = quick + 1
+        delay = min(RESTART_FIRST * 2 ** quick, RESTART_MAX)
+        self.due[rank] = now + delay
+        print(f"mc start: rank {rank} {how}; restarting it in {delay:g} s", file=sys.stderr, flush=True)
+
+    def take_due(self, now: float) -> list[int]:
+        ranks = [rank for rank, when in self.due.items() if when <= now]
+        for rank in ranks:
+            del self.due[rank]
+            self.started[rank] = now
+        return ranks
+
+
+def _supervise(pids: dict[int, int], start: Callable[[int], int], stopping: list[int]) -> int | None:
+    """Wait for rank 0 to end, restarting the worker ranks that die meanwhile; rank 0's status (None: unknown).
+    No worker is restarted once `stopping` holds a signal: the instance is on its way out."""
+    restarts = _Restarts()
+    for rank in pids:
+        restarts.started[rank] = time.monotonic()
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if not pid:
+            for rank in [] if stopping else restarts.take_due(time.monotonic()):
+                pids[rank] = start(rank)
+            time.sleep(0.05)
+            continue
+        rank = next((r for r, p in pids.items() if p == pid), None)
+        if rank is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        if rank == 0:
+            return code
+        del pids[rank]
+        if not stopping:
+            restarts.ended(rank, code, time.monotonic())
 
 
 def main(argv: list[str]) -> int:
@@ -235,13 +303,13 @@ def _run(config: config_mod.InstanceConfig, config_path: str, command: list[str]
               f"connect with:  export MC_URI={uri}\nstop with:     mc shutdown (or Ctrl-C, SIGTERM)",
               file=sys.stderr, flush=True)
     # Rank 0 stays in `pids` while it runs, so a signal can still reach it.
-    status = _wait(pids[0], None)
-    del pids[0]
+    status = _supervise(pids, lambda rank: _fork_rank(config_path, rank, None, lock), stop_signal)
+    pids.pop(0, None)
     if status is not None and status < 0:
         print(f"mc start: the broker (rank 0) was killed by {signal.Signals(-status).name}; a local instance does "
               f"not restart its broker, stopping the workers", file=sys.stderr, flush=True)
         _signal_all(pids, signal.SIGTERM)
-    _stop_all(pids, state_dir)
+    _stop_all(pids, state_dir, config.tree_size)
     if status is None:
         return 1
     if status < 0:
