@@ -46,6 +46,29 @@ def check_feasible(graph: ResourceGraph, req: Request) -> None:
         raise InfeasibleRequest(_level_reason(graph.cluster, 0, req, found, with_))
 
 
+def down_nodes_needed(graph: ResourceGraph, req: Request) -> list[int]:
+    """The down nodes a request waits for (Slurm's ReqNodeNotAvail): the down ranks that match its constraints,
+    when the nodes that are up could not hold it even if they were empty; [] when they could, and for a request
+    with topology levels (not looked at). O(1) while every node is up."""
+    cluster = graph.cluster
+    if cluster.usable_nodes == cluster.nodes or req.groups:
+        return []
+    down = [node for node in graph.nodes.values() if not node.up and _satisfies(Shape.of(node), req.constraints)]
+    if not down:
+        return []
+    up = dict(_matching(cluster.shapes, req))
+    for node in down:
+        up[Shape.of(node)] -= 1
+    up = {shape: count for shape, count in up.items() if count > 0}
+    try:
+        if up:
+            _check_per_slot(up, req, "")
+        fits = bool(up) and not _holds(up, req, "", "")
+    except InfeasibleRequest:
+        fits = False
+    return [] if fits else sorted(node.rank for node in down)
+
+
 def _matching(shapes: Mapping[Shape, int], req: Request) -> dict[Shape, int]:
     return {s: n for s, n in shapes.items() if _satisfies(s, req.constraints)}
 

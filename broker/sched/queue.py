@@ -33,9 +33,12 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, NamedTuple
 
+from minicluster.model.idset import IdSet
+
 from .alloc import Allocation
 from .backfill import Reservation, plan_reservation
 from .cycle import Cycle
+from .feasible import down_nodes_needed
 from .graph import ResourceGraph
 from .limits import LimitCounters
 from .ordering import OrderKey, Ordering
@@ -283,7 +286,8 @@ class Scheduler:
 
     def reason_of(self, job_id: int) -> str | None:
         """Why a pending job waits, in Slurm's words: a stopped queue, a limit, `Resources` (the blocked head
-        job) or `Priority` (others come first); None when the job is not pending."""
+        job), `NodesDown: RANKS` (only nodes that are down could hold it) or `Priority` (others come first); None
+        when the job is not pending."""
         entry = self._pending.get(job_id)
         if entry is None:
             return None
@@ -293,7 +297,10 @@ class Scheduler:
         if bucket is not None and bucket.reason:
             return bucket.reason
         res = self._reservation
-        return "Resources" if res is not None and res.job_id == job_id else "Priority"
+        if res is not None and res.job_id == job_id:
+            return "Resources"
+        down = down_nodes_needed(self.graph, entry.job.request)
+        return f"NodesDown: {IdSet.from_ints(down)}" if down else "Priority"
 
     def take_preemptions(self) -> list[Preemption]:
         """The preemptions decided since the last call: the broker ends those elements."""
