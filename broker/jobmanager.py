@@ -16,7 +16,7 @@ from typing import Any
 from broker import sched, store
 from broker.history import History
 from broker.job import Effect, Event, Job, State
-from broker.journal import Journal, Statement, when_durable
+from broker.journal import Journal, JournalRefused, Statement, when_durable
 from broker.watchers import Watchers
 from broker.workflow import Workflow, WorkflowRefusal
 from minicluster.config import InstanceConfig
@@ -165,6 +165,13 @@ class JobManager:
             raise JobError(exc.code, str(exc)) from None
         if self.sharing is not None:
             self.sharing.admit(uid, spec, request, len(spec.array_ids or ()) or 1)
+        # Everything the submission writes is one write, refused whole if the disk cannot take it in time: a
+        # submitter that hears "refused" is never left with a job that runs later.
+        with self.journal.one_write(refuse_after=self.config.submit_stall_timeout):
+            return self._submitted(uid, gid, spec, request)
+
+    def _submitted(self, uid: int, gid: int, spec: Jobspec,
+                   request: sched.Request) -> tuple[int, asyncio.Future[None]]:
         now = self.clock()
         job = Job(self.next_id, uid, spec, now, gid)
         self.next_id += 1
@@ -198,6 +205,11 @@ class JobManager:
             # Its submitter hears why: forget it; its id is not handed out again.
             if self.jobs.get(job.id) is job:
                 del self.jobs[job.id]
+            self.workflow.feed(self.workflow.graph.gone(job.id))
+            if isinstance(durable.exception(), JournalRefused):
+                # Should a failed commit have landed after all (an fsync error after the WAL frames were
+                # written), what it left of the job goes once the journal takes writes again.
+                self.journal.append([*store.jobs_purged([job.id]), store.next_id_kept(self.next_id)])
             return
         if request is None:
             self.workflow.try_release(job)

@@ -7,7 +7,10 @@ never waits on the disk.
 
 When the disk cannot take a commit (full, an I/O error, the file locked or made read-only) nothing fails: the
 writer keeps the batch, marks the journal `stalled` (new submissions are refused meanwhile) and retries until it
-commits, so the broker resumes by itself once space returns.  A statement that can never commit (a constraint,
+commits, so the broker resumes by itself once space returns.  A write queued with `refuse_after` (a submission)
+is not kept that long: once its time is up, the writer takes it out of the batch between two attempts, so it never
+commits, and fails its future with `JournalRefused`; the writer alone decides, so a write is either committed or
+refused, never both.  A statement that can never commit (a constraint,
 a value sqlite cannot store) fails only its own write: the batch is committed again write by write.
 """
 from __future__ import annotations
@@ -32,8 +35,11 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 Statement = tuple[str, Sequence[Any]]
-# What to tell once a write is committed: a future to resolve, a callback to run, or nothing.
-Waiter = Union["asyncio.Future[None]", Callable[[], None], None]
+# What to tell once a write is committed: a future to resolve, a callback to run, nothing, or several of these
+# (the writes gathered by Journal.one_write, told in order).
+Waiter = Union["asyncio.Future[None]", Callable[[], None], None, list[Any]]
+# A queued write: its statements, who to tell, and the monotonic time after which it is refused (None: never).
+_Write = tuple[list[Statement], Waiter, float | None]
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -73,6 +79,10 @@ CREATE TABLE IF NOT EXISTS output (
 
 class JournalError(RuntimeError):
     pass
+
+
+class JournalRefused(JournalError):
+    """A write with `refuse_after` could not commit in time: it was taken out of the batch and never commits."""
 
 
 class JournalUnavailable(OSError):
@@ -115,7 +125,11 @@ class Journal:
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self._writes: queue.SimpleQueue[tuple[list[Statement], Waiter] | None] = queue.SimpleQueue()
+        self._writes: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        # The writes gathered by one_write() while it is open (on the event loop's thread), else None.
+        self._gathered: list[tuple[list[Statement], Waiter]] | None = None
+        # Set by the writer when it takes the stop request while retrying a stalled commit.
+        self._stop_taken = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
         self._reader = concurrent.futures.ThreadPoolExecutor(1, "journal-reader", initializer=self._open_reader)
@@ -190,15 +204,39 @@ class Journal:
         """Queue one atomic group of statements; the future resolves once it is committed."""
         assert self._loop is not None, "Journal.start() first"
         fut: asyncio.Future[None] = self._loop.create_future()
-        self._writes.put((statements, fut))
+        self._queue(statements, fut)
         return fut
+
+    @contextlib.contextmanager
+    def one_write(self, refuse_after: float | None = None) -> Iterator[None]:
+        """Every write() and append() made inside goes to the writer as one write, committed whole or not at all.
+
+        With `refuse_after` (seconds), a write the disk cannot take by then is refused instead: every future
+        inside fails with JournalRefused and no callback runs. Only for code on the event loop, not nested.
+        """
+        assert self._loop is not None and self._gathered is None, "Journal.start() first; one_write does not nest"
+        gathered: list[tuple[list[Statement], Waiter]] = []
+        self._gathered = gathered
+        try:
+            yield
+        finally:
+            self._gathered = None
+            waiters: list[Any] = [waiter for _, waiter in gathered]
+            deadline = None if refuse_after is None else time.monotonic() + refuse_after
+            self._writes.put(([s for group, _ in gathered for s in group], waiters, deadline))
+
+    def _queue(self, statements: list[Statement], waiter: Waiter) -> None:
+        if self._gathered is not None:
+            self._gathered.append((statements, waiter))
+        else:
+            self._writes.put((statements, waiter, None))
 
     def append(self, statements: list[Statement], then: Callable[[], None] | None = None) -> None:
         """Like write(), without a future: `then` (if any) runs on the loop once committed, in order.
 
         For the many writes nobody awaits (most job events), a future per write is measurable overhead.
         """
-        self._writes.put((statements, then))
+        self._queue(statements, then)
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -235,28 +273,35 @@ class Journal:
             running = len(batch) == len(taken)  # None asks the writer to stop
             if batch:
                 self._commit(conn, batch)
+            running = running and not self._stop_taken
         conn.close()
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[list[Statement], Waiter]]) -> None:
-        statements = [s for group, _ in batch for s in group]
+    def _commit(self, conn: sqlite3.Connection, batch: list[_Write]) -> None:
         # Once closing gave up on a stalled commit, nothing after it may commit: a later event of a job would
         # leave a gap in its log where the lost one was.
-        error = self._gave_up or self._commit_until_durable(conn, statements)
+        error = self._gave_up or self._commit_until_durable(conn, batch)
         if error is not None and self._closing:
             self._gave_up = error
         assert self._loop is not None
         if error is not None and len(batch) > 1 and not self._closing:
             # One write's statement cannot commit: commit the others write by write, fail only that one.
-            for group, waiter in batch:
-                failed = self._commit_until_durable(conn, group)
-                self._loop.call_soon_threadsafe(_resolve, [waiter], failed and _failure(failed))
+            for write in batch:
+                alone = [write]  # empty once refused (its waiters have heard)
+                failed = self._commit_until_durable(conn, alone, take_queued=False)
+                self._loop.call_soon_threadsafe(_resolve, [w[1] for w in alone], failed and _failure(failed))
             return
-        self._loop.call_soon_threadsafe(_resolve, [waiter for _, waiter in batch], error and _failure(error))
+        self._loop.call_soon_threadsafe(_resolve, [waiter for _, waiter, _ in batch], error and _failure(error))
 
-    def _commit_until_durable(self, conn: sqlite3.Connection, statements: list[Statement]) -> BaseException | None:
-        """Commit, retrying while the disk cannot take it; the error of statements that can never commit."""
+    def _commit_until_durable(self, conn: sqlite3.Connection, batch: list[_Write],
+                              take_queued: bool = True) -> BaseException | None:
+        """Commit the batch, retrying while the disk cannot take it; the error of statements that can never commit.
+
+        While it retries, writes queued meanwhile join the batch (with `take_queued`), and those whose time is up
+        are refused (taken out of it, so that no later attempt commits them): `batch` may change, may end empty.
+        """
         delay = 0.01
         while True:
+            statements = [s for group, _, _ in batch for s in group]
             try:
                 _run_transaction(conn, statements)
             except Exception as exc:  # the writer must survive anything: every waiter hears how its write ended
@@ -266,7 +311,7 @@ class Journal:
                 if self.stalled is None:
                     log.error("journal commits stalled, retrying until they go through: %s", exc)
                 self.stalled = str(exc)
-                time.sleep(delay)
+                self._wait_to_retry(batch, delay, take_queued)
                 delay = min(delay * 2, _RETRY_MAX)
                 continue
             if self.stalled is not None:
@@ -275,6 +320,31 @@ class Journal:
             self.commits += 1
             self.statements += len(statements)
             return None
+
+    def _wait_to_retry(self, batch: list[_Write], delay: float, take_queued: bool) -> None:
+        """Sleep before the next attempt (no longer than the first refusal is due), take in what was queued
+        meanwhile, and refuse the writes whose time is up: from here on, no attempt carries them."""
+        now = time.monotonic()
+        due = min((d for _, _, d in batch if d is not None), default=now + delay)
+        time.sleep(max(0.0, min(delay, due - now)))
+        while take_queued and not self._stop_taken:
+            try:
+                item = self._writes.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._stop_taken = True
+            else:
+                batch.append(item)
+        now = time.monotonic()
+        refused = [w for w in batch if w[2] is not None and w[2] <= now]
+        if not refused:
+            return
+        batch[:] = [w for w in batch if w[2] is None or w[2] > now]
+        error = JournalRefused(f"the journal could not be written in time ({self.stalled})")
+        log.error("journal: %d write(s) refused, not durable in time: %s", len(refused), self.stalled)
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(_resolve, [w[1] for w in refused], error)
 
 
 def _failure(exc: BaseException) -> JournalError:
@@ -307,7 +377,9 @@ def when_durable(fut: asyncio.Future[None], then: Callable[[], object]) -> None:
 
 def _resolve(waiters: list[Waiter], error: BaseException | None) -> None:
     for waiter in waiters:
-        if not isinstance(waiter, asyncio.Future):
+        if isinstance(waiter, list):
+            _resolve(waiter, error)
+        elif not isinstance(waiter, asyncio.Future):
             if error is None and waiter is not None:
                 waiter()
         elif waiter.done():

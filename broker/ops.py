@@ -16,6 +16,7 @@ from broker.brokerview import BrokerView
 from broker.clientapi import MAX_ERROR_MESSAGE, Peer
 from broker.history import finished_record_of
 from broker.job import State
+from broker.journal import JournalRefused
 from broker.jobmanager import JobError
 from minicluster.model import jobspec as jobspec_model
 from minicluster.model.idset import IdSet
@@ -103,22 +104,36 @@ def submit_many(broker: BrokerView, peer: Peer, req: requests.SubmitMany) -> asy
 
     async def in_slices() -> dict[str, Any]:
         answers: list[Any] = []
-        last: asyncio.Future[None] | None = None
+        durable: dict[int, asyncio.Future[None]] = {}  # answer index -> its submission's write
         for start in range(0, len(specs), SUBMIT_SLICE):
             if start:
                 await asyncio.sleep(0)
             for raw in specs[start:start + SUBMIT_SLICE]:
                 try:
-                    job_id, last = broker.manager.submit(peer.uid, peer.gid, _spec(raw))
+                    job_id, durable[len(answers)] = broker.manager.submit(peer.uid, peer.gid, _spec(raw))
                     answers.append(job_id)
                 except JobError as exc:
-                    answers.append({"code": exc.code, "message": str(exc)[:MAX_ERROR_MESSAGE]})
-        # Journal writes commit in order, so the last submission being durable covers all of them.
-        if last is not None:
-            await last
+                    answers.append(_error_answer(exc))
+        # Each submission is committed or refused (a full disk) on its own.
+        ends = await asyncio.gather(*durable.values(), return_exceptions=True)
+        for at, end in zip(durable, ends, strict=True):
+            if isinstance(end, BaseException):
+                answers[at] = _error_answer(_as_refusal(end))
         return {"jobs": answers}
 
     return asyncio.ensure_future(in_slices())
+
+
+def _error_answer(exc: BaseException) -> dict[str, Any]:
+    code = exc.code if isinstance(exc, JobError) else "internal"
+    return {"code": code, "message": str(exc)[:MAX_ERROR_MESSAGE]}
+
+
+def _as_refusal(exc: BaseException) -> BaseException:
+    """A submission the journal refused (it could not be made durable in time) is refused as `unavailable`."""
+    if isinstance(exc, JournalRefused):
+        return JobError("unavailable", f"{exc}; nothing was submitted: try again once the broker's disk has space")
+    return exc
 
 
 def once_durable(broker: BrokerView, body: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
@@ -130,8 +145,9 @@ def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dic
     out: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
 
     def relay(f: asyncio.Future[None]) -> None:
-        if f.exception() is not None:
-            out.set_exception(f.exception())  # type: ignore[arg-type]
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(_as_refusal(exc))
         else:
             out.set_result(body)
 

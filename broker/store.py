@@ -45,8 +45,11 @@ def job_submitted(job_id: int, uid: int, gid: int, state: str, spec: bytes, t_su
                   next_id: int) -> list[Statement]:
     """The job's row, and the next id to hand out (ids are never reused, not even after a purge)."""
     return [("INSERT INTO jobs (id, uid, gid, state, spec, t_submit) VALUES (?,?,?,?,?,?)",
-             (job_id, uid, gid, state, spec, t_submit)),
-            ("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (next_id,))]
+             (job_id, uid, gid, state, spec, t_submit)), next_id_kept(next_id)]
+
+
+def next_id_kept(next_id: int) -> Statement:
+    return ("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (next_id,))
 
 
 def event(job_id: int, seq: int, ts: float, name: str, context: bytes) -> Statement:

@@ -55,6 +55,8 @@ class InstanceConfig:
     reattach_timeout: float = 30.0
     default_time_limit: float = 3600.0
     kill_grace: float = 5.0
+    # How long a submission may wait for the journal (a full disk) before it is refused, never to run.
+    submit_stall_timeout: float = 5.0
     output_cap: int = 16 * 1024 * 1024
     purge_max_age: float = 7 * 24 * 3600.0
     purge_max_count: int = 100_000
@@ -104,6 +106,9 @@ class InstanceConfig:
             raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.mpi_default not in ("pmi1", "pmix", "auto"):
             raise ConfigError(f"mpi_default must be pmi1, pmix or auto, got {self.mpi_default!r}")
+        if not self.submit_stall_timeout > 0:  # NaN too
+            raise ConfigError(f"submit_stall_timeout must be a number of seconds > 0,"
+                              f" got {self.submit_stall_timeout!r}")
         if self.dispatch_window < 0 or self.dispatch_window_seconds < 0:
             raise ConfigError("dispatch_window and dispatch_window_seconds must be >= 0")
         if not self.dispatch_window_grace >= 0:  # NaN too

@@ -1,6 +1,7 @@
 """A full disk under the journal (issue 10 item 3), on a real small tmpfs: nothing is acknowledged, visible or run
 before it is durable, refused submissions never run, ids are never reused, reads go on while the disk is full,
-and the broker recovers by itself once space returns. Needs root (mount)."""
+a submission caught in a stalled commit is refused in time (issue 24 item 6), and the broker recovers by itself
+once space returns. Needs root (mount)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.journal import Journal, JournalError, JournalUnavailable
-from minicluster.client import Client, ClientError
+from broker.journal import Journal, JournalError, JournalRefused, JournalUnavailable
+from minicluster.client import Client, ClientError, wire_jobspec
 from minicluster.testing import LocalCluster, temp_journal
 from tests.integration.conftest import job, output_of, started, wait_for
 from tests.integration.test_restart_output import assert_gapless
@@ -96,7 +97,7 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
     acked: dict[int, str] = {}
     refused: list[str] = []
     with small_tmpfs(tmp_path / "state", "3m") as state, \
-            LocalCluster(state, size=2, resources="cores=2", lost_after=30.0) as cluster:
+            LocalCluster(state, size=2, resources="cores=2", lost_after=30.0, submit_stall_timeout=2.0) as cluster:
         with cluster.client() as c:
             first = c.submit(job(marked(markers, "before")))
             acked[first] = "before"
@@ -108,11 +109,16 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
             doomed = c.submit(job(["sleep", "60"]))
             started(c, doomed)
             filler = fill(state)
-            # The first submission after the disk filled waits in the stalled commit: acknowledged once space is
-            # back. Those that come once the stall is known are refused at once.
-            c.submit_async(job(marked(markers, "waiting")))
+            # The first submission after the disk filled waits in the stalled commit for submit_stall_timeout, then
+            # is refused with the reason, whole: it never runs, even once space is back. Those that come once the
+            # stall is known are refused at once.
+            waiting = c.request("submit", jobspec=wire_jobspec(job(marked(markers, "waiting"))))
             stalled = wait_stalled(c)
             assert "full" in stalled
+            with pytest.raises(ClientError, match="could not be written in time.*full") as refusal:
+                c.next_response([waiting], timeout=60)  # a bound, far above the 2 s stall timeout
+            assert refusal.value.code == "unavailable"
+            refused.append("waiting")
             rids = [(c.submit_async(job(marked(markers, f"full{i}"))), f"full{i}") for i in range(20)]
             # Reads go on: the job table, a finished job's output, the status. The waiting submission is not
             # durable, so nobody sees it yet.
@@ -129,26 +135,26 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
             assert f"journal: cannot be written ({stalled})" in shown.stdout, shown
             filler.unlink()
             answers = c.collect()
-            assert isinstance(answers[0], int) and answers[0] not in acked
-            acked[answers[0]] = "waiting"
-            for answer, (_, token) in zip(answers[1:], rids, strict=True):
+            for answer, (_, token) in zip(answers, rids, strict=True):
                 assert isinstance(answer, ClientError) and answer.code == "unavailable", answer
                 refused.append(token)
-            assert c.status()["journal"]["stalled"] is None
             assert c.response(cancelling)["cancelled"] == [doomed]
+            assert c.status()["journal"]["stalled"] is None
             assert wait_for(c, doomed)["exception"] == "cancel"
             # Once space is back the broker takes work again, by itself.
             after = c.submit(job(marked(markers, "after")))
-            assert after not in acked and after > max(acked)
+            assert after not in acked and after > doomed + 1, "the refused submission's id is not handed out"
             acked[after] = "after"
             check_acked(c, acked, markers)
             time.sleep(0.5)
             assert [t for t in refused if (markers / t).exists()] == [], "a refused submission ran"
+            assert {j["id"] for j in c.jobs(all=True)} == {*acked, doomed}
         # What was acknowledged and shown finished is durable: a restart shows the same, and ids go on.
         cluster.kill(0)
         cluster.restart(0)
         with cluster.client() as c:
             check_acked(c, acked, markers)
+            assert {j["id"] for j in c.jobs(all=True)} == {*acked, doomed}
             assert c.submit(job(["true"])) > max(acked)
         # A broker started on a full disk either serves reads (its epoch fit in the journal's file) or says why
         # it cannot start, and exits.
@@ -165,7 +171,7 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
         else:
             with cluster.client() as c:
                 assert c.job(first)["status"] == 0 and output_of(c, first) == {0: b"before\n"}
-                c.submit_async(job(["true"]))  # waits in a stalled commit, never acknowledged
+                c.submit_async(job(["true"]))  # waits in a stalled commit, never acknowledged (refused in 2 s)
                 wait_stalled(c)
             # A broker stopped while its writes are stalled still leaves (in kill_grace + CLOSE_WRITE_WAIT).
             cluster.procs[0].terminate()
@@ -224,6 +230,28 @@ async def test_a_commit_waits_out_a_full_disk_and_goes_through(tmp_path: Path) -
             assert journal.stalled is None
             rows = journal.query("SELECT rank, length(reason) FROM drains ORDER BY rank")
             assert rows == [(1, 6), (2, 200_000), (3, 5)]
+
+
+async def test_a_write_with_a_time_limit_is_refused_whole_and_never_commits(tmp_path: Path) -> None:
+    """A submission's writes (gathered by one_write) wait out a full disk for `refuse_after` at most: then they
+    are refused together, their callbacks never run, and once space is back the writes around them commit."""
+    with small_tmpfs(tmp_path / "state", "1m") as state:
+        async with temp_journal(state) as journal:
+            await journal.write([(DRAIN, (1, "before"))])
+            filler = fill(state)
+            told: list[str] = []
+            with journal.one_write(refuse_after=0.5):
+                journal.append([(DRAIN, (4, "appended"))], lambda: told.append("appended"))
+                inner = journal.write([(DRAIN, (2, "x" * 200_000))])
+            later = journal.write([(DRAIN, (3, "later"))])
+            with pytest.raises(JournalRefused, match="in time"):
+                await asyncio.wait_for(inner, 30)
+            assert journal.stalled is not None and not later.done()
+            filler.unlink()
+            await asyncio.wait_for(later, 10)
+            await asyncio.wait_for(journal.write([]), 10)
+            assert told == []
+            assert journal.query("SELECT rank FROM drains ORDER BY rank") == [(1,), (3,)]
 
 
 async def test_a_write_that_can_never_commit_fails_alone_and_the_writer_lives_on(tmp_path: Path) -> None:
