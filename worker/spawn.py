@@ -1,22 +1,32 @@
-"""One task's posix_spawn in the calling process: argv[0] looked up, output files opened, cores, cwd and groups
+"""One task's spawn in the calling process: argv[0] looked up, output files opened, cores, cwd and groups
 worn for the spawn.  The worker agent's loop calls it when it spawns inline, a spawn helper process
 (worker/spawnhelper.py) when the agent has helpers; it therefore imports little.
 
 The caller makes the output pipes (it reads them) and gives their write ends; files are opened here, as the
-task's user.  posix_spawn can set neither affinity nor cwd, and the child copies both from the calling thread, so
+task's user.  Neither spawn path sets affinity or cwd, and the child copies both from the calling thread, so
 the thread wears them briefly: `Spawner.bind` keeps a task's mask on for a batch of spawns, `unbind` puts the
 process's own back once after them.
+
+A task of the worker's own user is posix_spawned.  A task of another user (a guest of a root instance) is forked
+by subprocess, whose child takes the user's uid and gid, with no supplementary groups, before it execs: no process
+with the worker's privileges ever runs with the job's environment (LD_PRELOAD, LD_AUDIT, GCONV_PATH ... would
+otherwise run the guest's code as root in a helper such as setpriv), and the command is looked up on the task's
+PATH by that child, as the user, as execvp would (docs/security.md, "What runs, and what is opened").
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import errno
+import fcntl
+import functools
 import logging
 import os
 import shutil
 import signal
-from collections.abc import Iterator, Sequence
+import subprocess
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -32,6 +42,9 @@ STATUS_CANNOT_RUN = 126  # also used for every other spawn-time failure (cwd, co
 _CLONE_FS = 0x200
 # Python ignores SIGPIPE (and maybe more); ignored dispositions survive exec.
 _RESET_SIGNALS = tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
+# What a guest task's Popen is told its exit status is: the executor reaps it (pidfd, wait4), and subprocess must
+# never wait for it (a Popen dropped with no return code is polled by the next Popen, which would steal it).
+_REAPED_ELSEWHERE = -1
 
 
 class SpawnError(Exception):
@@ -65,6 +78,7 @@ class Spawner:
         self.allowed_cores = frozenset(os.sched_getaffinity(0))
         self._bound: frozenset[int] | None = None  # None: all of allowed_cores
         self._cwd_private = not threads_share_cwd
+        self._signals_caught = False
 
     def check(self, order: Order) -> None:
         bad = sorted(set(order.cores) - self.allowed_cores)
@@ -76,9 +90,11 @@ class Spawner:
 
     def spawn(self, order: Order, stdin: int | None, pipes: tuple[int | None, int | None], passed: Sequence[int],
               groups: Sequence[AbstractContextManager[None]]) -> int:
-        """posix_spawn the task; `pipes`: write ends for the streams without a path, `passed`: our fds of
-        order.pass_fds, `groups`: held around posix_spawn (cgroups the task starts in).  Raises SpawnError."""
-        path = _resolve(order)
+        """Start the task; `pipes`: write ends for the streams without a path, `passed`: our fds of
+        order.pass_fds, `groups`: held around the spawn (cgroups the task starts in).  Raises SpawnError."""
+        if not order.argv:
+            raise SpawnError(STATUS_NOT_FOUND, "empty argv")
+        path = _resolve(order) if order.user is None else ""  # another user's task looks its command up itself
         if order.cwd is not None and not _is_dir(order.cwd, order.user):
             raise SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(order.cwd)}: no such directory")
         self.check(order)
@@ -92,18 +108,24 @@ class Spawner:
                 err = pipes[1] if order.stderr_path is None else _open_output("stderr", order.stderr_path,
                                                                               order.user, opened)
             assert out is not None and err is not None
+            if order.user is not None:
+                self._catch_ignored_signals()
+                return self._spawn_bound(order, functools.partial(_start_as, order.user, order, stdin, out, err,
+                                                                  passed), groups)
             actions: list[tuple] = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0) if stdin is None
                                     else (os.POSIX_SPAWN_DUP2, stdin, 0),
                                     (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)]
             # Last: dup2 onto itself clears close-on-exec in the child only.
             actions += [(os.POSIX_SPAWN_DUP2, ours, theirs) for ours, theirs in zip(passed, order.pass_fds,
                                                                                    strict=True)]
-            return self._spawn_bound(path, order, actions, groups)
+            return self._spawn_bound(order, functools.partial(
+                os.posix_spawn, path, list(order.argv), order.env, file_actions=actions, setsid=True, setsigmask=(),
+                setsigdef=_RESET_SIGNALS), groups)
         finally:
             for fd in opened:
                 os.close(fd)
 
-    def _spawn_bound(self, path: str, order: Order, actions: list[tuple],
+    def _spawn_bound(self, order: Order, start: Callable[[], int],
                      groups: Sequence[AbstractContextManager[None]]) -> int:
         saved_cwd = None
         try:
@@ -116,8 +138,7 @@ class Spawner:
             with contextlib.ExitStack() as stack:
                 for group in groups:
                     stack.enter_context(group)
-                return os.posix_spawn(path, list(order.argv), order.env, file_actions=actions,
-                                      setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+                return start()
         except OSError as e:
             status = STATUS_NOT_FOUND if e.errno == errno.ENOENT else STATUS_CANNOT_RUN
             raise SpawnError(status, f"{cut(order.argv[0])}: {e.strerror}") from None
@@ -127,6 +148,21 @@ class Spawner:
             if saved_cwd is not None:
                 os.fchdir(saved_cwd)
                 os.close(saved_cwd)
+
+    def _catch_ignored_signals(self) -> None:
+        """Make the signals this process ignores caught ones that do nothing, once: an ignored disposition survives
+        fork and exec, a caught one is reset to the default at exec, and subprocess's restore_signals resets only
+        SIGPIPE and SIGXFSZ.  A guest's task so gets every disposition at its default, as posix_spawn's setsigdef
+        gives the others.  Only the main thread may set handlers; the loop runs there."""
+        if self._signals_caught:
+            return
+        self._signals_caught = True
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in _RESET_SIGNALS:
+            with contextlib.suppress(OSError, ValueError):
+                if signal.getsignal(sig) == signal.SIG_IGN:
+                    signal.signal(sig, do_nothing)
 
     @property
     def bound(self) -> bool:
@@ -176,9 +212,7 @@ def killpg(pgid: int, sig: int) -> bool:
 
 
 def _resolve(order: Order) -> str:
-    """argv[0] looked up like execvp, but with the task's PATH and cwd."""
-    if not order.argv:
-        raise SpawnError(STATUS_NOT_FOUND, "empty argv")
+    """argv[0] looked up like execvp, but with the task's PATH and cwd (a task of the worker's own user)."""
     name = order.argv[0]
     if "/" in name:
         candidates = [os.path.join(order.cwd or "", name)]
@@ -194,6 +228,78 @@ def _resolve(order: Order) -> str:
                 return os.path.abspath(c)
             raise SpawnError(STATUS_CANNOT_RUN, f"{cut(name)}: permission denied")
     raise SpawnError(STATUS_NOT_FOUND, f"{cut(name)}: command not found")
+
+
+def _start_as(user: tuple[int, int], order: Order, stdin: int | None, out: int, err: int, passed: Sequence[int]) -> int:
+    """Fork the task of `user` (uid, gid): the child takes no supplementary groups, the gid, then the uid, and
+    only then execs, looking argv[0] up on the task's PATH itself (every directory in turn, as execvp): the lookup,
+    the exec and whatever the dynamic loader does with the job's environment run as the user.  Everything else
+    is posix_spawn's: a new session, every signal at its default and none blocked (restore_signals, and
+    `_catch_ignored_signals`; the child inherits this thread's mask), stdin from /dev/null unless given, only
+    0-2 and pass_fds open, cwd, cores and cgroup from the calling thread."""
+    placed = _on_their_numbers(passed, order.pass_fds)
+    name = cut(order.argv[0])
+    try:
+        with _no_signals_blocked():
+            child = subprocess.Popen(
+                list(order.argv), env=order.env, stdin=subprocess.DEVNULL if stdin is None else stdin,
+                stdout=out, stderr=err, close_fds=True, pass_fds=order.pass_fds, restore_signals=True,
+                start_new_session=True, user=user[0], group=user[1], extra_groups=[])
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise SpawnError(STATUS_NOT_FOUND, f"{name}: command not found") from None
+        if e.errno == errno.EACCES:
+            raise SpawnError(STATUS_CANNOT_RUN, f"{name}: permission denied") from None
+        raise SpawnError(STATUS_CANNOT_RUN, f"{name}: {e.strerror or e}") from None
+    except subprocess.SubprocessError as e:
+        raise SpawnError(STATUS_CANNOT_RUN, f"{name}: {e}") from None
+    finally:
+        for fd in placed:
+            os.close(fd)
+    child.returncode = _REAPED_ELSEWHERE
+    return child.pid
+
+
+def _on_their_numbers(passed: Sequence[int], targets: Sequence[int]) -> list[int]:
+    """Copies of our `passed` fds at the numbers the task sees them at (subprocess keeps pass_fds where they are),
+    close-on-exec here; returns the copies made, to close after the spawn.  A spawn helper receives its fds above
+    every target (worker/spawnhelper.py), so a target in use is one of the process's own: the spawn fails then."""
+    placed: list[int] = []
+    try:
+        for ours, theirs in zip(passed, targets, strict=True):
+            if ours == theirs:
+                continue
+            if _is_open(theirs):
+                raise SpawnError(STATUS_CANNOT_RUN, f"pass_fds: fd {theirs} is taken in the spawning process")
+            placed.append(os.dup2(ours, theirs, inheritable=False))
+    except BaseException:
+        for fd in placed:
+            os.close(fd)
+        raise
+    return placed
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _no_signals_blocked() -> Iterator[None]:
+    """The calling thread's signal mask empty for a fork: the child keeps it across exec."""
+    blocked = signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    try:
+        yield
+    finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def do_nothing(_signum: int, _frame: object) -> None:
+    """A caught signal's handler that ignores it (see Spawner._catch_ignored_signals)."""
 
 
 def _is_dir(path: str, user: tuple[int, int] | None) -> bool:

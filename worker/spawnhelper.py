@@ -30,7 +30,7 @@ import msgpack
 
 from worker.containment import populated, starttime
 from worker.memlimit import TaskMemoryGroup
-from worker.spawn import STATUS_CANNOT_RUN, Order, SpawnError, Spawner, in_cgroup, killpg
+from worker.spawn import STATUS_CANNOT_RUN, Order, SpawnError, Spawner, do_nothing, in_cgroup, killpg
 
 CHANNEL_FD = 3
 MAX_FDS = 250  # per frame: SCM_MAX_FD is 253
@@ -98,7 +98,7 @@ class Helper:
         # agent, which still needs its helpers to end its tasks.  (Tasks get every signal's default back.)  The agent
         # spawned us with them blocked, so one that came while this interpreter started is dropped here.
         for sig in AGENTS_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
+            signal.signal(sig, do_nothing)  # caught, not ignored: a disposition of SIG_IGN would pass to a guest's task
         signal.pthread_sigmask(signal.SIG_UNBLOCK, AGENTS_SIGNALS)
         poller = select.poll()
         poller.register(self.channel, select.POLLIN)
@@ -130,9 +130,10 @@ class Helper:
             for level, kind, data in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+            requests = [Request.unpack(fields) for fields in _requests(self.buffer[:size])]
+            fds = _above_targets(fds, requests)
             fds.reverse()
-            for fields in _requests(self.buffer[:size]):
-                request = Request.unpack(fields)
+            for request in requests:
                 mine = [fds.pop() for _ in range(request.fd_count())]
                 try:
                     self.spawn(request, mine)
@@ -145,7 +146,7 @@ class Helper:
         it = iter(fds)
         stdin = next(it) if request.stdin else None
         pipes = (next(it) if request.pipes[0] else None, next(it) if request.pipes[1] else None)
-        passed = _out_of_the_way(list(it), request.order.pass_fds, fds)
+        passed = list(it)
         try:
             pid = self.spawner.spawn(request.order, stdin, pipes, passed, self._groups(request))
         except SpawnError as e:
@@ -202,16 +203,23 @@ class Helper:
             killpg(pid, signal.SIGKILL)
 
 
-def _out_of_the_way(passed: list[int], targets: Sequence[int], owned: list[int]) -> list[int]:
-    """Our fds to pass, none at another one's target number: the dup2s in the child go one by one, and one must not
-    overwrite an fd a later one still reads.  Copies made are added to `owned` (closed after the spawn)."""
-    taken = set(targets)
-    if all(fd == target or fd not in taken for fd, target in zip(passed, targets, strict=True)):
-        return passed
-    above = max(taken) + 1
-    copies = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for fd in passed]
-    owned += copies
-    return copies
+def _above_targets(fds: array.array[int], requests: Sequence[Request]) -> array.array[int]:
+    """The frame's fds moved above every number a task sees a passed fd at: the dup2s of one spawn then overwrite
+    none of the fds another spawn of the frame still needs, and a guest's spawn, which needs its passed fds at
+    their numbers here (worker/spawn.py), finds them free."""
+    floor = max((target + 1 for request in requests for target in request.order.pass_fds), default=0)
+    if all(fd >= floor for fd in fds):
+        return fds
+    moved = array.array("i")
+    for fd in fds:
+        if fd >= floor:
+            moved.append(fd)
+            continue
+        try:
+            moved.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor))
+        finally:
+            os.close(fd)
+    return moved
 
 
 def _requests(data: bytes | bytearray) -> Iterator[list[Any]]:

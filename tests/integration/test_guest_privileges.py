@@ -4,7 +4,10 @@ directory are opened as the guest. The guest is a real second uid (a forked chil
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import stat
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from minicluster.client import Client
+from minicluster.testing import LocalCluster
 from worker.asuser import acting_as
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.test_access import GUEST, NOGROUP, as_user, shared  # noqa: F401 (fixture)
@@ -113,3 +117,132 @@ def test_acting_as_checks_opens_as_the_user_and_gives_the_ids_back(rootdir: Path
             os.open(rootdir / "root.log", os.O_WRONLY | os.O_APPEND)
     assert fs_ids() == ("0", "0")
     os.close(os.open(rootdir / "root.log", os.O_WRONLY | os.O_APPEND))
+
+
+# --- the job's environment never reaches a process with root's privileges (issue 24, item 1) -------------------
+
+# Each library records, in its own file, the real and effective uid of every process that loads it.
+RECORDER = r'''
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+static void record(const char *kind) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.%d", RECORD_DIR, kind, (int)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+        dprintf(fd, "%d %d\n", (int)getuid(), (int)geteuid());
+        close(fd);
+    }
+}
+__attribute__((constructor)) static void loaded(void) { record(KIND); }
+'''
+AUDIT = "unsigned int la_version(unsigned int version) { record(\"audit-la_version\"); return version; }\n"
+GCONV = ("int gconv_init(void *step) { return 1; }\n"  # __GCONV_NOCONV: the conversion is refused, after the load
+         "int gconv(void *step) { return 1; }\nvoid gconv_end(void *step) {}\n")
+GCONV_MODULES = "module INTERNAL MCPROBE// mcprobe 1\nmodule MCPROBE// INTERNAL mcprobe 1\n"
+PROBE_MAIN = "void mcprobe_linked(void);\nint main(void) { mcprobe_linked(); return 0; }\n"
+# A library setpriv (util-linux), which root used to run with the job's environment, loads.
+LIBCAP_NG = "/lib/x86_64-linux-gnu/libcap-ng.so.0"
+
+
+def build(cc: str, out: Path, source: str, kind: str, records: Path, *flags: str) -> None:
+    src = out.with_suffix(".c")
+    src.write_text(RECORDER + source)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(out), str(src), f'-DRECORD_DIR="{records}"',
+                    f'-DKIND="{kind}"', *flags], check=True, timeout=60, capture_output=True)
+
+
+def stubs_of(library: str) -> str:
+    """Empty functions named as every function `library` exports: a stand-in the loader accepts for it."""
+    listing = subprocess.run(["nm", "-D", "--defined-only", library], check=True, capture_output=True, text=True,
+                             timeout=30).stdout
+    names = {line.split()[2] for line in listing.splitlines() if len(line.split()) == 3 and line.split()[1] == "T"}
+    return "".join(f"int {name}(void) {{ return 0; }}\n" for name in sorted(names))
+
+
+@pytest.fixture(scope="module")
+def planted() -> Iterator[tuple[Path, dict[str, str]]]:
+    """The guest's own libraries, built here, and the environment that makes every process of its job load them:
+    LD_PRELOAD, LD_AUDIT, GCONV_PATH, and on LD_LIBRARY_PATH a library the task's program links and a stand-in
+    for one setpriv links.  Yields the directory their records go to, and that environment."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build the preload libraries")
+    with tempfile.TemporaryDirectory(prefix="mc-planted-") as d:
+        top = Path(d)
+        os.chmod(top, 0o755)
+        records, libs = top / "records", top / "libs"
+        records.mkdir()
+        libs.mkdir()
+        os.chown(records, GUEST, NOGROUP)
+        build(cc, libs / "preload.so", "", "preload", records)
+        build(cc, libs / "audit.so", AUDIT, "audit", records)
+        build(cc, libs / "mcprobe.so", GCONV, "gconv", records)
+        (libs / "gconv-modules").write_text(GCONV_MODULES)
+        build(cc, libs / "libmcprobe.so", "void mcprobe_linked(void) {}\n", "library-path", records)
+        (libs / "probe.c").write_text(PROBE_MAIN)
+        subprocess.run([cc, "-o", str(libs / "probe"), str(libs / "probe.c"), f"-L{libs}", "-lmcprobe"], check=True,
+                       timeout=60, capture_output=True)
+        if os.path.exists(LIBCAP_NG) and shutil.which("nm"):
+            build(cc, libs / "libcap-ng.so.0", stubs_of(LIBCAP_NG), "library-path-setpriv", records,
+                  "-Wl,-soname,libcap-ng.so.0")
+        for path in (libs, *libs.iterdir()):
+            os.chmod(path, 0o755)
+        env = {"PATH": f"{libs}:/usr/sbin:/usr/bin:/sbin:/bin", "LD_PRELOAD": str(libs / "preload.so"),
+               "LD_AUDIT": str(libs / "audit.so"), "GCONV_PATH": str(libs), "LD_LIBRARY_PATH": str(libs)}
+        yield records, env
+
+
+@pytest.fixture(scope="module")
+def with_helpers() -> Iterator[LocalCluster]:
+    state = tempfile.mkdtemp(prefix="mc-guest-helpers-")
+    os.chmod(state, 0o711)
+    cluster = LocalCluster(state, size=1, access_group="nogroup", spawn_helpers=1).start()
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def loads(records: Path) -> dict[str, set[tuple[int, int]]]:
+    """kind -> the (uid, euid) of each process that loaded that library."""
+    seen: dict[str, set[tuple[int, int]]] = {}
+    for path in records.iterdir():
+        uid, euid = map(int, path.read_text().split())
+        seen.setdefault(path.name.rsplit(".", 1)[0], set()).add((uid, euid))
+    return seen
+
+
+# The guest's task: the program that links the probe library, a conversion through the planted gconv module,
+# the dynamic loader's variables as the task sees them, its ids and its signal state.
+TASK = ("probe; iconv -f MCPROBE -t UTF-8 </dev/null 2>/dev/null; echo \"$LD_PRELOAD|$LD_AUDIT|$LD_LIBRARY_PATH\";"
+        " id -u; id -G; grep -E '^Sig(Blk|Ign)' /proc/self/status")
+
+
+@pytest.mark.parametrize("spawner", ["loop", "helper"])
+def test_a_guests_environment_never_runs_code_as_root(request: pytest.FixtureRequest, spawner: str,
+                                                     planted: tuple[Path, dict[str, str]]) -> None:
+    cluster: LocalCluster = request.getfixturevalue("shared" if spawner == "loop" else "with_helpers")
+    records, env = planted
+    for stale in records.iterdir():
+        stale.unlink()
+    job_id = guest_submit(cluster.uri, job(["sh", "-c", TASK], env=env))
+    with cluster.client() as owner:
+        status = wait_for(owner, job_id)["status"]
+        results = owner.task_results(job_id)
+        out = output_of(owner, job_id).get(0, b"").decode().splitlines()
+    seen = loads(records)
+    as_root = {kind: ids for kind, ids in seen.items() if any(0 in pair for pair in ids)}
+    assert not as_root, f"the guest's libraries ran with root's ids: {as_root}"
+    assert status == 0, results
+    # The guest's own task loaded every one of them, as the guest, and sees its variables as it set them.
+    assert {"preload", "audit", "audit-la_version", "gconv", "library-path"} <= set(seen), seen
+    assert all(ids == {(GUEST, GUEST)} for ids in seen.values()), seen
+    assert out[0] == f"{env['LD_PRELOAD']}|{env['LD_AUDIT']}|{env['LD_LIBRARY_PATH']}"
+    # Its uid, and its gid with no supplementary groups (as setpriv --clear-groups gave); every signal at its
+    # default and none blocked, as the worker's posix_spawn gives its own tasks (glibc's posix_spawn, and so a
+    # spawn helper, ignores its two internal signals, 32 and 33, which no valid_signals() names).
+    assert out[1:3] == [str(GUEST), str(NOGROUP)]
+    masks = dict(line.split(":\t") for line in out[3:])
+    valid = sum(1 << (sig - 1) for sig in signal.valid_signals())
+    assert (int(masks["SigBlk"], 16), int(masks["SigIgn"], 16) & valid) == (0, 0), masks

@@ -5,6 +5,7 @@ The executor's and the task start failures' tests also run with a helper (test_e
 test_task_start_failures.py)."""
 from __future__ import annotations
 
+import array
 import asyncio
 import os
 import signal
@@ -20,7 +21,8 @@ from tests.integration.test_window import each_once, progressed
 from worker.containment import CgroupTasks
 from worker.helpers import RESTART_DELAY
 from worker.memlimit import MemoryLimits
-from worker.spawnhelper import _out_of_the_way
+from worker.spawn import Order
+from worker.spawnhelper import Request, _above_targets
 
 # Every task of this module carries this variable, so a leftover is recognised by its environment.
 MARK = f"MC_SPAWNHELP_TEST={os.getpid()}"
@@ -215,17 +217,20 @@ async def test_stdin_and_passed_fds_reach_a_helpers_task_at_their_numbers() -> N
         await h.ex.shutdown(0)
 
 
-def test_passed_fds_are_moved_out_of_each_others_way() -> None:
+def test_received_fds_are_moved_above_every_target() -> None:
     r, w = os.pipe()
-    owned: list[int] = []
+    order = Order(("true",), {}, None, (), None, None, None, (w + 2, w + 1))
+    fds = array.array("i", [r, w])
+    moved = _above_targets(fds, [Request((1, 0), order, False, (False, False), None, None)])
     try:
-        assert _out_of_the_way([r, w], (r, w), owned) == [r, w] and owned == []
-        copies = _out_of_the_way([w, r], (r, w), owned)
-        assert copies == owned and min(copies) > max(r, w)
-        assert [os.readlink(f"/proc/self/fd/{fd}") for fd in copies] == [os.readlink(f"/proc/self/fd/{fd}")
-                                                                          for fd in (w, r)]
+        assert min(moved) > w + 2 and len(moved) == 2
+        os.write(moved[1], b"x")
+        assert os.read(moved[0], 1) == b"x"
+        for fd in (r, w):  # the originals are closed
+            with pytest.raises(OSError):
+                os.fstat(fd)
     finally:
-        for fd in (r, w, *owned):
+        for fd in moved:
             os.close(fd)
 
 
