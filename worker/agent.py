@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from minicluster.proto import messages, topology
 from minicluster.proto.envelope import BadMessage, Message
 from worker.containment import contain
 from worker.helpers import helper_count
-from worker.executor import STATUS_CANNOT_RUN, STATUS_NOT_FOUND, TaskExecutor, TaskResult, TaskSpec, TestExecutor
+from worker.executor import STATUS_CANNOT_RUN, TaskExecutor, TaskResult, TaskSpec, TestExecutor
 from worker.lines import LineBuffers
 from worker.memlimit import MemoryLimits, TaskMemoryGroup
 from worker.pmi_jobs import PMIJobs
@@ -36,8 +35,6 @@ Send = Callable[[str, int, dict[str, Any]], None]
 STREAMS = {"stdout": 1, "stderr": 2}
 # Output is flushed at this size even within one loop iteration, to keep messages moderate.
 OUTPUT_FLUSH_BYTES = 256 * 1024
-# Where helpers the worker runs with its own privileges are looked up: never the job's PATH.
-TRUSTED_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # Unacknowledged results carried by a `join`; any beyond follow in `done` messages.
 JOIN_RESULTS = 10_000
 # Entries sent ahead (protocol.md §2.10) a worker holds at most; any more are returned at once.
@@ -81,9 +78,6 @@ class WorkerAgent:
         # logical core i is bound to real core i mod n, so oversubscription still binds somewhere valid.
         self._real_cores = sorted(os.sched_getaffinity(0)) if config.resources else None
         self._uid = os.getuid()
-        self._setpriv = shutil.which("setpriv", path=TRUSTED_PATH)
-        if self._uid == 0 and self._setpriv is None:
-            log.warning("setpriv (util-linux) is not in %s: tasks of other users will fail", TRUSTED_PATH)
         self.jobs: dict[int, messages.JobInfo] = {}
         self.running: dict[Key, tuple[list[int], list[int]]] = {}
         # Attempt numbers (protocol.md §2.9) of running tasks past their first attempt, and runs of a newer
@@ -315,19 +309,10 @@ class WorkerAgent:
                 os.close(stdin_fd)
 
     def _command(self, info: messages.JobInfo, index: int) -> tuple[tuple[str, ...], tuple[int, int] | None]:
-        """The task's argv, and the (uid, gid) it runs as when that is not this worker's own.
-
-        A root worker runs a guest's tasks under the guest's ids with setpriv (util-linux), found at start-up
-        on TRUSTED_PATH, never on the job's PATH; the executor opens the task's files as the guest too.
-        """
+        """The task's argv, and the (uid, gid) it runs as when that is not this worker's own: the spawn takes them
+        in the task's own process before it execs (worker/spawn.py), and opens the task's files as them."""
         argv = tuple(a.replace("{cc}", str(index)) for a in info.argv)
-        uid, gid = info.uid, info.gid
-        if uid == self._uid:
-            return argv, None
-        if self._setpriv is None:
-            raise _CannotStart(STATUS_NOT_FOUND, f"cannot run tasks of uid {uid}: setpriv (util-linux) is not in "
-                               f"{TRUSTED_PATH}")
-        return (self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv), (uid, gid)
+        return argv, None if info.uid == self._uid else (info.uid, info.gid)
 
     def _memory_group(self, key: Key, info: messages.JobInfo) -> TaskMemoryGroup | None:
         limit = info.mem_per_task
