@@ -7,11 +7,15 @@ of responses for streaming requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import grp
 import logging
 import os
 import socket
+import stat
 import struct
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -32,6 +36,16 @@ FRAME_BUDGET = 4 * frames.MAX_FRAME
 BODY_TIMEOUT = 30.0
 MAX_OPEN_REQUESTS = 256
 MAX_ERROR_MESSAGE = 1000
+# Connections waiting to be accepted; then accepted per wake-up, so that a burst does not hold up the loop.
+BACKLOG = 128
+ACCEPT_BATCH = 64
+# With no descriptor to spare even for a refusal, accepting pauses this long (connections wait in the backlog).
+ACCEPT_PAUSE = 1.0
+LOG_EVERY = 60.0  # seconds between log lines about refusals and pauses, however many there are
+# At its descriptor limit the broker answers a new connection with this and closes it (protocol.md §3.1).
+REFUSED_AT_LIMIT = frames.pack({"v": frames.VERSION, "id": 0, "ok": False, "error": {
+    "code": "unavailable", "message": "the broker has no file descriptor to spare (its open-files limit); "
+                                      "try again later"}})
 
 
 @dataclass(frozen=True)
@@ -117,11 +131,17 @@ class Connection:
 
 
 class ClientServer:
-    def __init__(self, ops: Any, path: str, access_group: str = "") -> None:
+    def __init__(self, ops: Any, path: str, access_group: str = "", state_dir: str = "") -> None:
         self.ops = ops
         self.path = path
         self.access_group = access_group
-        self._server: asyncio.base_events.Server | None = None
+        self.state_dir = state_dir
+        self._listener: socket.socket | None = None
+        self._spare: int | None = None
+        self._opening: set[asyncio.Task[None]] = set()
+        self.refused = 0  # connections refused at the descriptor limit, since start
+        self.pauses = 0   # times accepting paused, with not even a descriptor for a refusal
+        self._refusal_logged = -LOG_EVERY
         self.connections: set[Connection] = set()
         self.frame_budget = ByteBudget(FRAME_BUDGET)
 
@@ -129,20 +149,127 @@ class ClientServer:
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
         if os.path.exists(self.path):
             os.unlink(self.path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         # Create the socket with no access at all, then open it up: no window where others may connect.
         old = os.umask(0o177 if not self.access_group else 0o117)
         try:
-            self._server = await asyncio.start_unix_server(self._serve, self.path, limit=READ_AHEAD)
+            listener.bind(self.path)
         finally:
             os.umask(old)
+        listener.listen(BACKLOG)
+        listener.setblocking(False)
+        self._listener = listener
+        self._open_path_to_socket()
+        self._spare = _spare_descriptor()
+        asyncio.get_running_loop().add_reader(listener.fileno(), self._accept)
+
+    def _open_path_to_socket(self) -> None:
+        """With `access_group`: the socket 0660 and each directory down to it 0710, all of that group, so that its
+        members can reach the socket but not list or open what lies beside it (the journal, keys and config stay
+        the owner's, 0600 in 0700 directories). Without: the state directory's part of the path is the owner's
+        alone again (0700), whatever an earlier start with a group made of it."""
+        gid = grp.getgrnam(self.access_group).gr_gid if self.access_group else -1
+        for directory in self._path_to_socket():
+            os.chmod(directory, 0o710 if self.access_group else 0o700)
+            if self.access_group:
+                os.chown(directory, -1, gid)
         if self.access_group:
-            os.chown(self.path, -1, grp.getgrnam(self.access_group).gr_gid)
-            os.chmod(os.path.dirname(self.path), 0o750)
-            os.chown(os.path.dirname(self.path), -1, grp.getgrnam(self.access_group).gr_gid)
+            os.chown(self.path, -1, gid)
+
+    def _path_to_socket(self) -> list[str]:
+        """The instance's own directories a client passes through to the socket: from the state directory down to
+        the socket's; for a socket elsewhere, its directory alone, if it is ours and not a shared one like /tmp
+        (and only to open it up: with `access_group`)."""
+        socket_dir = os.path.dirname(os.path.abspath(self.path))
+        state_dir = os.path.abspath(self.state_dir) if self.state_dir else ""
+        if state_dir and os.path.commonpath([socket_dir, state_dir]) == state_dir:
+            path = [socket_dir]
+            while path[-1] != state_dir:
+                path.append(os.path.dirname(path[-1]))
+            return path[::-1]
+        info = os.stat(socket_dir)
+        own = info.st_uid == os.geteuid() and not info.st_mode & (stat.S_IWOTH | stat.S_ISVTX)
+        return [socket_dir] if own and self.access_group else []
+
+    def _accept(self) -> None:
+        """Accept what waits, each connection served by its own task. At the descriptor limit (EMFILE) a
+        connection is refused with a one-frame answer instead, through the descriptor kept spare for it: the
+        client hears why at once, and the log has one line, not a traceback per attempt."""
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _address = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.warning("accepting a client connection failed: %s", exc)
+                    return
+                if self._spare is None:
+                    self._spare = _spare_descriptor()
+                if self._spare is None:
+                    self._pause_accepting(exc)
+                    return
+                if not self._refuse_one():
+                    return  # the limit was hit with no one waiting
+                continue
+            task = loop.create_task(self._open(sock))
+            self._opening.add(task)
+            task.add_done_callback(self._opening.discard)
+
+    def _refuse_one(self) -> bool:
+        """Accept one waiting connection with the spare descriptor, answer it `unavailable` and close it; False
+        if none was waiting."""
+        assert self._listener is not None and self._spare is not None
+        os.close(self._spare)
+        try:
+            sock, _address = self._listener.accept()
+        except OSError:
+            return False
+        else:
+            with sock, contextlib.suppress(OSError):
+                sock.send(REFUSED_AT_LIMIT, socket.MSG_DONTWAIT)
+        finally:
+            self._spare = _spare_descriptor()  # once the refused connection's descriptor is free again
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refusal_logged >= LOG_EVERY:
+            self._refusal_logged = now
+            log.warning("client connection refused: no file descriptor to spare (%d refused so far); raise the "
+                        "open-files limit (ulimit -n)", self.refused)
+        return True
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Not even a refusal can be made: stop accepting for a while (waiting clients stay in the backlog)."""
+        assert self._listener is not None
+        self.pauses += 1
+        if self.pauses % int(LOG_EVERY / ACCEPT_PAUSE) == 1:
+            log.warning("accepting client connections paused for %g s (%d times so far): %s", ACCEPT_PAUSE,
+                        self.pauses, exc.strerror or exc)
+        loop = asyncio.get_running_loop()
+        fd = self._listener.fileno()
+        loop.remove_reader(fd)
+        loop.call_later(ACCEPT_PAUSE, lambda: self._listener is not None and loop.add_reader(fd, self._accept))
+
+    async def _open(self, sock: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=READ_AHEAD)
+        except OSError:
+            sock.close()
+            return
+        await self._serve(reader, writer)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            asyncio.get_running_loop().remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
+        for task in list(self._opening):
+            task.cancel()
         for conn in list(self.connections):
             for task in conn.streams.values():
                 task.cancel()
@@ -212,6 +339,14 @@ class ClientServer:
         else:
             conn.opened(req_id)
             conn.streams[req_id] = asyncio.get_running_loop().create_task(_stream(conn, req_id, result))
+
+
+def _spare_descriptor() -> int | None:
+    """A descriptor held in reserve for refusing a connection at the limit; None when none is left."""
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 async def read_frame(reader: asyncio.StreamReader, budget: ByteBudget) -> dict[str, Any] | None:

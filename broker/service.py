@@ -93,7 +93,8 @@ class Broker:
         self.execution = Execution(config, self.manager, self.overlay.send, self.uri)
         self.manager.wake_scheduler = self._wake_scheduler
         self.agent = rank0.agent(config, self.overlay.send, self.uri)
-        self.client_server = ClientServer(Operations(self), config.socket_path, config.access_group)
+        self.client_server = ClientServer(Operations(self), config.socket_path, config.access_group,
+                                          config.state_dir)
         self.status_server = (StatusServer(config.status_port, self.status_snapshot, config.status_hosts())
                               if config.status_port else None)
         self._schedule_pending = False

@@ -33,6 +33,12 @@ DEFAULT_SOCKETS = ("/run/minicluster/broker.sock", "/var/lib/minicluster/run/bro
 BATCH_BYTES = 8 * 1024 * 1024
 BATCH_COUNT = 1000
 JOBS_PAGE = 1000  # jobs per `jobs` response while paging (protocol.md §3.3)
+# How long a client waits to connect, and for the broker to answer a request (MC_CLIENT_TIMEOUT overrides it):
+# a stopped or saturated broker gets a clear error, not a client that waits forever. Streams that wait for jobs
+# (`wait`, `follow`) are not bounded: a job may legitimately run for days.
+DEFAULT_TIMEOUT = 60.0
+_CONNECT_RETRY = 0.05
+_FROM_ENV = -1.0
 _SEND_CHUNK = 256 * 1024
 
 JobspecLike: TypeAlias = "Jobspec | dict[str, Any]"
@@ -66,6 +72,23 @@ def socket_path(uri: str | None = None) -> str:
                                      f"(no broker socket at {' or '.join(DEFAULT_SOCKETS)})")
 
 
+def client_timeout() -> float | None:
+    """$MC_CLIENT_TIMEOUT in seconds (0 or `none`: no bound), else DEFAULT_TIMEOUT."""
+    text = os.environ.get("MC_CLIENT_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    if text.lower() in ("0", "none"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e9:
+        raise ClientError("bad-timeout", f"MC_CLIENT_TIMEOUT={text!r}: expected seconds (a positive number), "
+                                         "or 0 for no bound")
+    return value
+
+
 def wire_jobspec(spec: JobspecLike) -> dict[str, Any]:
     """The wire map of `spec`, validated locally so a bad jobspec fails before any I/O."""
     # Here, not at the top: `mc-submit` sends its jobspec unchecked and must not pay for importing the model.
@@ -82,20 +105,50 @@ def wire_jobspec(spec: JobspecLike) -> dict[str, Any]:
 class Client:
     """A connection to one MiniCluster broker. Use as a context manager, or call close()."""
 
-    def __init__(self, uri: str | None = None) -> None:
+    def __init__(self, uri: str | None = None, timeout: float | None = _FROM_ENV) -> None:
+        """`timeout`: seconds to wait to connect and for each answer (None: no bound; default client_timeout())."""
         self.path = socket_path(uri)
+        self.timeout = client_timeout() if timeout == _FROM_ENV else timeout
         self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
-            self._sock.connect(self.path)
+            self._connect()
         except OSError as exc:
             self._sock.close()
             raise ClientError("connect", f"cannot reach the MiniCluster at {self.path}: "
                                          f"{exc.strerror or exc}") from None
+        except ClientError:
+            self._sock.close()
+            raise
         self._next_id = 1
         self._open: set[int] = set()        # requests still expecting a response
         self._inbox: dict[int, deque[dict[str, Any]]] = {}
         self._discarded: set[int] = set()   # abandoned streams whose responses are dropped
         self._pending_submits: list[int] = []
+
+    def _connect(self) -> None:
+        """Connect within the timeout. A unix socket's connect waits while the broker's listen queue is full (it
+        is stopped, or too busy to accept); without blocking it fails at once (EAGAIN) instead, and is tried
+        again until the deadline."""
+        if self.timeout is None:
+            self._sock.connect(self.path)
+            return
+        deadline = time.monotonic() + self.timeout
+        self._sock.setblocking(False)
+        try:
+            while True:
+                try:
+                    self._sock.connect(self.path)
+                    return
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise ClientError("timeout", self._timeout_text("accept the connection")) from None
+                    time.sleep(_CONNECT_RETRY)
+        finally:
+            self._sock.setblocking(True)
+
+    def _timeout_text(self, what: str) -> str:
+        return (f"the MiniCluster at {self.path} did not {what} within {self.timeout:g} s: its broker is stopped "
+                "or overloaded (`mc status` when it answers; MC_CLIENT_TIMEOUT sets this bound)")
 
     # ------------------------------------------------------------ lifecycle
 
@@ -119,8 +172,11 @@ class Client:
         self._inbox[rid] = deque()
         return rid
 
-    def response(self, rid: int) -> dict[str, Any]:
-        """The next response of request `rid`, blocking; raises ClientError for an error response."""
+    def response(self, rid: int, bounded: bool = True) -> dict[str, Any]:
+        """The next response of request `rid`, blocking; raises ClientError for an error response, and (when
+        `bounded`) with code `timeout` when the broker sends nothing for `self.timeout` seconds."""
+        while rid in self._inbox and not self._inbox[rid]:
+            self._receive(self.timeout if bounded else None)
         got = self.next_response((rid,))
         assert got is not None
         return got[1]
@@ -162,9 +218,11 @@ class Client:
         """The responses of one streaming request; leaving the loop early drops the rest."""
         rid = self.request(op, **fields)
         finished = False
+        # Waiting for jobs to end is not bounded, the answers to a plain read are.
+        bounded = op != "wait" and not fields.get("follow")
         try:
             while True:
-                msg = self.response(rid)
+                msg = self.response(rid, bounded)
                 finished = not msg.get("more")
                 yield msg
                 if finished:
@@ -179,13 +237,23 @@ class Client:
         if rid in self._open:
             self._discarded.add(rid)
 
-    def _receive(self) -> None:
+    def _receive(self, timeout: float | None = None) -> None:
+        """Read one frame; with `timeout`, the broker may be silent at most that long. A frame cut short by the
+        timeout leaves the connection unusable: it is closed."""
+        if timeout is not None:
+            self._sock.settimeout(timeout)
         try:
             msg = read_blocking(self._sock)
         except FrameError as exc:
             raise ClientError("bad-frame", f"bad frame from the broker: {exc}") from None
         except ConnectionResetError:
             msg = None
+        except TimeoutError:
+            self._sock.close()
+            raise ClientError("timeout", self._timeout_text("answer")) from None
+        finally:
+            if timeout is not None and self._sock.fileno() >= 0:
+                self._sock.settimeout(None)
         if msg is None:
             raise ClientError("disconnected", "the broker closed the connection")
         rid = msg.get("id")
@@ -203,6 +271,17 @@ class Client:
         if final:
             self._open.discard(rid)
 
+    def _farewell(self) -> None:
+        """The broker closed the connection: raise the error it closed it with, if it sent one (such as
+        `unavailable` at its open-files limit, protocol.md §3.1), rather than a bare disconnection."""
+        self._sock.settimeout(0.0)
+        try:
+            msg = read_blocking(self._sock)
+        except (OSError, FrameError):
+            return
+        if msg is not None and msg.get("id") == 0:
+            _checked(msg)
+
     def _send(self, data: bytes) -> None:
         """Send all of `data`, reading incoming frames meanwhile.
 
@@ -216,6 +295,7 @@ class Client:
             except BlockingIOError:
                 sent = 0
             except (BrokenPipeError, ConnectionResetError):
+                self._farewell()
                 raise ClientError("disconnected", "the broker closed the connection") from None
             view = view[sent:]
             if view and not sent:
@@ -223,7 +303,9 @@ class Client:
                 # now: a request that fits (mc-submit's) never imports select.
                 import select
 
-                readable, writable, _ = select.select([self._sock], [self._sock], [])
+                readable, writable, _ = select.select([self._sock], [self._sock], [], self.timeout)
+                if not readable and not writable:
+                    raise ClientError("timeout", self._timeout_text("read a request"))
                 if readable and not writable:
                     self._receive()
 
@@ -396,8 +478,9 @@ class Client:
     def undrain(self, ranks: Iterable[int]) -> list[int]:
         return self.call("undrain", ranks=list(ranks))["undrained"]
 
-    def shutdown(self) -> None:
-        self.call("shutdown")
+    def shutdown(self, mode: str = "requeue") -> None:
+        """Stop the instance; its running jobs are requeued (the default), cancelled, or waited for (`drain`)."""
+        self.call("shutdown", mode=mode)
 
     # ------------------------------------------------------------ sharing (protocol.md §3.10)
 

@@ -5,8 +5,12 @@ measured by benchmarks/abuse.py."""
 from __future__ import annotations
 
 import contextlib
+import os
 import select
+import signal
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,3 +138,101 @@ def test_unread_pipelined_output_requests_do_not_grow_the_broker(cluster: LocalC
             assert receive(other)["chunks"]
         grown = rss_mb(broker) - before
         assert grown < 120, f"the broker grew {grown:.0f} MiB holding 60 unread output streams"
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[tuple[LocalCluster, Path]]:
+    """A one-rank instance of this test's own, whose broker's log is kept (it will be stopped or starved)."""
+    cluster = LocalCluster(tmp_path / "state", size=1)
+    log = tmp_path / "broker.log"
+    try:
+        with open(log, "wb") as out:
+            cluster.start_rank(0, stderr=out)
+        cluster.wait_up()
+        yield cluster, log
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(cluster.procs[0].pid, signal.SIGCONT)
+        cluster.stop()
+
+
+def mc_with_timeout(cluster: LocalCluster, *argv: str, seconds: str = "2") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MC_URI": cluster.uri, "MC_CLIENT_TIMEOUT": seconds}
+    return subprocess.run(["mc", *argv], capture_output=True, text=True, env=env, timeout=20)
+
+
+def fill_listen_queue(path: str) -> list[socket.socket]:
+    """Connections the stopped broker cannot accept, until its listen queue is full."""
+    queued: list[socket.socket] = []
+    try:
+        for _ in range(10_000):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            queued.append(sock)
+            sock.setblocking(False)
+            sock.connect(path)
+    except BlockingIOError:
+        return queued
+    raise AssertionError("the listen queue never filled")
+
+
+def test_a_stopped_broker_gets_a_clear_timeout_not_a_client_that_waits_forever(
+        own_broker: tuple[LocalCluster, Path]) -> None:
+    cluster, _log = own_broker
+    broker = cluster.procs[0].pid
+    os.kill(broker, signal.SIGSTOP)
+    try:
+        for argv in (("jobs",), ("status",), ("submit", "true")):
+            out = mc_with_timeout(cluster, *argv)
+            assert out.returncode == 1, (argv, out)
+            assert out.stderr.startswith(f"mc {argv[0]}: error: the MiniCluster at ") and \
+                "did not answer within 2 s" in out.stderr and "MC_CLIENT_TIMEOUT" in out.stderr, out.stderr
+        queued = fill_listen_queue(cluster.config.socket_path)
+        try:  # a client beyond the listen queue is not even accepted: it gives up connecting, as clearly
+            with pytest.raises(ClientError) as unaccepted:
+                Client(cluster.uri, timeout=1)
+            assert unaccepted.value.code == "timeout"
+            assert "did not accept the connection within 1 s" in str(unaccepted.value)
+        finally:
+            for sock in queued:
+                sock.close()
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    # Waiting for a job is not an answer: it is not bounded by the timeout.
+    waited = mc_with_timeout(cluster, "submit", "--wait", "sleep", "3", seconds="1")
+    assert waited.returncode == 0, waited.stderr
+
+
+def test_at_its_descriptor_limit_the_broker_refuses_new_clients_cleanly(own_broker: tuple[LocalCluster, Path]) -> None:
+    cluster, log = own_broker
+    broker = cluster.procs[0].pid
+    held: list[Client] = []
+    with cluster.client() as existing:
+        existing.jobs(all=True)  # the journal's reader is open: the limit is met by clients alone
+        limit = len(os.listdir(f"/proc/{broker}/fd")) + 3
+        subprocess.run(["prlimit", f"--pid={broker}", f"--nofile={limit}:{limit}"], check=True, timeout=10)
+        try:
+            with pytest.raises(ClientError) as refused:
+                for _ in range(20):  # each served client holds a descriptor at the broker
+                    held.append(Client(cluster.uri, timeout=10))
+                    held[-1].hello()
+            assert refused.value.code == "unavailable" and "open-files limit" in str(refused.value)
+            for _ in range(50):  # and so on, as long as it lasts: the accept loop keeps working
+                with pytest.raises(ClientError) as again, Client(cluster.uri, timeout=10) as client:
+                    client.hello()
+                assert again.value.code == "unavailable"
+            assert existing.hello()["size"] == 1  # a client already connected is served as before
+        finally:
+            for client in held:
+                client.close()
+        deadline = time.monotonic() + 20
+        while True:  # the broker closes its side of the held connections, then has descriptors again
+            try:
+                with cluster.client() as client:
+                    assert client.hello()["size"] == 1
+                break
+            except ClientError as exc:
+                assert exc.code == "unavailable" and time.monotonic() < deadline
+                time.sleep(0.1)
+    text = log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    assert text.count("client connection refused: no file descriptor to spare") == 1, text[-3000:]
