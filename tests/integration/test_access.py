@@ -3,11 +3,13 @@ their own uid, and owner-only operations.  Guests are forked children of the tes
 so no second Python installation readable by them is needed."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,8 +50,7 @@ def as_user(uid: int, gid: int, fn: Callable[[], Any]) -> Any:
 
 @pytest.fixture(scope="module")
 def shared() -> LocalCluster:
-    state = tempfile.mkdtemp(prefix="mc-access-")
-    os.chmod(state, 0o711)  # group members must traverse to the socket's directory
+    state = tempfile.mkdtemp(prefix="mc-access-")  # 0700, as every state directory is made: the broker opens it
     cluster = LocalCluster(state, size=1, access_group="nogroup").start()
     yield cluster
     cluster.stop()
@@ -62,6 +63,31 @@ def test_socket_is_owner_and_group_only(shared: LocalCluster) -> None:
     assert stat.S_IMODE(os.stat(shared.state_dir / "journal.sqlite").st_mode) == 0o600
     refused = as_user(OUTSIDER, OUTSIDER, lambda: Client(shared.uri).hello())
     assert refused["error"] == "connect"
+
+
+def test_the_default_socket_is_reachable_by_the_group_alone_and_nothing_beside_it(shared: LocalCluster) -> None:
+    """access_group with the socket in its default place, STATE/run/broker.sock: the state directory and run/ are
+    searchable by the group (0710), not listable, and what lies in them stays the owner's."""
+    state, run = shared.state_dir, shared.state_dir / "run"
+    for directory in (state, run):
+        info = os.stat(directory)
+        assert (stat.S_IMODE(info.st_mode), info.st_gid) == (0o710, NOGROUP), directory
+    assert as_user(GUEST, NOGROUP, lambda: Client(shared.uri).hello())["ok"]["uid"] == GUEST
+    assert as_user(GUEST, NOGROUP, lambda: os.listdir(state)) == {"oserror": errno.EACCES}
+    for private in ("journal.sqlite", "config.toml", "curve/curve.key_secret", "lock"):
+        path = str(state / private)
+        assert as_user(GUEST, NOGROUP, lambda path=path: Path(path).read_bytes()[:1]) == {"oserror": errno.EACCES}
+    assert as_user(OUTSIDER, OUTSIDER, lambda: Client(shared.uri).hello())["error"] == "connect"
+    assert as_user(OUTSIDER, OUTSIDER, lambda: os.stat(run)) == {"oserror": errno.EACCES}
+
+
+def test_without_access_group_the_state_directory_is_the_owners_again(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "state", size=1, access_group="nogroup"):
+        pass
+    with LocalCluster(tmp_path / "state", size=1) as alone:
+        for directory in (alone.state_dir, alone.state_dir / "run"):
+            assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700, directory
+        assert as_user(GUEST, NOGROUP, lambda: Client(alone.uri).hello())["error"] == "connect"
 
 
 def test_uid_comes_from_the_kernel(shared: LocalCluster) -> None:
