@@ -218,7 +218,8 @@ class Job:
         self.done_bits = None
         self.pending_map = None
         self.flow = None
-        self.ranks_text = str(IdSet.from_ints(self.ranks))
+        if self.ranks:  # else it was restored from the journal (restore_counts), or the job never ran
+            self.ranks_text = str(IdSet.from_ints(self.ranks))
         self.ranks = set()
 
     # --- the state machine ----------------------------------------------------------------------------------
@@ -307,12 +308,15 @@ class Job:
         }
 
     def counts_wire(self) -> list[Any]:
-        """The journal's `counts` column: the counts, then the reason (rows written before it have three)."""
-        return [self.succeeded, self.failed, self.cancelled, self.reason]
+        """The journal's `counts` column: the counts, the reason, then the ranks the job ran on, so that `mc jobs`
+        shows them after a restart (rows written before the reason have three items, before the ranks four)."""
+        return [self.succeeded, self.failed, self.cancelled, self.reason,
+                self.ranks_text or str(IdSet.from_ints(self.ranks))]
 
     def restore_counts(self, wire: list[Any]) -> None:
         self.succeeded, self.failed, self.cancelled = wire[:3]
         self.reason = wire[3] if len(wire) > 3 else None
+        self.ranks_text = wire[4] if len(wire) > 4 else ""
 
 
 # What each event records on the job, and its effects; the events not listed only move the state (or not even).

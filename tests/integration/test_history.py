@@ -3,6 +3,8 @@ paging): a real broker whose cache holds two finished jobs still lists, shows, r
 them, before and after a restart and a purge."""
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
 
@@ -122,3 +124,31 @@ def test_status_counts_follow_concurrent_clients(tmp_path) -> None:
         assert not errors
         with cluster.client() as c:
             assert c.status()["queue"]["INACTIVE"] == len(all_pages(c, 4)) == 15
+
+
+def test_finished_jobs_keep_their_nodes_and_ranks_after_a_restart(tmp_path) -> None:
+    """`mc jobs -a` after a restart shows where finished jobs ran, as before it (not `-`)."""
+    with LocalCluster(tmp_path, size=3, resources="cores=1", finished_cache=2) as cluster:
+        with cluster.client() as c:
+            spread = c.submit(job(["true"], ntasks=3, nnodes=3, mpi="none"))
+            array = c.submit(job(["true"], array="0-5"))
+            single = c.submit(job(["true"]))
+            ended = list(c.wait([spread, array, single]))
+            assert all(s["status"] == 0 for s in ended), ended
+            before = {s["id"]: s["ranks"] for s in c.jobs(all=True)}
+        assert before[spread] == "0-2" and before[single] != ""
+
+        def listing() -> dict[int, list[str]]:
+            env = {**os.environ, "MC_URI": cluster.uri}
+            out = subprocess.run(["mc", "jobs", "-a"], capture_output=True, text=True, env=env, timeout=30)
+            assert out.returncode == 0, out.stderr
+            rows = [line.split() for line in out.stdout.splitlines()[1:]]
+            return {int(row[0]): row[5:7] for row in rows}  # NODES, RANKS
+
+        shown = listing()
+        cluster.kill(0)
+        cluster.restart(0)
+        with cluster.client() as c:
+            assert {s["id"]: s["ranks"] for s in c.jobs(all=True)} == before
+        assert listing() == shown
+        assert shown[spread] == ["3", "0-2"]
