@@ -26,11 +26,14 @@ from minicluster.model.idset import IdSet
 log = logging.getLogger(__name__)
 
 DISRUPTIONS = ("node-lost", "broker-restart")
+# The reason and outcome of a requeue by a planned stop of the instance (broker/stop.py).
+PLANNED_STOP = "shutdown"
 
 
 def outcome_of(reason: str) -> str:
-    """The `attempts.outcome` of a requeue: the disruption's name, or `requeue` for a request."""
-    return reason if reason in DISRUPTIONS else "requeue"
+    """The `attempts.outcome` of a requeue: the disruption's name, `shutdown` for a planned stop (broker/stop.py),
+    or `requeue` for a request."""
+    return reason if reason in (*DISRUPTIONS, PLANNED_STOP) else "requeue"
 
 
 class _Pending:

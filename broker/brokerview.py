@@ -32,5 +32,5 @@ class BrokerView(Protocol):
     execution: Execution
     ranks: RankTable
 
-    def request_stop(self) -> None:
-        """Begin a clean stop (`mc shutdown`)."""
+    def request_stop(self, mode: str = "requeue") -> None:
+        """Begin a clean stop (`mc shutdown`); `mode` says what becomes of running jobs (broker/stop.py)."""

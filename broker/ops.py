@@ -17,6 +17,7 @@ from broker.clientapi import MAX_ERROR_MESSAGE, Peer
 from broker.history import finished_record_of
 from broker.job import State
 from broker.journal import JournalRefused
+from broker.stop import MODES as STOP_MODES
 from broker.jobmanager import JobError
 from minicluster.model import jobspec as jobspec_model
 from minicluster.model.idset import IdSet
@@ -468,8 +469,10 @@ def _ranks(broker: BrokerView, ranks: list[Any]) -> list[int]:
     return ranks
 
 
-@op("shutdown")
-def shutdown(broker: BrokerView, peer: Peer, req: requests.Empty) -> dict[str, Any]:
+@op("shutdown", requests.Shutdown)
+def shutdown(broker: BrokerView, peer: Peer, req: requests.Shutdown) -> dict[str, Any]:
     _owner_only(broker, peer, "shut the MiniCluster down")
-    asyncio.get_running_loop().call_later(0.05, broker.request_stop)
+    if req.mode not in STOP_MODES:
+        raise JobError("bad-request", f"shutdown mode must be one of {', '.join(STOP_MODES)}, got {req.mode!r}")
+    asyncio.get_running_loop().call_later(0.05, broker.request_stop, req.mode)
     return {}

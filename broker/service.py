@@ -30,6 +30,7 @@ from broker.recovery import Reattach, load
 from broker.share import accounting, preemption
 from broker.share import ops as sharing_ops  # noqa: F401  (registers the sharing operations)
 from broker.share.service import Sharing
+from broker.stop import settle_running
 from broker.statelock import StateLock
 from broker.status_http import StatusServer
 from broker.supervise import Supervisor
@@ -60,6 +61,7 @@ class Broker:
         self.command = command
         self.owner_uid = os.getuid()
         self.stopping = False
+        self.stop_mode = "requeue"
         self.disrupted: int | None = None
         self._stop = asyncio.Event()
         # Set once every rank has joined (again, after a restart): batch mode and the reattach window wait on it.
@@ -133,8 +135,11 @@ class Broker:
         await self._shutdown()
         return status
 
-    def request_stop(self) -> None:
-        """End the MiniCluster: running jobs end with `shutdown`, and every rank is told to stop."""
+    def request_stop(self, mode: str = "requeue") -> None:
+        """End the MiniCluster: running jobs are requeued, cancelled or waited for (`mode`, broker/stop.py),
+        then every rank is told to stop."""
+        if not self.stopping:
+            self.stop_mode = mode
         self.stopping = True
         self._stop.set()
 
@@ -158,9 +163,7 @@ class Broker:
         self._stop.set()
 
     async def _shutdown(self) -> None:
-        for job in list(self.manager.jobs.values()):
-            if job.running:
-                self.manager.raise_exception(job, "shutdown", "the MiniCluster shut down")
+        await settle_running(self.manager, self.stop_mode, self.config.kill_grace)
         # Rank 0's own agent passes `shutdown` on to rank 0's children, and they to theirs.
         self.agent.handle(Message(messages.Shutdown.KIND, 0, 0, {}))
         await self.agent.stopped.wait()

@@ -388,18 +388,27 @@ class Workflow:
         self._may_touch(job, uid)
         if job.state != State.RUN or job.ending or not job.running:
             raise WorkflowRefusal("bad-state", f"job {job.id} is not running")
-        flow = self.flow_of(job)
-        reason = f"requested by uid {uid}"
-        if job.is_array:
-            flow.judge_all = True
-            for task in self.manager.running_tasks(job):
-                flow.requeue_tasks.setdefault(task, reason)
-        else:
-            flow.requeue = flow.requeue or reason
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        flow.waiters.append(waiter)
-        self.manager.kill_tasks(job, signal.SIGTERM)
+        self.flow_of(job).waiters.append(waiter)
+        self.interrupt(job, f"requested by uid {uid}")
         return waiter
+
+    def interrupt(self, job: Job, reason: str) -> None:
+        """End the running tasks of a job that is not ending; it (a plain job) or they (array elements) go back to
+        the queue with `reason`, not as a retry. Tasks already being requeued are left alone."""
+        flow = self.flow_of(job)
+        if job.is_array:
+            fresh = [t for t in self.manager.running_tasks(job) if t not in flow.requeue_tasks]
+            if not fresh:
+                return
+            flow.judge_all = True
+            for task in fresh:
+                flow.requeue_tasks[task] = reason
+        elif flow.requeue is not None:
+            return
+        else:
+            flow.requeue = reason
+        self.manager.kill_tasks(job, signal.SIGTERM)
 
     def requeue_preempted(self, job: Job, task: int | None) -> None:
         """The scheduler preempted the job, or one of its array elements (`task`), from a queue whose

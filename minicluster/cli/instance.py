@@ -14,7 +14,9 @@ RESOURCES_HELP = ("per node: state, free/total cores, GPUs and memory, propertie
 STATUS_HELP = "the instance: size, fanout, each rank's state, pid and endpoint; queue counts"
 DRAIN_HELP = "stop scheduling on ranks (running jobs go on)"
 UNDRAIN_HELP = "schedule on drained ranks again"
-SHUTDOWN_HELP = "stop the instance: end all jobs, the workers and the broker"
+SHUTDOWN_HELP = ("stop the instance, the workers and the broker; running jobs go back to the queue (not counted "
+                 "as failed, no retry used) and run again when an instance starts on the same state directory; "
+                 "queued jobs stay queued")
 
 
 def resources(argv: list[str]) -> int:
@@ -77,7 +79,13 @@ def undrain(argv: list[str]) -> int:
 
 
 def shutdown(argv: list[str]) -> int:
-    Parser(prog="mc shutdown", description=SHUTDOWN_HELP).parse_args(argv)
+    parser = Parser(prog="mc shutdown", description=SHUTDOWN_HELP)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--cancel", dest="mode", action="store_const", const="cancel",
+                      help="cancel the running jobs instead (as mc cancel: their afterok dependants fail)")
+    mode.add_argument("--drain", dest="mode", action="store_const", const="drain",
+                      help="start nothing new and refuse submissions; stop once the running jobs ended")
+    args = parser.parse_args(argv)
     with Client() as client:
-        client.shutdown()
+        client.shutdown(args.mode or "requeue")
     return 0

@@ -27,7 +27,7 @@ class Request(WireMessage):
 
 @dataclass(frozen=True, slots=True)
 class Empty(Request):
-    """`hello`, `status`, `shutdown`, `queues`, `banks`: no fields."""
+    """`hello`, `status`, `queues`, `banks`: no fields."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +122,12 @@ class Drain(Request):
 @dataclass(frozen=True, slots=True)
 class Undrain(Request):
     ranks: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown(Request):
+    """What becomes of the running jobs: `requeue`, `cancel` or `drain` (checked by the operation)."""
+    mode: str = "requeue"
 
 
 @dataclass(frozen=True, slots=True)
