@@ -348,6 +348,8 @@ class Workflow:
         if unknown or not changes:
             raise WorkflowRefusal("bad-request", f"update: {', '.join(unknown) or 'nothing'} cannot be updated; "
                                                  f"fields: {', '.join(UPDATABLE)}")
+        if changes.get("name") == "":  # at submit an empty name means the command's; here it would erase it
+            raise WorkflowRefusal("invalid-jobspec", "name: a job's name cannot be empty")
         try:
             new = jobspec_model.from_wire({**spec.to_wire(), **changes})
         except jobspec_model.InvalidJobspec as exc:

@@ -8,6 +8,7 @@ from minicluster.cli.options import int_at_least
 from minicluster.client import ClientError
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobterms import InvalidJobspec
+from minicluster.model.text import printable
 from minicluster.proto.frames import FrameError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
@@ -61,7 +62,7 @@ def _report(prog: str, exc: BaseException) -> None:
     text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     if isinstance(exc, OSError) and exc.filename:
         text = f"{exc.filename}: {text}"
-    sys.stderr.write(f"{prog}: error: {text}\n")
+    sys.stderr.write(f"{prog}: error: {printable(text)}\n")
 
 
 # argparse type of a job id: a positive integer.

@@ -10,18 +10,26 @@ from minicluster.cli.argparser import Parser
 from minicluster.cli.common import UsageError, job_id
 from minicluster.cli.options import time_limit, urgency
 from minicluster.client import Client
+from minicluster.model.text import printable
 
 HOLD_HELP = "keep pending jobs from starting (an array's unstarted indexes too)"
 RELEASE_HELP = "let held jobs start"
 REQUEUE_HELP = "stop running jobs and put them back in the queue (not counted as a retry)"
 UPDATE_HELP = "change a job: urgency=0-31, time-limit=TIME (running tasks too), name=NAME"
 
+
+def _name(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("a job's name cannot be empty (name=NAME)")
+    return text
+
+
 # key on the command line -> (jobspec field, parser of the value)
 _UPDATES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "urgency": ("urgency", urgency),
     "time-limit": ("time_limit", time_limit),
     "time_limit": ("time_limit", time_limit),
-    "name": ("name", str),
+    "name": ("name", _name),
 }
 
 
@@ -34,7 +42,7 @@ def _jobs_command(prog: str, description: str, call: Callable[[Client, list[int]
         _done, errors = call(client, args.ids)
     for job, reason in sorted(errors.items()):
         text = reason if f"job {job} " in reason else f"job {job}: {reason}"
-        sys.stderr.write(f"{prog}: error: {text}\n")
+        sys.stderr.write(f"{prog}: error: {printable(text)}\n")
     return 1 if errors else 0
 
 
@@ -60,7 +68,7 @@ def update(argv: list[str]) -> int:
     with Client() as client:
         updated = client.update(args.id, **changes)
     for key, value in updated.items():
-        print(f"{key}={value}")
+        print(printable(f"{key}={value}"))
     return 0
 
 

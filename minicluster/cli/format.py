@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from minicluster.model.idset import IdSet
+from minicluster.model.text import printable
 
 # Keys of one job in `mc jobs --json`, in order. Adding keys is allowed; removing or renaming is not.
 JOB_KEYS = ("id", "name", "uid", "user", "state", "result", "urgency", "t_submit", "t_run",
@@ -55,8 +56,22 @@ def print_table(t: Table) -> None:
     sys.stdout.write("".join(line.rstrip() + "\n" for line in plain.export_text().splitlines()))
 
 
+class TextTable(Table):
+    """A table whose cells are shown as text: a control character a user put in a job name, a command or a reason
+    is escaped (model/text.py's printable), never sent to the terminal. Cells keep rich markup (styled()); a cell
+    of user text also goes through shown(), so that `[bold]` in a name is not markup either."""
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        super().add_row(*(printable(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+
+def shown(value: Any) -> str:
+    """User-controlled text for a table cell: its markup escaped (TextTable escapes its control characters)."""
+    return escape(str(value))
+
+
 def table(*headers: str) -> Table:
-    t = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
+    t = TextTable(box=None, pad_edge=False, header_style="bold", show_edge=False)
     for h in headers:
         t.add_column(h, no_wrap=True, justify="right" if h in ("ID", "RANK", "NTASKS", "NODES") else "left")
     return t
@@ -146,7 +161,7 @@ def jobs_table(summaries: list[dict[str, Any]], now: float) -> Table:
             info.append(s["reason"])
         info.extend(workflow_info(s))
         status = s.get("status")
-        t.add_row(str(s.get("id")), str(s.get("name", "")), user_name(s.get("uid")),
+        t.add_row(str(s.get("id")), shown(s.get("name", "")), user_name(s.get("uid")),
                   styled(state, _RESULT_STYLE), str(s.get("ntasks", "")),
                   _nodes(s), s.get("ranks") or "-", duration(runtime(s, now)),
                   "-" if status is None else str(status), escape("; ".join(i for i in info if i)) or "-")
@@ -185,7 +200,7 @@ def attempt_text(row: list[Any]) -> str:
         how = "no exit"
     else:
         how = f"exit {exit_code if exit_code is not None else status}"
-    return f"{attempt}: {how} ({_OUTCOMES.get(outcome, outcome)})"
+    return printable(f"{attempt}: {how} ({_OUTCOMES.get(outcome, outcome)})")
 
 
 def eff_table(summaries: list[dict[str, Any]], now: float) -> Table:
@@ -193,7 +208,7 @@ def eff_table(summaries: list[dict[str, Any]], now: float) -> Table:
     t = table("ID", "NAME", "USER", "QUEUE", "PROJECT", "STATE", "NTASKS", "TIME", "CPU EFF", "MEM EFF")
     for s in summaries:
         eff = s.get("eff") or {}
-        t.add_row(str(s.get("id")), escape(str(s.get("name", ""))), user_name(s.get("uid")), s.get("queue") or "-",
+        t.add_row(str(s.get("id")), shown(s.get("name", "")), user_name(s.get("uid")), s.get("queue") or "-",
                   s.get("project") or "-", styled(result(s), _RESULT_STYLE), str(s.get("ntasks", "")),
                   duration(runtime(s, now)), percent(eff.get("cpu")), percent(eff.get("mem")))
     return t
@@ -232,9 +247,9 @@ def resources_table(ranks: list[dict[str, Any]]) -> Table:
     for r in ranks:
         props = ",".join(f"{k}={v}" if v else k for k, v in (r.get("properties") or {}).items())
         state = r.get("state", "?")
-        t.add_row(str(r.get("rank")), str(r.get("hostname", "")), styled(state, RANK_STYLE),
+        t.add_row(str(r.get("rank")), shown(r.get("hostname", "")), styled(state, RANK_STYLE),
                   free_used(r, "cores"), free_used(r, "gpus"), free_used(r, "memory_mb"),
-                  props or "-", r.get("reason") or "")
+                  shown(props or "-"), shown(r.get("reason") or ""))
     return t
 
 
@@ -264,7 +279,7 @@ def tree_lines(vertex: dict[str, Any], depth: int = 0) -> list[str]:
         free, used, total = vertex.get(key) or (0, 0, 0)
         if total or key == "cores":
             parts.append(f"{unit} {free} free {used} used/{total}")
-    lines = [f"{'  ' * depth}{name:<{max(1, 40 - 2 * depth)}}  " + "  ".join(parts)]
+    lines = [f"{'  ' * depth}{printable(name):<{max(1, 40 - 2 * depth)}}  " + "  ".join(parts)]
     for child in vertex.get("children") or ():
         lines += tree_lines(child, depth + 1)
     return lines
@@ -275,7 +290,7 @@ def alloc_table(summaries: list[dict[str, Any]], now: float) -> Table:
     t = table("ID", "NAME", "STATE", "NODES", "RANKS", "ALLOC")
     for s in summaries:
         placed = " ".join(f"{a['path']}[{a['ranks']}]" for a in s.get("alloc") or ())
-        t.add_row(str(s.get("id")), escape(str(s.get("name", ""))), styled(result(s), _RESULT_STYLE),
+        t.add_row(str(s.get("id")), shown(s.get("name", "")), styled(result(s), _RESULT_STYLE),
                   _nodes(s), s.get("ranks") or "-", escape(placed) or "-")
     return t
 
@@ -290,11 +305,12 @@ def free_used(r: dict[str, Any], kind: str) -> str:
 def status_lines(status: dict[str, Any]) -> list[str]:
     queue = status.get("queue") or {}
     queued = ", ".join(f"{n} {state}" for state, n in queue.items() if n) or "empty"
-    lines = [f"{status.get('name', '?')}: size {status.get('size', '?')}, fanout {status.get('fanout', '?')}, "
+    name = printable(str(status.get("name", "?")))
+    lines = [f"{name}: size {status.get('size', '?')}, fanout {status.get('fanout', '?')}, "
              f"epoch {status.get('epoch', '?')}", f"queue: {queued}"]
     stalled = (status.get("journal") or {}).get("stalled")
     if stalled:
-        lines.append(f"journal: cannot be written ({stalled}); submissions are refused until it can")
+        lines.append(f"journal: cannot be written ({printable(str(stalled))}); submissions are refused until it can")
     return lines
 
 
@@ -309,7 +325,8 @@ def status_table(ranks: list[dict[str, Any]], now: float) -> Table:
 
 
 def _context_value(value: Any) -> str:
-    if isinstance(value, str) and value and not any(c.isspace() for c in value):
+    """A value as is when it is one printable word, else as JSON (which escapes control characters)."""
+    if isinstance(value, str) and value and value.isprintable() and not any(c.isspace() for c in value):
         return value
     return json.dumps(value)
 
@@ -321,7 +338,7 @@ def context_text(context: dict[str, Any] | None) -> str:
 def event_line(event: list[Any], t0: float) -> str:
     """`+1.234s exception type=cancel severity=0` (time relative to the job's first event)."""
     _seq, when, name, context = event
-    text = f"+{when - t0:.3f}s {name}"
+    text = f"+{when - t0:.3f}s {printable(str(name))}"
     ctx = context_text(context)
     return f"{text} {ctx}" if ctx else text
 
@@ -336,7 +353,7 @@ def eventlog_line(event: list[Any]) -> str:
     """`SEQ TIME NAME key=value...`, one event per line for `mc eventlog`."""
     seq, when, name, context = event
     ctx = context_text(context)
-    return f"{seq} {local_time(when)} {name}" + (f" {ctx}" if ctx else "")
+    return f"{seq} {local_time(when)} {printable(str(name))}" + (f" {ctx}" if ctx else "")
 
 
 def eventlog_json(event: list[Any]) -> str:

@@ -11,6 +11,7 @@ from minicluster.cli.format import (alloc_table, attempt_text, dumps, eff_table,
                                      priority_table)
 from minicluster.cli.options import positive_int
 from minicluster.client import Client
+from minicluster.model.text import printable
 
 HELP = "list jobs: active ones, all with -a, or the given IDs"
 CANCEL_HELP = "cancel jobs"
@@ -102,5 +103,5 @@ def cancel(argv: list[str]) -> int:
     for job, reason in sorted(errors.items()):
         # The broker's reasons usually name the job already ("job 5 has already ended").
         text = reason if reason.startswith(f"job {job} ") else f"job {job}: {reason}"
-        sys.stderr.write(f"mc cancel: error: {text}\n")
+        sys.stderr.write(f"mc cancel: error: {printable(text)}\n")
     return 1 if errors else 0

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from minicluster.client import Client
+from minicluster.model.text import printable
 
 # Tasks listed by name; beyond that a count (an array of 100,000 elements can fail the same way everywhere).
 SHOWN = 5
@@ -34,7 +35,7 @@ def _task_line(row: list[Any], array: bool) -> str:
 
 def report(prog: str, job: int, lines: list[str]) -> None:
     for line in lines:
-        sys.stderr.write(f"{prog}: job {job}: {line}\n")
+        sys.stderr.write(f"{prog}: job {job}: {printable(line)}\n")
     sys.stderr.flush()
 
 

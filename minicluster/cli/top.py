@@ -20,9 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from minicluster.cli.argparser import Parser
-from minicluster.cli.format import RANK_STYLE, console, duration, free_used, styled, table, user_name
+from minicluster.cli.format import RANK_STYLE, console, duration, free_used, shown, styled, table, user_name
 from minicluster.cli.options import non_negative_int
 from minicluster.client import Client
+from minicluster.model.text import printable
 
 HELP = "live view: jobs by state, tasks/s, ranks and their health, the busiest jobs (q quits)"
 QUEUE_STATES = ("DEPEND", "PRIORITY", "SCHED", "RUN", "CLEANUP", "INACTIVE")
@@ -86,7 +87,8 @@ def render(snapshot: dict[str, Any], rates: dict[str, float], now: float) -> Gro
     started = f"{rates['started']:.1f}" if "started" in rates else "-"
     ended = f"{rates['ended']:.1f}" if "ended" in rates else "-"
     header = Text.assemble(
-        (f"{status.get('name', '?')}", "bold"), f"  size {status.get('size', '?')}  epoch {status.get('epoch', '?')}  ",
+        (printable(str(status.get("name", "?"))), "bold"),
+        f"  size {status.get('size', '?')}  epoch {status.get('epoch', '?')}  ",
         "ranks: " + ", ".join(f"{n} {state}" for state, n in sorted(health.items())),
         f"\ntasks/s: {started} started, {ended} ended")
     return Group(header, _queue_table(status.get("queue") or {}), _ranks_table(ranks, snapshot["resources"]),
@@ -103,13 +105,15 @@ def _queue_table(queue: dict[str, int]) -> Table:
 
 def _ranks_table(ranks: list[dict[str, Any]], resources: list[dict[str, Any]]) -> Table:
     by_rank = {r.get("rank"): r for r in resources}
-    shown = ranks if len(ranks) <= RANKS_LISTED else [r for r in ranks if r.get("state") != "up"]
+    listed = ranks if len(ranks) <= RANKS_LISTED else [r for r in ranks if r.get("state") != "up"]
     t = table("RANK", "HOST", "STATE", "CORES free/used", "GPUS free/used", "DRAIN")
-    t.title, t.title_justify = "ranks" + ("" if shown is ranks else " (not up)"), "left"
-    for r in shown:
+    t.title, t.title_justify = "ranks" + ("" if listed is ranks else " (not up)"), "left"
+    for r in listed:
         res = by_rank.get(r.get("rank"), {})
-        t.add_row(str(r.get("rank")), str(r.get("hostname") or "-"), styled(str(r.get("state", "?")), RANK_STYLE),
-                  free_used(res, "cores"), free_used(res, "gpus"), str(res.get("reason") or ""))
+        # The node's name in the resource graph, as `mc resources` shows it; the process's host only without one.
+        host = res.get("hostname") or r.get("hostname") or "-"
+        t.add_row(str(r.get("rank")), shown(host), styled(str(r.get("state", "?")), RANK_STYLE),
+                  free_used(res, "cores"), free_used(res, "gpus"), shown(res.get("reason") or ""))
     return t
 
 
@@ -122,7 +126,7 @@ def _jobs_table(jobs: list[dict[str, Any]], now: float) -> Table:
         c = j.get("counts") or {}
         done = c.get("succeeded", 0) + c.get("failed", 0) + c.get("cancelled", 0)
         runtime = now - j["t_run"] if j.get("t_run") else None
-        t.add_row(str(j.get("id")), user_name(j.get("uid")), str(j.get("name", "")), str(j.get("state", "")),
+        t.add_row(str(j.get("id")), user_name(j.get("uid")), shown(j.get("name", "")), str(j.get("state", "")),
                   str(c.get("running", 0)), str(c.get("pending", 0)), str(done), str(c.get("failed", 0)),
                   duration(runtime))
     return t

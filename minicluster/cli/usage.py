@@ -11,6 +11,7 @@ from minicluster.cli.argparser import Parser
 from minicluster.cli.common import job_id
 from minicluster.cli.format import duration, dumps, percent, print_table, table, user_name
 from minicluster.client import Client
+from minicluster.model.text import printable
 
 USAGE_HELP = "usage of finished jobs per user and bank: core-, GPU-, wall- and CPU-hours"
 JOB_HELP = "about one job: eff ID (CPU and memory efficiency, like seff)"
@@ -92,7 +93,7 @@ def job(argv: list[str]) -> int:
     if args.json:
         print(dumps(record))
     else:
-        print("\n".join(eff_lines(record)))
+        print("\n".join(printable(line) for line in eff_lines(record)))
     return 0
 
 

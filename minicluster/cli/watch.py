@@ -5,7 +5,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from typing import Any
 
 from minicluster.cli.common import EXIT_INTERRUPTED, exit_status
@@ -13,37 +13,59 @@ from minicluster.cli.feed import StdinFeeder
 from minicluster.cli.format import console, event_line
 from minicluster.cli.output import OutputWriter, task_labels
 from minicluster.cli.reasons import SHOWN, explain, report, task_errors
-from minicluster.client import Client
+from minicluster.client import Client, ClientError
+from minicluster.model.text import printable
 
 # How often a follower wakes up to notice Ctrl-C or to refresh a progress bar.
 _TICK = 0.2
+# Signals that end `mc run` the way they end srun: a closed terminal or dropped ssh session (SIGHUP), `timeout`
+# or `kill` (SIGTERM), Ctrl-\ (SIGQUIT). Its job is cancelled before it exits with 128 + the signal.
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# How long `mc run`, ended by one of them, waits for the broker to answer its cancel.
+CANCEL_ANSWER_WAIT = 10.0
+
+
+class Interrupts:
+    """Signals noted by caught_signals(): how many Ctrl-C, and the first ending signal, if any."""
+
+    __slots__ = ("sigint", "ending")
+
+    def __init__(self) -> None:
+        self.sigint = 0
+        self.ending: int | None = None
 
 
 @contextmanager
-def counting_sigint() -> Iterator[list[int]]:
-    """Count Ctrl-C instead of raising, so that no frame is ever cut in half by KeyboardInterrupt."""
-    count = [0]
+def caught_signals(ending: bool = False) -> Iterator[Interrupts]:
+    """Count Ctrl-C (and with `ending`, note the first of ENDING_SIGNALS) instead of dying of them, so that no
+    frame is ever cut in half: the follower acts on them between two responses."""
+    noted = Interrupts()
 
-    def handler(signum: int, frame: object) -> None:
-        count[0] += 1
+    def on_sigint(signum: int, frame: object) -> None:
+        noted.sigint += 1
 
-    previous = signal.signal(signal.SIGINT, handler)
+    def on_ending(signum: int, frame: object) -> None:
+        noted.ending = noted.ending or signum
+
+    wanted = {signal.SIGINT: on_sigint, **dict.fromkeys(ENDING_SIGNALS if ending else (), on_ending)}
+    previous = {signum: signal.signal(signum, handler) for signum, handler in wanted.items()}
     try:
-        yield count
+        yield noted
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def follow(client: Client, job: int, *, prog: str, events: bool, ctrl_c_cancels: bool, label: bool = False,
-           stdin_fd: int | None = None, array: str | None = None, interrupts: list[int] | None = None) -> int:
+           stdin_fd: int | None = None, array: str | None = None, interrupts: Interrupts | None = None) -> int:
     """Stream a job's output (all of it, from the start) and events until it is inactive.
 
     Returns the exit code: the job's status. With `events`, every event goes to stderr; otherwise
     only the ones a user must know about (exceptions). `label` puts the task rank (array: index) before each
     line; `stdin_fd` is forwarded to the job's stdin. Ctrl-C cancels the job first if `ctrl_c_cancels`, then
-    detaches; `interrupts` is the counter of a counting_sigint() the caller entered before submitting, so a
-    Ctrl-C between the submit and this call still counts. A failed job's tasks that could not run are named
-    at the end.
+    detaches; `interrupts` is what a caught_signals() the caller entered before submitting noted, so a
+    signal between the submit and this call still counts: an ending signal it notes (mc run's) cancels the job
+    and returns 128 + the signal. A failed job's tasks that could not run are named at the end.
     """
     display = _Display(prog, job, events, task_labels(array) if label else None)
     feeder = StdinFeeder(client, job, stdin_fd) if stdin_fd is not None else None
@@ -53,9 +75,11 @@ def follow(client: Client, job: int, *, prog: str, events: bool, ctrl_c_cancels:
     streams.add(waiter)
     result: dict[str, Any] = {}
     interrupts_seen = 0
-    with counting_sigint() if interrupts is None else nullcontext(interrupts) as interrupts:
+    with caught_signals() if interrupts is None else nullcontext(interrupts) as interrupts:
         while streams:
-            while interrupts_seen < interrupts[0]:
+            if interrupts.ending is not None:
+                return _cancel_and_leave(client, job, prog, interrupts.ending, streams)
+            while interrupts_seen < interrupts.sigint:
                 interrupts_seen += 1
                 if ctrl_c_cancels and interrupts_seen == 1:
                     sys.stderr.write(f"{prog}: cancelling job {job} (Ctrl-C again to detach)\n")
@@ -76,13 +100,38 @@ def follow(client: Client, job: int, *, prog: str, events: bool, ctrl_c_cancels:
             rid, msg = got
             if not msg.get("more"):
                 streams.discard(rid)
-            display.show(msg)
+            try:
+                display.show(msg)
+            except OSError:
+                # A closed terminal fails our writes (EIO) as its SIGHUP arrives: the signal decides.
+                if _ending_signal(interrupts) is None:
+                    raise
+                return _cancel_and_leave(client, job, prog, _ending_signal(interrupts) or 0, streams)
             if rid == waiter and "job" in msg:
                 result = msg
     code = exit_status(result.get("status"), result.get("exception"))
     if code:
         report(prog, job, task_errors(client, job, array=array is not None))
     return code
+
+
+def _ending_signal(interrupts: Interrupts) -> int | None:
+    # A call: a signal whose handler is still pending runs before this returns.
+    return interrupts.ending
+
+
+def _cancel_and_leave(client: Client, job: int, prog: str, signum: int, streams: set[int]) -> int:
+    """mc run was told to end (ENDING_SIGNALS): cancel its job, as srun and flux run do, then return 128 +
+    the signal once the broker answered (or after CANCEL_ANSWER_WAIT). The job's end is not waited for."""
+    for rid in streams:
+        client.discard(rid)
+    cancel = client.request("cancel", jobs=[job])
+    with suppress(OSError):  # stderr may be the terminal that just closed
+        sys.stderr.write(f"{prog}: {signal.Signals(signum).name}: cancelling job {job}\n")
+        sys.stderr.flush()
+    with suppress(ClientError, OSError):
+        client.next_response([cancel], timeout=CANCEL_ANSWER_WAIT)
+    return 128 + signum
 
 
 class _Display:
@@ -108,7 +157,7 @@ class _Display:
                 sys.stderr.write(f"{self.prog}: job {self.job}: {event_line(event, self.t0)}\n")
                 sys.stderr.flush()
         for cancelled_job, reason in (msg.get("errors") or {}).items():
-            sys.stderr.write(f"{self.prog}: cannot cancel job {cancelled_job}: {reason}\n")
+            sys.stderr.write(f"{self.prog}: cannot cancel job {cancelled_job}: {printable(reason)}\n")
 
 
 def output_files_note(job: int, template: str) -> str:

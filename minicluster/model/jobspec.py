@@ -10,7 +10,7 @@ from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobterms import MPI_MODES
 from minicluster.model.jobterms import InvalidJobspec as InvalidJobspec  # where callers have always found it
 from minicluster.model.sharing import valid_name
-from minicluster.model.text import brief
+from minicluster.model.text import brief, control_character
 
 MAX_ARGV_BYTES = 1 << 20
 MAX_ENV_BYTES = 1 << 20
@@ -215,6 +215,10 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     name = data.get("name", "")
     if not isinstance(name, str) or len(name) > 128:
         raise InvalidJobspec("name: must be a string of at most 128 characters")
+    control = control_character(name)
+    if control is not None:
+        raise InvalidJobspec(f"name: {brief(name)} contains the control character {control}; a name is shown on "
+                             "terminals and may hold no NUL, newline, escape or other control character")
     out["name"] = name
     if "exclusive" in data:
         if not isinstance(data["exclusive"], bool):

@@ -11,7 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from minicluster import Client
+import pytest
+
+from minicluster import Client, ClientError
 from tests.integration.test_cli import instance, job_json, mc, wait_state  # noqa: F401  (module fixture)
 
 # Each of 4 tasks writes 15 lines one byte per write(2), pausing now and then: forwarded as written, the
@@ -167,3 +169,44 @@ def test_eventlog_times_are_human_and_json_raw() -> None:
     events = [json.loads(line) for line in mc("eventlog", "--json", str(job)).stdout.splitlines()]
     assert [e["name"] for e in events] == [line.split()[2] for line in lines]
     assert all(isinstance(e["time"], float) and e["time"] > 1e9 for e in events)
+
+
+def test_control_characters_are_refused_in_names_and_shown_escaped_everywhere(tmp_path: Path) -> None:
+    """A guest's name or command full of terminal escapes reaches others' `mc jobs` and `mc top` as text
+    (`\\033`), never as escapes; a name may not hold them at all (NUL included); `--json` keeps the exact value."""
+    wipe = "\033]0;x\007\033[2J"
+    refused = mc("submit", "--name", wipe, "true")
+    assert refused.returncode == 2 and refused.stderr.startswith("mc-submit: error: name: "), refused.stderr
+    assert "control character \\033" in refused.stderr and "\033" not in refused.stderr
+    with Client() as client:
+        for name in ("a\0b", "tab\there", wipe, "bell\x7f"):
+            with pytest.raises(ClientError) as bad:
+                client.submit({"argv": ["true"], "name": name}, check=False)  # the broker checks, not only mc
+            assert bad.value.code == "invalid-jobspec" and "control character" in str(bad.value)
+        # A command's own name may hold anything: the job is named after it, and everyone sees it escaped.
+        command = f"/nonexistent/{wipe}wipe"
+        held = client.submit({"argv": [command], "hold": True}, check=False)
+        markup = client.submit({"argv": ["true"], "name": "[bold]x[/bold]", "hold": True})
+        failed = mc("run", command)
+        assert failed.returncode != 0 and "wipe" in failed.stderr and "\033" not in failed.stderr, failed.stderr
+        try:
+            assert job_json(held)["name"] == f"{wipe}wipe"  # --json: the exact value
+            listing = mc("jobs", "-a")
+            assert listing.returncode == 0 and "\033" not in listing.stdout + listing.stderr
+            rows = {line.split()[0]: line for line in listing.stdout.splitlines()[1:]}
+            assert "\\033]0;x\\007\\033[2Jwipe" in rows[str(held)] and "[bold]x[/bold]" in rows[str(markup)]
+            assert "\\033[2Jwipe: command not found" in rows[str(last_job())]  # the reason quotes the command
+            top = subprocess.run(["mc", "top", "-n", "1"], capture_output=True, text=True, timeout=30,
+                                 env={**os.environ, "COLUMNS": "200"})
+            assert top.returncode == 0 and "\\033[2Jwipe" in top.stdout and "\033" not in top.stdout, top.stdout
+            # mc update: a name with escapes is refused like at submit, and so is an empty one
+            for value, code in ((wipe, 1), ("", 2)):
+                update = mc("update", str(held), f"name={value}")
+                assert update.returncode == code and "\033" not in update.stderr, update.stderr
+                assert ("control character \\033" if value else "name cannot be empty") in update.stderr
+            with pytest.raises(ClientError) as empty:
+                client.update(held, name="")
+            assert empty.value.code == "invalid-jobspec" and "cannot be empty" in str(empty.value)
+            assert job_json(held)["name"] == f"{wipe}wipe"
+        finally:
+            client.cancel([held, markup])
