@@ -286,3 +286,19 @@ def test_a_single_job_of_a_queue_with_limits_goes_ahead_only_behind_one_of_its_o
     s.hand_over(3, 0, 5, 1.0)
     assert s.limits.by_user[("q", 2)].running == 2
     assert s.take_ahead_job(anything, after=1).job_id == 6, "a queue without limits: behind anyone"
+
+
+def test_a_job_only_down_nodes_could_hold_waits_for_them_by_name_and_starts_once_they_are_back():
+    s = sched_with(nodes=3)  # 4 cores a node
+    s.graph.set_down(2)
+    s.enqueue(job(1, nslots=3, nnodes=3))  # one task on each of 3 nodes
+    s.enqueue(job(2, nslots=9))  # more cores than the nodes that are up have
+    s.enqueue(job(3, nslots=8, limit=1.0))  # fits on the two that are up
+    assert started(s.schedule(0.0)) == [(3, 0)]
+    assert s.reason_of(1) == s.reason_of(2) == "NodesDown: 2"
+    s.graph.set_down(1)
+    assert s.reason_of(1) == "NodesDown: 1-2"
+    s.graph.set_up(1)
+    s.graph.set_up(2)
+    s.release(3, 0, 1.0)
+    assert started(s.schedule(1.0)) == [(1, 0), (2, 0)]
