@@ -276,7 +276,8 @@ def kill_orphans(pidfile: str) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
                 killed += 1
-    os.unlink(pidfile)
+    with contextlib.suppress(FileNotFoundError):  # a rank's guard and its launcher may both clean up after it
+        os.unlink(pidfile)
     return killed
 
 
@@ -317,6 +318,8 @@ def guard(state_dir: str, rank: int, uri: str) -> int | None:
         killed = kill_rank_leftovers(state_dir, rank, uri)
         if killed:
             log.warning("the worker of rank %d is gone: killed %d process(es) its tasks left", rank, killed)
+    except OSError as exc:
+        log.warning("the guard of rank %d could not clean up after it: %s", rank, exc)
     except BaseException:
         log.exception("the guard of rank %d failed", rank)
     finally:
@@ -326,9 +329,17 @@ def guard(state_dir: str, rank: int, uri: str) -> int | None:
 def kill_rank_leftovers(state_dir: str, rank: int, uri: str) -> int:
     """Kill what the tasks of a rank that just ended left on this host; returns how many processes were found.
 
-    Only processes started by then are taken, and their descendants, so a new run of the rank keeps its tasks."""
+    Only processes started by then are taken, and their descendants, so a new run of the rank keeps its tasks;
+    its cgroup tree is killed but left in place (no wait for it to empty): the rank's next run, or its launcher,
+    removes it."""
     by = int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))  # /proc's start-time clock
-    kill_instance_leftovers(state_dir, [rank])
+    kill_orphans(os.path.join(state_dir, f"tasks-rank{rank}.pids"))
+    tree = CgroupTasks.at(state_dir, rank)
+    if tree is not None and tree.base.is_dir():
+        try:
+            write_control(tree.base / "cgroup.kill", "1")
+        except OSError as exc:
+            log.warning("cgroup %s: %s", tree.base, exc)
     marks = {b"MC_URI=" + uri.encode(), b"MC_NODE_RANK=%d" % rank}
     stopped: set[int] = set()
     while True:
