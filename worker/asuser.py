@@ -1,7 +1,8 @@
 """Opening files as a job's user in a root worker, without a fork: the calling thread's file-system ids.
 
-A root worker runs a guest's tasks under the guest's ids (setpriv, worker/agent.py), but the task's output file
-and working directory are opened by the worker itself, before the spawn. Opened as root, a guest could create or
+A root worker runs a guest's tasks under the guest's ids (the task's child takes them before exec,
+worker/spawn.py), but the task's output file and working directory are opened by the worker itself, before the
+spawn, and `--mpi auto` reads the program's ELF header there. Opened as root, a guest could create or
 append to a file only root may write (issue 10, item 1). `acting_as` makes the kernel check such opens as the
 guest: Linux keeps a file-system uid and gid and the supplementary groups per thread, and changing the fsuid
 away from 0 also drops the effective capabilities that bypass file permissions (setfsuid(2)). glibc's

@@ -243,6 +243,8 @@ def frames(requests: Sequence[tuple[bytes, int]]) -> Iterator[tuple[int, int]]:
 
 def main(argv: list[str]) -> None:
     home, record = argv[1], argv[2] == "1"
+    # What the agent had open and inheritable when it spawned us (another task's PMI socket) is not ours to hold.
+    os.closerange(CHANNEL_FD + 1, os.sysconf("SC_OPEN_MAX"))
     channel = socket.socket(fileno=CHANNEL_FD)
     os.set_inheritable(CHANNEL_FD, False)  # the tasks must not hold the agent's channel open
     Helper(channel, home or None, record).serve()

@@ -246,3 +246,15 @@ def test_a_guests_environment_never_runs_code_as_root(request: pytest.FixtureReq
     masks = dict(line.split(":\t") for line in out[3:])
     valid = sum(1 << (sig - 1) for sig in signal.valid_signals())
     assert (int(masks["SigBlk"], 16), int(masks["SigIgn"], 16) & valid) == (0, 0), masks
+
+
+@pytest.mark.parametrize("spawner", ["loop", "helper"])
+def test_a_guests_mpi_task_gets_its_pmi_socket(request: pytest.FixtureRequest, spawner: str) -> None:
+    """The fds a guest's task is passed reach it at the numbers its environment names (PMI_FD), from the loop and
+    from a spawn helper, whose fds arrive at other numbers."""
+    cluster: LocalCluster = request.getfixturevalue("shared" if spawner == "loop" else "with_helpers")
+    init = 'echo "cmd=init pmi_version=1 pmi_subversion=1" >&$PMI_FD; read -r reply <&$PMI_FD; echo "$reply"'
+    job_id = guest_submit(cluster.uri, job(["bash", "-c", init], mpi="pmi1"))
+    with cluster.client() as owner:
+        assert wait_for(owner, job_id)["status"] == 0, [row[6] for row in owner.task_results(job_id)]
+        assert output_of(owner, job_id)[0].startswith(b"cmd=response_to_init"), output_of(owner, job_id)

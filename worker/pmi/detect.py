@@ -74,8 +74,12 @@ def needed_libraries(path: str, user: tuple[int, int] | None = None) -> list[str
 
 
 def pmi_for(argv0: str, path: str | None, cwd: str | None, user: tuple[int, int] | None = None) -> str | None:
-    """"pmix" for an Open MPI program, "pmi1" for an MPICH-family one, None when the file does not say."""
-    program = resolve_program(argv0, path, cwd)
+    """"pmix" for an Open MPI program, "pmi1" for an MPICH-family one, None when the file does not say.
+
+    The job's PATH and cwd are walked as the job's `user` too: a guest learns nothing of directories it may not
+    search, and the file is only read, never run, by the worker."""
+    with acting_as_user(user):
+        program = resolve_program(argv0, path, cwd)
     if program is None:
         return None
     libs = needed_libraries(program, user)
