@@ -1,13 +1,16 @@
 """Shell completion through real bash and zsh, and `mc top`, against a real instance (test_cli's)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from minicluster.testing import LocalCluster
 from tests.integration.test_cli import instance, mc, wait_state  # noqa: F401  (module fixture)
 
 
@@ -84,3 +87,24 @@ def test_top_shows_queue_rates_ranks_and_busiest_jobs() -> None:
         mc("cancel", str(busy))
     bad = mc("top", "-d", "0")
     assert bad.returncode == 2 and bad.stderr.startswith("mc top: error: --delay must be positive")
+
+
+def test_top_names_nodes_as_resources_does(tmp_path: Path) -> None:
+    """With a resource graph file the nodes have the graph's names: `mc top` shows those, like `mc resources`,
+    not the host the ranks' processes run on."""
+    from broker.sched import ResourceGraph, jgf
+
+    site = ResourceGraph(())
+    for rank in range(2):
+        site.add_rank(rank, hostname=f"gpunode{rank}", sockets={0: (0,)})
+    graph = tmp_path / "site.jgf"
+    graph.write_text(json.dumps(jgf.dump(site)))
+    with LocalCluster(tmp_path / "state", size=2, resources="cores=1", resource_graph=str(graph)) as cluster:
+        env = {**os.environ, "MC_URI": cluster.uri, "COLUMNS": "200"}
+        views = {}
+        for argv in (["resources"], ["top", "-n", "1"]):
+            out = subprocess.run(["mc", *argv], capture_output=True, text=True, timeout=30, env=env)
+            assert out.returncode == 0, out.stderr
+            views[argv[0]] = [line.split()[:2] for line in out.stdout.splitlines()
+                              if re.match(r"\s*\d\s+\S+\s+up\b", line)]
+        assert views["resources"] == views["top"] == [["0", "gpunode0"], ["1", "gpunode1"]]
