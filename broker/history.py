@@ -15,12 +15,23 @@ from broker.job import Job, State
 from broker.share.accounting import UsageRecord, efficiencies
 from broker.store import JobStore, Row, unpack
 from minicluster.model import jobspec as jobspec_model
+from minicluster.model.text import control_character, printable
+
+
+def stored_spec(blob: bytes) -> jobspec_model.Jobspec:
+    """A jobspec as the journal holds it. A name stored before names were refused control characters is made
+    printable rather than refused: a restart never loses a job to a rule newer than the job."""
+    data = unpack(blob)
+    name = data.get("name") if isinstance(data, dict) else None
+    if isinstance(name, str) and control_character(name) is not None:
+        data = {**data, "name": printable(name)}
+    return jobspec_model.from_wire(data)
 
 
 def record_of(row: Row) -> Job:
     """A job's record from its JOB_COLUMNS row (broker/store.py); an inactive one is retired at once."""
     job_id, uid, gid, state, spec_blob, t_submit, t_run, t_inactive, status, exception, seq, counts = row[:12]
-    spec = jobspec_model.from_wire(unpack(spec_blob))
+    spec = stored_spec(spec_blob)
     job = Job(job_id, uid, spec, t_submit, gid)
     job.state = State(state)
     job.t_run, job.t_inactive, job.status, job.exception, job.seq = t_run, t_inactive, status, exception, seq

@@ -19,6 +19,7 @@ from broker import store
 from broker.attempts import Attempts
 from broker.depgraph import BEGIN, SINGLETON, DependencyError, DepGraph, TargetState, Verdict
 from broker.flowstate import Corr, Flow
+from broker.history import stored_spec
 from broker.job import Job, State
 from broker.retry import IGNORE, SUCCESS, Policy
 from broker.supervise import Supervisor
@@ -482,7 +483,7 @@ def index_outcomes(rows: list[tuple[Any, ...]]) -> list[tuple[int, bool]]:
     exit 0 or a failure the array's own rules ignore."""
     if not rows:
         return []
-    spec = jobspec_model.from_wire(store.unpack(rows[0][4]))
+    spec = stored_spec(rows[0][4])
     policy = Policy.of(spec) if spec.failure_policy else None
     if policy is None:
         return [(idx, status == 0) for idx, status, *_ in rows]

@@ -3,11 +3,14 @@ paging): a real broker whose cache holds two finished jobs still lists, shows, r
 them, before and after a restart and a purge."""
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import subprocess
 import threading
 import time
 
+from broker import store
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job
@@ -152,3 +155,25 @@ def test_finished_jobs_keep_their_nodes_and_ranks_after_a_restart(tmp_path) -> N
             assert {s["id"]: s["ranks"] for s in c.jobs(all=True)} == before
         assert listing() == shown
         assert shown[spread] == ["3", "0-2"]
+
+
+def test_a_journal_with_names_from_before_the_control_character_rule_still_starts(tmp_path) -> None:
+    """Names with control characters were accepted once: a journal holding such a name (active or finished)
+    starts as before, the name made printable, and no job is lost."""
+    with LocalCluster(tmp_path, size=1) as cluster:
+        with cluster.client() as c:
+            finished = c.submit(job(["true"]))
+            next(c.wait([finished]))
+            waiting = c.submit(job(["true"], hold=True))
+        cluster.kill(0)
+        with contextlib.closing(sqlite3.connect(tmp_path / "journal.sqlite")) as db, db:
+            for job_id in (finished, waiting):
+                (blob,) = db.execute("SELECT spec FROM jobs WHERE id=?", (job_id,)).fetchone()
+                spec = {**store.unpack(blob), "name": "old\033[2J\0name"}
+                db.execute("UPDATE jobs SET spec=? WHERE id=?", (store.pack(spec), job_id))
+        cluster.restart(0)
+        with cluster.client() as c:
+            names = {s["id"]: s["name"] for s in c.jobs(all=True)}
+            assert names == {finished: "old\\033[2J\\000name", waiting: "old\\033[2J\\000name"}
+            c.release([waiting])
+            assert next(c.wait([waiting]))["status"] == 0
