@@ -63,7 +63,8 @@ class InstanceConfig:
     # How many finished jobs rank 0 keeps in memory; the others are read from the journal when asked for.
     finished_cache: int = 10_000
     policy: str = "first-fit"
-    # The PMI a job of several tasks gets when it does not say (--mpi): "pmi1", "pmix" or "auto".
+    # The PMI a job of several tasks gets when it does not say (--mpi) and its program's ELF file links no
+    # known MPI: "pmi1", "pmix" or "auto" (both).
     mpi_default: str = "pmi1"
     test_exec: bool = False
     # Whether rank 0 offers its node to jobs (Flux's default) or keeps it for the broker alone.

@@ -128,12 +128,15 @@ class PMIJobs:
 
 def serve_modes(info: messages.JobInfo) -> set[str]:
     """Which PMI servers a job's tasks get: `mpi` is "pmi1", "pmix" or "auto" (true from an older broker
-    means "pmi1").  "auto" looks at the program's shared libraries and serves both when they do not tell."""
+    means "pmi1").  "auto" looks at the program's shared libraries and serves both when they do not tell;
+    "auto:pmi1" and "auto:pmix" (a job that named no PMI) serve the mode after the colon then.  Decided once
+    per job on each worker: an array's elements and 1-task jobs get no PMI, so they never read the file."""
     mode = info.mpi
     if mode is True:
         return {"pmi1"}
-    if mode != "auto":
+    if not isinstance(mode, str) or not mode.startswith("auto"):
         return {mode} if mode in ("pmi1", "pmix") else set()
+    fallback = {mode[5:]} if mode[5:] in ("pmi1", "pmix") else {"pmi1", "pmix"}
     user = (info.uid, info.gid) if info.uid != os.getuid() else None
     picked = detect.pmi_for(info.argv[0], info.env.get("PATH"), info.cwd, user)
-    return {picked} if picked else {"pmi1", "pmix"}
+    return {picked} if picked else fallback

@@ -131,6 +131,18 @@ def test_mc_run_mpi_pmix_as_the_user_types_it(cluster4: LocalCluster, debian_c: 
     assert not any(r["pmi1"] for r in recs)
 
 
+def test_mc_run_without_mpi_gives_an_open_mpi_program_one_world(cluster4: LocalCluster, debian_c: str) -> None:
+    # `mc run -N 3 -n 6 ./app` with no --mpi: the ELF links Open MPI, so the workers serve PMIx (it used to be
+    # PMI-1 only, and the six tasks each ran as a world of size 1, exiting 0).
+    env = {**os.environ, "MC_URI": cluster4.uri}
+    out = subprocess.run([sys.executable, "-m", "minicluster", "run", "-N", "3", "-n", "6", "-t", str(int(TIMEOUT)),
+                          debian_c], env=env, capture_output=True, text=True, timeout=TIMEOUT + 30)
+    assert out.returncode == 0, out.stderr
+    recs = sorted((json.loads(line) for line in out.stdout.splitlines()), key=lambda r: r["rank"])
+    assert [(r["rank"], r["size"], r["sum"]) for r in recs] == [(i, 6, 15) for i in range(6)]
+    assert not any(r["pmi1"] for r in recs)
+
+
 def test_auto_picks_pmix_for_an_open_mpi_program(client4: Client, debian_c: str) -> None:
     job_id = client4.submit(ompi_job([debian_c], mpi="auto"))
     assert wait_for(client4, job_id, TIMEOUT)["status"] == 0

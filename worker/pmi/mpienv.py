@@ -1,19 +1,19 @@
 """Environment defaults for MPI tasks in a container.
 
-Not part of Flux RFC 13: these are MPICH/UCX settings found necessary or
-prudent for the PyPI ``mpich`` wheel (ch4 with UCX and OFI netmods) inside
-Kubernetes pods.  See docs/mpi.md, "Containers".
+Not part of Flux RFC 13: these are UCX settings found necessary or prudent
+for the PyPI ``mpich`` wheel and Debian's MPICH (both ch4 with UCX) on one
+host and inside Kubernetes pods.  See docs/mpi.md, "Containers".
 """
 
 from __future__ import annotations
 
 _DEFAULTS: dict[str, str] = {
-    # Ranks on different workers live in different pods: the only path
-    # between them is TCP.  UCX's default transport list also tries cma
-    # (needs ptrace rights pods lack) and sysv/posix shared memory (breaks
-    # across pod IPC namespaces).  Ranks inside one pod still use MPICH's own
-    # shared memory, chosen from PMI_process_mapping, not UCX.
-    "UCX_TLS": "tcp,self",
+    # Everything UCX finds but cma: cross-memory attach needs ptrace rights that containers often lack (UCX
+    # then fails with "process_vm_readv ... Operation not permitted").  Shared memory (posix, sysv) stays:
+    # Debian's MPICH 4.0 disconnects every UCX endpoint in MPI_Finalize before its last PMI barrier, and a
+    # TCP endpoint between ranks of one host may wait there for a peer already blocked in that barrier
+    # (hung in 5 of 8 runs of 6 ranks with "tcp,self", docs/mpi.md "Containers").
+    "UCX_TLS": "^cma",
 }
 
 
