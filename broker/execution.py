@@ -227,8 +227,9 @@ class Execution:
         env = dict(spec.env)
         env["MC_URI"] = self.uri
         mpi = spec.pmi_mode if not job.is_array else None
-        if mpi is not None and spec.mpi is None:
-            mpi = self.config.mpi_default
+        if mpi is not None and spec.mpi is None:  # the program's ELF decides, else the instance's default
+            default = self.config.mpi_default
+            mpi = default if default == "auto" else f"auto:{default}"
         return messages.JobInfo(
             argv=list(spec.argv), env=env, ntasks=job.total_tasks, layout=layout, uid=job.uid, gid=job.gid,
             cwd=spec.cwd, output=spec.output, mpi=mpi, array=job.is_array, stdin=spec.stdin_tasks,

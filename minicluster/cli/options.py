@@ -210,7 +210,7 @@ JOB_ENVIRONMENT_OPTIONS: tuple[Option, ...] = (
            help="output file on the node ({id}, {task}, {index}); default: stream to mc"),
     option("--mpi", choices=MPI_MODES,
            help="PMI to serve: pmi1 (MPICH), pmix (Open MPI), auto (from the program's libraries), none "
-                "(default: the instance's mpi_default, pmi1, when ntasks > 1)"),
+                "(default when ntasks > 1: what the program links, else the instance's mpi_default, pmi1)"),
 )
 
 
