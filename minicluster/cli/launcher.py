@@ -33,7 +33,7 @@ from minicluster.overlay import curve
 EXIT_GRACE = 10.0
 # A lost worker is restarted after RESTART_FIRST s, twice as long after each quick failure up to RESTART_MAX s (a
 # pod's CrashLoopBackOff, shorter); a run of RESTART_RESET s starts the count again, and after RESTART_LIMIT quick
-# failures in a row the rank stays down (its status says why it cannot run).
+# failures in a row the rank stays down (said on stderr, as each restart is).
 RESTART_FIRST, RESTART_MAX, RESTART_RESET, RESTART_LIMIT = 1.0, 30.0, 60.0, 10
 
 
@@ -239,19 +239,19 @@ def _supervise(pids: dict[int, int], start: Callable[[int], int], stopping: list
         except ChildProcessError:
             return None
         if not pid:
-            for rank in [] if stopping else restarts.take_due(time.monotonic()):
-                pids[rank] = start(rank)
+            for due in [] if stopping else restarts.take_due(time.monotonic()):
+                pids[due] = start(due)
             time.sleep(0.05)
             continue
-        rank = next((r for r, p in pids.items() if p == pid), None)
-        if rank is None:
+        ended = next((r for r, p in pids.items() if p == pid), None)
+        if ended is None:
             continue
         code = os.waitstatus_to_exitcode(status)
-        if rank == 0:
+        if ended == 0:
             return code
-        del pids[rank]
+        del pids[ended]
         if not stopping:
-            restarts.ended(rank, code, time.monotonic())
+            restarts.ended(ended, code, time.monotonic())
 
 
 def main(argv: list[str]) -> int:
