@@ -9,7 +9,7 @@ from minicluster.cli.format import eventlog_json, eventlog_line
 from minicluster.cli.options import non_negative_int
 from minicluster.cli.output import OutputWriter, task_labels
 from minicluster.cli.reasons import report, task_errors
-from minicluster.cli.watch import follow, output_files_note, truncated_note
+from minicluster.cli.watch import follow, leave_on_ending_signals, output_files_note, truncated_note
 from minicluster.client import Client
 
 LOGS_HELP = "print a job's output so far (stdout to stdout, stderr to stderr); --follow for more"
@@ -72,6 +72,7 @@ def attach(argv: list[str]) -> int:
     parser.add_argument("-l", "--label", action="store_true", help=LABEL_HELP)
     parser.add_argument("id", type=job_id, metavar="ID")
     args = parser.parse_args(argv)
+    leave_on_ending_signals()  # not its job to cancel: SIGTERM or SIGHUP detaches, 128 + the signal
     with Client() as client:
         array = client.job(args.id).get("array")
         return follow(client, args.id, prog="mc attach", events=not args.quiet, ctrl_c_cancels=False,

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from minicluster.cli.quickparse import Parsed
 
 SUBMIT_HELP = "submit a job and print its id (--wait / --watch to stay with it)"
-RUN_HELP = "run a job in the foreground: stream its output, exit with its status (Ctrl-C cancels)"
+RUN_HELP = ("run a job in the foreground: stream its output, exit with its status (Ctrl-C cancels, a second one "
+            "detaches; SIGTERM, SIGHUP and SIGQUIT cancel the job and exit 128+signal)")
 
 # mc submit's own options, mutually exclusive.
 SUBMIT_MODES = (
@@ -58,6 +59,10 @@ def _submit_args(argv: list[str], prog: str) -> Parsed:
 def submit(argv: list[str], prog: str = "mc submit") -> int:
     args = _submit_args(argv, prog)
     spec = jobspec_from_args(args, command_of(args), check=False)
+    if args.watch or args.wait:
+        from minicluster.cli.watch import leave_on_ending_signals
+
+        leave_on_ending_signals()  # the job is the instance's (as with `flux submit --wait`): not cancelled
     with Client() as client:
         job = _submit_unchecked(client, spec)
         print(job, flush=True)
@@ -65,7 +70,6 @@ def submit(argv: list[str], prog: str = "mc submit") -> int:
             return 0
         # Only now: scripts that submit thousands of jobs don't pay for importing rich.
         from minicluster.cli.watch import follow, wait
-
         if args.watch:
             return follow(client, job, prog=prog, events=True, ctrl_c_cancels=False, label=args.label,
                           array=spec.get("array"))
@@ -87,10 +91,10 @@ def _submit_unchecked(client: Client, spec: dict[str, Any]) -> int:
 def run(argv: list[str]) -> int:
     args = parse_job_args(_parser("mc run", RUN_HELP, run=True), argv)
     spec = jobspec_from_args(args, command_of(args), stdin=_stdin_of(args))
-    from minicluster.cli.watch import counting_sigint, follow
+    from minicluster.cli.watch import caught_signals, follow
 
-    # Ctrl-C is counted from before the submit: once the job exists, an early Ctrl-C must cancel it.
-    with Client() as client, counting_sigint() as interrupts:
+    # Signals are noted from before the submit: once the job exists, an early Ctrl-C or SIGTERM must cancel it.
+    with Client() as client, caught_signals(ending=True) as interrupts:
         job = client.submit(spec)
         return follow(client, job, prog="mc run", events=args.events, ctrl_c_cancels=True, label=args.label,
                       stdin_fd=sys.stdin.fileno() if "stdin" in spec else None, array=spec.get("array"),

@@ -104,15 +104,27 @@ def follow(client: Client, job: int, *, prog: str, events: bool, ctrl_c_cancels:
                 display.show(msg)
             except OSError:
                 # A closed terminal fails our writes (EIO) as its SIGHUP arrives: the signal decides.
-                if _ending_signal(interrupts) is None:
+                signum = _ending_signal(interrupts)
+                if signum is None:
                     raise
-                return _cancel_and_leave(client, job, prog, _ending_signal(interrupts) or 0, streams)
+                return _cancel_and_leave(client, job, prog, signum, streams)
             if rid == waiter and "job" in msg:
                 result = msg
     code = exit_status(result.get("status"), result.get("exception"))
     if code:
         report(prog, job, task_errors(client, job, array=array is not None))
     return code
+
+
+def leave_on_ending_signals() -> None:
+    """For a follower that does not own its job (mc-submit --wait and --watch, like `flux submit --wait`): an
+    ending signal leaves at once with 128 + the signal, unwinding cleanly (a progress bar gives the terminal
+    its cursor back, no traceback); the job goes on."""
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for signum in ENDING_SIGNALS:
+        signal.signal(signum, leave)
 
 
 def _ending_signal(interrupts: Interrupts) -> int | None:
