@@ -159,7 +159,7 @@ class Spawner:
         self._signals_caught = True
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in _RESET_SIGNALS:
+        for sig in set(_RESET_SIGNALS) - {signal.SIGPIPE, signal.SIGXFSZ}:  # restore_signals resets these two
             with contextlib.suppress(OSError, ValueError):
                 if signal.getsignal(sig) == signal.SIG_IGN:
                     signal.signal(sig, do_nothing)

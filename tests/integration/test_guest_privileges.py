@@ -17,6 +17,7 @@ import pytest
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from worker.asuser import acting_as
+from worker.helpers import LARGEST_ORDER
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.test_access import GUEST, NOGROUP, as_user, shared  # noqa: F401 (fixture)
 
@@ -216,17 +217,24 @@ def loads(records: Path) -> dict[str, set[tuple[int, int]]]:
 # The guest's task: the program that links the probe library, a conversion through the planted gconv module,
 # the dynamic loader's variables as the task sees them, its ids and its signal state.
 TASK = ("probe; iconv -f MCPROBE -t UTF-8 </dev/null 2>/dev/null; echo \"$LD_PRELOAD|$LD_AUDIT|$LD_LIBRARY_PATH\";"
-        " id -u; id -G; grep -E '^Sig(Blk|Ign)' /proc/self/status")
+        " id -u; id -G; grep -E '^Sig(Blk|Ign)' /proc/self/status; tr '\\0' ' ' </proc/$PPID/cmdline")
 
 
-@pytest.mark.parametrize("spawner", ["loop", "helper"])
-def test_a_guests_environment_never_runs_code_as_root(request: pytest.FixtureRequest, spawner: str,
+# How a guest's task is spawned: by the helper a worker without helpers starts for it, by a configured helper, and
+# on the worker's loop, where an order too large for a helper's channel goes (worker/helpers.py, LARGEST_ORDER).
+ROUTES = {"helper-for-guests": ("shared", {}), "configured-helper": ("with_helpers", {}),
+          "loop": ("shared", {f"LARGE{i}": "x" * (LARGEST_ORDER // 2) for i in range(3)})}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_guests_environment_never_runs_code_as_root(request: pytest.FixtureRequest, route: str,
                                                      planted: tuple[Path, dict[str, str]]) -> None:
-    cluster: LocalCluster = request.getfixturevalue("shared" if spawner == "loop" else "with_helpers")
+    fixture, extra = ROUTES[route]
+    cluster: LocalCluster = request.getfixturevalue(fixture)
     records, env = planted
     for stale in records.iterdir():
         stale.unlink()
-    job_id = guest_submit(cluster.uri, job(["sh", "-c", TASK], env=env))
+    job_id = guest_submit(cluster.uri, job(["sh", "-c", TASK], env={**env, **extra}))
     with cluster.client() as owner:
         status = wait_for(owner, job_id)["status"]
         results = owner.task_results(job_id)
@@ -234,7 +242,7 @@ def test_a_guests_environment_never_runs_code_as_root(request: pytest.FixtureReq
     seen = loads(records)
     as_root = {kind: ids for kind, ids in seen.items() if any(0 in pair for pair in ids)}
     assert not as_root, f"the guest's libraries ran with root's ids: {as_root}"
-    assert status == 0, results
+    assert status == 0, [row[6] for row in results]
     # The guest's own task loaded every one of them, as the guest, and sees its variables as it set them.
     assert {"preload", "audit", "audit-la_version", "gconv", "library-path"} <= set(seen), seen
     assert all(ids == {(GUEST, GUEST)} for ids in seen.values()), seen
@@ -243,18 +251,20 @@ def test_a_guests_environment_never_runs_code_as_root(request: pytest.FixtureReq
     # default and none blocked, as the worker's posix_spawn gives its own tasks (glibc's posix_spawn, and so a
     # spawn helper, ignores its two internal signals, 32 and 33, which no valid_signals() names).
     assert out[1:3] == [str(GUEST), str(NOGROUP)]
-    masks = dict(line.split(":\t") for line in out[3:])
+    masks = dict(line.split(":\t") for line in out[3:5])
     valid = sum(1 << (sig - 1) for sig in signal.valid_signals())
     assert (int(masks["SigBlk"], 16), int(masks["SigIgn"], 16) & valid) == (0, 0), masks
+    assert ("worker.spawnhelper" in out[5]) == (route != "loop"), out[5]  # the route taken: the task's parent
 
 
-@pytest.mark.parametrize("spawner", ["loop", "helper"])
-def test_a_guests_mpi_task_gets_its_pmi_socket(request: pytest.FixtureRequest, spawner: str) -> None:
-    """The fds a guest's task is passed reach it at the numbers its environment names (PMI_FD), from the loop and
-    from a spawn helper, whose fds arrive at other numbers."""
-    cluster: LocalCluster = request.getfixturevalue("shared" if spawner == "loop" else "with_helpers")
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_guests_mpi_task_gets_its_pmi_socket(request: pytest.FixtureRequest, route: str) -> None:
+    """The fds a guest's task is passed reach it at the numbers its environment names (PMI_FD), whichever way it
+    is spawned (a helper receives them at other numbers)."""
+    fixture, extra = ROUTES[route]
+    cluster: LocalCluster = request.getfixturevalue(fixture)
     init = 'echo "cmd=init pmi_version=1 pmi_subversion=1" >&$PMI_FD; read -r reply <&$PMI_FD; echo "$reply"'
-    job_id = guest_submit(cluster.uri, job(["bash", "-c", init], mpi="pmi1"))
+    job_id = guest_submit(cluster.uri, job(["bash", "-c", init], mpi="pmi1", env={"PATH": "/usr/bin:/bin", **extra}))
     with cluster.client() as owner:
         assert wait_for(owner, job_id)["status"] == 0, [row[6] for row in owner.task_results(job_id)]
         assert output_of(owner, job_id)[0].startswith(b"cmd=response_to_init"), output_of(owner, job_id)
