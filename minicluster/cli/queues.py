@@ -6,6 +6,7 @@ from typing import Any
 from minicluster.cli.argparser import Parser
 from minicluster.cli.format import dumps, print_table, table, user_name
 from minicluster.client import Client
+from minicluster.model.text import printable
 
 HELP = "queues: list, status [QUEUE], start|stop|enable|disable [QUEUE... | --all]"
 ACTIONS = {
@@ -51,7 +52,7 @@ def main(argv: list[str]) -> int:
         print_table(queue_table(info["queues"]))
     else:
         for queue in info["queues"]:
-            print("\n".join(status_lines(queue)))
+            print("\n".join(printable(line) for line in status_lines(queue)))
     return 0
 
 
