@@ -12,6 +12,7 @@ from minicluster.cli.options import add_job_options, jobspec_from_args, parse_jo
 from minicluster.cli.watch import wait
 from minicluster.client import Client, ClientError
 from minicluster.model.jobspec import InvalidJobspec
+from minicluster.model.text import printable
 
 HELP = "submit one job per line of FILE (or stdin), each line split like a shell would"
 
@@ -52,7 +53,7 @@ def main(argv: list[str]) -> int:
     with Client() as client:
         for (number, _command), outcome in zip(commands, client.submit_many(specs), strict=True):
             if isinstance(outcome, ClientError):
-                sys.stderr.write(f"mc bulksubmit: error: line {number}: {outcome.message}\n")
+                sys.stderr.write(f"mc bulksubmit: error: line {number}: {printable(outcome.message)}\n")
                 failed = True
             else:
                 submitted.append(outcome)
