@@ -11,7 +11,7 @@ import time
 from minicluster.cli.quickparse import add_options, option
 from minicluster.model import workflowforms as forms
 from minicluster.model.idset import IdSet, IdSetError
-from minicluster.model.jobterms import MPI_MODES, POLICIES, InvalidJobspec
+from minicluster.model.jobterms import INT_RANGES, MPI_MODES, POLICIES, InvalidJobspec
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
 if TYPE_CHECKING:
@@ -34,28 +34,35 @@ def _type_error(message: str) -> Exception:
     return argparse.ArgumentTypeError(message)
 
 
-def int_at_least(minimum: int, what: str = "an integer") -> Callable[[str], int]:
-    """An argparse type: an integer of at least `minimum`, with a one-line message otherwise."""
+# The largest integer the wire carries (msgpack's signed 64 bits): no option may ask for more.
+MAX_WIRE_INT = (1 << 63) - 1
+
+
+def int_at_least(minimum: int, what: str = "an integer", maximum: int = MAX_WIRE_INT) -> Callable[[str], int]:
+    """An argparse type: an integer from `minimum` to `maximum`, with a one-line message otherwise."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise _type_error(f"{text!r} is not {what}") from None
-        if value < minimum:
-            raise _type_error(f"must be {what} of at least {minimum}, got {value}")
+        if not minimum <= value <= maximum:
+            raise _type_error(f"must be {what} from {minimum} to {maximum}, got {text.strip()}")
         return value
     return parse
 
 
+# Options whose 0 would mean "not given" in the jobspec: on the command line they start at 1.
+_AT_LEAST_ONE = frozenset({"nnodes", "tasks_per_node"})
+
+
+def field_int(field: str, what: str = "an integer") -> Callable[[str], int]:
+    """An argparse type for the jobspec's integer `field`: its range (jobterms.INT_RANGES)."""
+    least, most = INT_RANGES[field]
+    return int_at_least(max(least, 1) if field in _AT_LEAST_ONE else least, what, most)
+
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
-
-
-def urgency(text: str) -> int:
-    value = non_negative_int(text)
-    if value > 31:
-        raise _type_error(f"must be 0..31, got {value}")
-    return value
+urgency = field_int("urgency", "an urgency")
 
 
 def time_limit(text: str) -> float:
@@ -64,8 +71,9 @@ def time_limit(text: str) -> float:
     seconds = _unit_time(text)
     if seconds is None:
         seconds = _slurm_time(text)
-    if not seconds > 0:
-        raise _type_error(f"time limit must be positive, got {text!r}")
+    if not 0 < seconds < forms.MAX_SECONDS:
+        raise _type_error(f"time limit must be above 0 and below {forms.MAX_SECONDS:.0f} seconds (3168 years), "
+                          f"got {text!r}")
     return seconds
 
 
@@ -109,7 +117,10 @@ def memory_mb(text: str) -> int:
     # shell loop as much as the rest of its imports.
     if not forms.decimal_digits(number):
         raise _type_error(f"bad memory size {text!r}: use MiB (512) or 512M, 4G, 1T")
-    return int(number) * _MEM_UNITS[unit]
+    mib, most = int(number) * _MEM_UNITS[unit], INT_RANGES["mem_per_task"][1]
+    if mib > most:
+        raise _type_error(f"memory size {text!r} is more than the largest, {most // (1024 * 1024)}T")
+    return mib
 
 
 def idset(text: str) -> str:
@@ -162,22 +173,25 @@ def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return check
 
 
-def duration(text: str) -> float:
+def retry_delay(text: str) -> float:
     try:
-        return forms.parse_duration(text)
+        seconds = forms.parse_duration(text)
     except forms.WorkflowError as exc:
         raise _type_error(str(exc)) from None
+    if seconds > forms.MAX_RETRY_DELAY:
+        raise _type_error(f"must be at most {forms.MAX_RETRY_DELAY:.0f} seconds (1d), got {text!r}")
+    return seconds
 
 
 # The one definition of the job options: add_job_options gives them to argparse, quickparse reads them directly.
 JOB_SHAPE_OPTIONS: tuple[Option, ...] = (
-    option("-N", "--nodes", type=positive_int, metavar="N", help="number of nodes"),
-    option("-n", "--ntasks", type=positive_int, metavar="N",
+    option("-N", "--nodes", type=field_int("nnodes", "a number of nodes"), metavar="N", help="number of nodes"),
+    option("-n", "--ntasks", type=field_int("ntasks", "a number of tasks"), metavar="N",
            help="number of tasks (default: nodes x tasks-per-node, else nodes, else 1)"),
-    option("-c", "--cores-per-task", type=positive_int, default=1, metavar="N"),
-    option("-g", "--gpus-per-task", type=non_negative_int, default=0, metavar="N"),
+    option("-c", "--cores-per-task", type=field_int("cores_per_task", "a number of cores"), default=1, metavar="N"),
+    option("-g", "--gpus-per-task", type=field_int("gpus_per_task", "a number of GPUs"), default=0, metavar="N"),
     option("--mem", type=memory_mb, default=0, metavar="MB", help="memory per task (512, 4G)"),
-    option("--tasks-per-node", type=positive_int, default=0, metavar="K"),
+    option("--tasks-per-node", type=field_int("tasks_per_node", "a number of tasks"), default=0, metavar="K"),
     option("--exclusive", action="store_true", help="allocate whole nodes"),
     option("-t", "--time-limit", type=time_limit, metavar="TIME",
            help="30 (minutes), 5:00, 1:00:00, 2-0, or 90s/10m/2h/1d"),
@@ -229,9 +243,9 @@ WORKFLOW_OPTIONS: tuple[Option, ...] = (
     option("--begin-time", metavar="TIME", type=_checked(lambda t: forms.parse_begin_time(t, 0.0)),
            help="not before TIME: +10m, 12:30, 2025-01-31T12:00, @EPOCH"),
     option("--hold", action="store_true", help="submit held; `mc release ID` lets it run"),
-    option("--retries", type=int_at_least(0, "a number of retries"), metavar="N",
+    option("--retries", type=field_int("retries", "a number of retries"), metavar="N",
            help="run a failed job again up to N times (arrays: N retries for all indexes together)"),
-    option("--retry-delay", type=duration, metavar="TIME",
+    option("--retry-delay", type=retry_delay, metavar="TIME",
            help="wait TIME (90s, 10m) before the first retry, doubling for each next one"),
     option("--on-exit", action="append", default=[], metavar="CODES=ACTION,...",
            type=_checked(forms.parse_exit_rules),
@@ -239,15 +253,15 @@ WORKFLOW_OPTIONS: tuple[Option, ...] = (
     option("--on-signal", action="append", default=[], metavar="SIGNALS=ACTION,...",
            type=_checked(forms.parse_signal_rules),
            help="by signal: KILL=retry,SEGV+ABRT=fail"),
-    option("--max-retries-per-index", type=int_at_least(0, "a number of retries"), metavar="N",
+    option("--max-retries-per-index", type=field_int("max_retries_per_index", "a number of retries"), metavar="N",
            help="arrays: retries of each index"),
-    option("--max-failed-indexes", type=int_at_least(0, "a number of indexes"), metavar="N",
+    option("--max-failed-indexes", type=field_int("max_failed_indexes", "a number of indexes"), metavar="N",
            help="arrays: fail (and cancel the rest) once more than N indexes failed for good"),
     option("--success-indexes", type=idset, metavar="IDSET",
            help="arrays: succeed once these indexes succeeded; the rest is cancelled"),
-    option("--success-count", type=positive_int, metavar="N",
+    option("--success-count", type=field_int("success_count", "a number of indexes"), metavar="N",
            help="arrays: succeed once N indexes (of --success-indexes, if given) succeeded"),
-    option("--success-task", type=non_negative_int, metavar="T",
+    option("--success-task", type=field_int("success_task", "a task rank"), metavar="T",
            help="multi-task jobs: the job's result is task T's (a driver); the others are stopped"),
 )
 # Every option of JOB_* and WORKFLOW_*, for quickparse.

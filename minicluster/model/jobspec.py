@@ -7,7 +7,7 @@ from typing import Any
 
 from minicluster.model import outputpath, restree, workflow
 from minicluster.model.idset import IdSet, IdSetError
-from minicluster.model.jobterms import MPI_MODES
+from minicluster.model.jobterms import INT_RANGES, MPI_MODES
 from minicluster.model.jobterms import InvalidJobspec as InvalidJobspec  # where callers have always found it
 from minicluster.model.sharing import valid_name
 from minicluster.model.text import brief, control_character
@@ -134,11 +134,10 @@ _WORKFLOW_DEFAULTS = {
 
 # Integer fields: (least, most). Counts are bounded as a resource tree's are (restree.MAX_COUNT), memory (MiB)
 # at 2^40; urgency's own range is checked with the message users know (0..31).
-_INT_FIELDS = {
-    "ntasks": (1, restree.MAX_COUNT), "nnodes": (0, restree.MAX_COUNT), "tasks_per_node": (0, restree.MAX_COUNT),
-    "cores_per_task": (1, restree.MAX_COUNT), "gpus_per_task": (0, restree.MAX_COUNT),
-    "mem_per_task": (0, 1 << 40), "urgency": (0, (1 << 63) - 1),
-}
+# urgency's upper end is checked with the others' consistency, for its own message.
+_INT_FIELDS = {name: (INT_RANGES[name][0], (1 << 63) - 1 if name == "urgency" else INT_RANGES[name][1])
+               for name in ("ntasks", "nnodes", "tasks_per_node", "cores_per_task", "gpus_per_task",
+                            "mem_per_task", "urgency")}
 
 
 def from_wire(data: Any) -> Jobspec:
@@ -230,8 +229,9 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     out["requires"] = tuple(requires)
     limit = data.get("time_limit")
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < 1e11:
-            raise InvalidJobspec("time_limit: must be a positive number of seconds (less than 1e11)")
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < workflow.MAX_SECONDS:
+            raise InvalidJobspec(f"time_limit: must be a number of seconds above 0 and below "
+                                 f"{workflow.MAX_SECONDS:.0f}, got {brief(repr(limit))}")
         out["time_limit"] = float(limit)
     return out
 
@@ -284,18 +284,16 @@ def _workflow_fields(data: dict[str, Any]) -> dict[str, Any]:
         out["dependencies"] = workflow.dependencies_from_wire(data["dependencies"])
     begin = data.get("begin_time")
     if begin is not None:
-        if isinstance(begin, bool) or not isinstance(begin, (int, float)) or not 0 <= begin < 1e11:
-            raise workflow.WorkflowError(f"begin_time: must be seconds since the epoch, got {begin!r}")
+        if isinstance(begin, bool) or not isinstance(begin, (int, float)) or not 0 <= begin < workflow.MAX_SECONDS:
+            raise workflow.WorkflowError(f"begin_time: must be seconds since the epoch from 0 to "
+                                         f"{workflow.MAX_SECONDS:.0f} (5138-11-16), got {brief(repr(begin))}")
         out["begin_time"] = float(begin)
     hold = data.get("hold", False)
     if not isinstance(hold, bool):
         raise workflow.WorkflowError("hold: must be true or false")
     out["hold"] = hold
-    for name in ("retries", "max_retries_per_index"):
-        out[name] = workflow.optional_int(data, name, 0, workflow.MAX_RETRIES)
-    out["max_failed_indexes"] = workflow.optional_int(data, "max_failed_indexes", 0, workflow.MAX_RETRIES * 100)
-    out["success_count"] = workflow.optional_int(data, "success_count", 1, workflow.MAX_RETRIES * 100)
-    out["success_task"] = workflow.optional_int(data, "success_task", 0, 1 << 20)
+    for name in ("retries", "max_retries_per_index", "max_failed_indexes", "success_count", "success_task"):
+        out[name] = workflow.optional_int(data, name, *INT_RANGES[name])
     out["retry_delay"] = workflow.optional_seconds(data, "retry_delay", workflow.MAX_RETRY_DELAY) or 0.0
     out["on_exit"] = workflow.rules_from_wire("on_exit", data.get("on_exit") or [], 255)
     out["on_signal"] = workflow.rules_from_wire("on_signal", data.get("on_signal") or [], workflow.MAX_SIGNAL)

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from minicluster.model.jobterms import MAX_COUNT as MAX_COUNT
+
 LEAVES = ("core", "gpu", "memory")
 RESERVED = ("cluster", "node", "socket", "slot", *LEAVES)
-MAX_COUNT = 1 << 24
 _TYPE = re.compile(r"[a-z][a-z0-9_-]*\Z")
 _VERTEX = re.compile(r"\s*([a-z][a-z0-9_-]*)\s*\[\s*([0-9]+)\s*([kKmMgGtT]?)\s*\]\s*"
                      r"(?::\s*(x|excl|exclusive)\b)?\s*")

@@ -9,10 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from minicluster.model.idset import IdSet
+from minicluster.model.jobterms import MAX_RETRIES as MAX_RETRIES
 # The command-line forms live in workflowforms.py (light, for mc-submit); they are workflow's API too.
 from minicluster.model.workflowforms import ACTIONS as ACTIONS
 from minicluster.model.workflowforms import DEP_ALIASES as DEP_ALIASES
 from minicluster.model.workflowforms import DEP_TYPES as DEP_TYPES
+from minicluster.model.workflowforms import MAX_RETRY_DELAY as MAX_RETRY_DELAY
+from minicluster.model.workflowforms import MAX_SECONDS as MAX_SECONDS
 from minicluster.model.workflowforms import MAX_SIGNAL as MAX_SIGNAL
 from minicluster.model.workflowforms import WorkflowError as WorkflowError
 from minicluster.model.workflowforms import idset_of, last_id
@@ -23,8 +26,6 @@ from minicluster.model.workflowforms import parse_exit_rules as parse_exit_rules
 from minicluster.model.workflowforms import parse_signal_rules as parse_signal_rules
 
 MAX_DEPENDENCY_JOBS = 100_000
-MAX_RETRIES = 1_000_000
-MAX_RETRY_DELAY = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)

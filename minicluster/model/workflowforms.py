@@ -126,10 +126,22 @@ def decimal_digits(text: str) -> bool:
     return text != "" and text.isdecimal()
 
 
+# Begin times and time limits are seconds below this (a begin time: since the epoch, up to 5138-11-16).
+MAX_SECONDS = 1e11
+MAX_RETRY_DELAY = 86_400.0
+
+
 def parse_begin_time(text: str, now: float) -> float:
     """`+10m` (from now), `@1700000000` (epoch), `2025-01-31T12:00[:00]`, `2025-01-31` or `12:30` (local time,
-    today, or tomorrow once passed) to epoch seconds."""
-    text = text.strip()
+    today, or tomorrow once passed) to epoch seconds, from 0 to MAX_SECONDS."""
+    when = _begin_time(text.strip(), now)
+    if not 0 <= when < MAX_SECONDS:
+        raise WorkflowError(f"begin-time: {text.strip()!r} is not between @0 (1970-01-01) and @{MAX_SECONDS:.0f} "
+                            "(5138-11-16)")
+    return when
+
+
+def _begin_time(text: str, now: float) -> float:
     if text.startswith("+"):
         return now + parse_duration(text[1:])
     if text.startswith("@"):

@@ -90,6 +90,17 @@ def test_bad_requests_get_clear_errors(cluster: LocalCluster, message: dict, cod
         assert reply(s)["ok"] is True
 
 
+@pytest.mark.parametrize("field", ["ntasks", "nnodes", "tasks_per_node", "cores_per_task", "gpus_per_task",
+                                   "mem_per_task", "urgency", "retries", "max_retries_per_index",
+                                   "max_failed_indexes", "success_count", "success_task"])
+def test_integers_beyond_their_range_are_refused(cluster: LocalCluster, field: str) -> None:
+    # The largest integer msgpack carries, from a raw client (mc-submit checks its options before sending).
+    with raw(cluster) as s:
+        s.sendall(frames.pack({"v": 1, "id": 7, "op": "submit", "jobspec": {"argv": ["true"], field: 2**64 - 1}}))
+        answer = reply(s)
+        assert answer["error"]["code"] == "invalid-jobspec" and answer["error"]["message"].startswith(field)
+
+
 @pytest.mark.parametrize("fields, says", [
     ({"output": "out{"}, "output: '{' in 'out{' is not a placeholder"),
     ({"output": "/x/{id:70000000}"}, "'{id:70000000}' in '/x/{id:70000000}' is not a placeholder"),

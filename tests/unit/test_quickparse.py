@@ -62,7 +62,7 @@ def test_unsure_lines_go_to_argparse(argv: list[str], capsys: pytest.CaptureFixt
 
 def test_argparse_errors_unchanged() -> None:
     """The messages of a line left to argparse are argparse's, through the installed mc-submit."""
-    for argv, message in [(["--urgency", "32", "x"], "argument --urgency: must be 0..31, got 32"),
+    for argv, message in [(["--urgency", "32", "x"], "argument --urgency: must be an urgency from 0 to 31, got 32"),
                           (["--wait", "--watch", "x"], "argument --watch: not allowed with argument --wait"),
                           (["-t", "soon", "x"], "argument -t/--time-limit: bad time limit 'soon'")]:
         out = subprocess.run([sys.executable, "-m", "minicluster", "submit", *argv], capture_output=True,
