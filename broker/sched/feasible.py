@@ -172,19 +172,36 @@ def _holds(matching: Mapping[Shape, int], req: Request, where: str, with_: str) 
     if counts:
         have = sum(matching.values())
         if len(counts) > have:
-            return f"needs {len(counts)} nodes, {where} has {have}{with_}"
+            return f"needs {_count(len(counts), 'node')}, {where} has {have}{with_}"
         for per_node in sorted(set(counts)):
             need = sum(1 for c in counts if c >= per_node)
             able = sum(n for s, n in matching.items() if caps[s] * unit >= per_node)
             if able < need:
-                return (f"needs {need} nodes that each hold {per_node} tasks of"
-                        f" {_slot_text(req)}, {where} has {able}{with_}")
+                nodes = f"{_count(need, 'node')} that {'holds' if need == 1 else 'each hold'}"
+                text = f"needs {nodes} {_count(per_node, 'task')} of {_slot_text(req)}, {where} has {able}{with_}"
+                # On sockets a node's capacity counts whole socket groups, not tasks: no largest node there.
+                return text if req.sockets else f"{text}; {_largest_node(matching, caps, req)}"
         return None
     most = sum(caps[s] * n for s, n in matching.items()) * unit
     if most < req.nslots:
-        return (f"needs {req.nslots} tasks of {_slot_text(req)}, {where}{with_} can hold at"
+        return (f"needs {_count(req.nslots, 'task')} of {_slot_text(req)}, {where}{with_} can hold at"
                 f" most {most} at once")
     return None
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _largest_node(matching: Mapping[Shape, int], caps: Mapping[Shape, int], req: Request) -> str:
+    """What the node that holds the most of req's tasks holds, and what it has."""
+    best = max(matching, key=lambda s: (caps[s], s.cores))
+    has = [_count(best.cores, "core")]
+    if req.gpus_per_slot:
+        has.append(_count(best.gpus, "GPU"))
+    if req.mem_per_slot:
+        has.append(f"{best.memory_mb} MB")
+    return f"the largest node holds {_count(caps[best] * req.unit_slots, 'such task')} ({', '.join(has)})"
 
 
 def _capacity(shape: Shape, req: Request) -> int:

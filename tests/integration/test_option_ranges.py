@@ -52,3 +52,13 @@ def test_out_of_range_option_is_one_line(env: dict[str, str], options: list[str]
     jobs = subprocess.run([sys.executable, "-m", "minicluster", "jobs", "-a"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert "true" not in jobs.stdout  # nothing was submitted
+
+
+def test_a_node_too_small_says_what_the_largest_holds(env: dict[str, str]) -> None:
+    # `mc run -N 1 -n 4` on ranks of 2 cores said "needs 1 nodes that each hold 4 tasks of 1 core, the MiniCluster
+    # has 0" and no more (issue 24, item 13).
+    out = subprocess.run([sys.executable, "-m", "minicluster", "run", "-N", "1", "-n", "4", "true"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert ("needs 1 node that holds 4 tasks of 1 core, the MiniCluster has 0; the largest node holds 2 such tasks"
+            " (2 cores)") in out.stderr, out.stderr

@@ -175,7 +175,14 @@ def test_remove_rank(graph4):
     (Request.from_strings(["zone=a"], cores_per_slot=8),
      "needs 8 cores per task, the largest node with zone=a has 4"),
     (Request(nslots=4, nnodes=2, cores_per_slot=3),
-     "needs 2 nodes that each hold 2 tasks of 3 cores, the MiniCluster has 0"),
+     "needs 2 nodes that each hold 2 tasks of 3 cores, the MiniCluster has 0; the largest node holds 1 such task"
+     " (4 cores)"),
+    # Issue 24 item 13: it said "needs 1 nodes that each hold 4 tasks ..., the MiniCluster has 0" and no more.
+    (Request(nslots=8, nnodes=1), "needs 1 node that holds 8 tasks of 1 core, the MiniCluster has 0; the largest node"
+                                  " holds 4 such tasks (4 cores)"),
+    (Request(nslots=2, nnodes=1, cores_per_slot=2, gpus_per_slot=2),
+     "needs 1 node that holds 2 tasks of 2 cores + 2 GPUs, the MiniCluster has 0; the largest node holds 1 such"
+     " task (4 cores, 2 GPUs)"),
 ])
 def test_infeasible_messages(request_, message):
     graph = make_graph(4, gpus=2)

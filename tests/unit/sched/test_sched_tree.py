@@ -248,7 +248,7 @@ def test_flat_requests_through_the_walk_equal_the_fast_paths():
     ("zone[1]>rack[3]>node[1]", "needs 1 zone that holds 3 racks of 1 node for 1 task of 1 core,"
                                 " the MiniCluster has 0 (zone a has 2 such racks)"),
     ("node[1]>socket[1]>core[3]", "needs 3 cores per task on one socket, the largest socket has 2"),
-    ("node[1]>socket[3]>core[1]", "needs 1 nodes that each hold 3 tasks of 1 core on one socket,"
+    ("node[1]>socket[3]>core[1]", "needs 1 node that holds 3 tasks of 1 core on one socket,"
                                   " the MiniCluster has 0"),
 ])
 def test_infeasible_trees_say_why(text, message):
