@@ -12,6 +12,7 @@ import errno
 import grp
 import logging
 import os
+import resource
 import socket
 import stat
 import struct
@@ -42,6 +43,9 @@ ACCEPT_BATCH = 64
 # With no descriptor to spare even for a refusal, accepting pauses this long (connections wait in the backlog).
 ACCEPT_PAUSE = 1.0
 LOG_EVERY = 60.0  # seconds between log lines about refusals and pauses, however many there are
+# Descriptors kept from clients for the broker's own work (journal, overlay, rank 0's tasks and their pipes): at
+# least this many, a quarter of the open-files limit above that, so that a flood of clients cannot starve it.
+RESERVED_DESCRIPTORS = 64
 # At its descriptor limit the broker answers a new connection with this and closes it (protocol.md §3.1).
 REFUSED_AT_LIMIT = frames.pack({"v": frames.VERSION, "id": 0, "ok": False, "error": {
     "code": "unavailable", "message": "the broker has no file descriptor to spare (its open-files limit); "
@@ -138,7 +142,7 @@ class ClientServer:
         self.state_dir = state_dir
         self._listener: socket.socket | None = None
         self._spare: int | None = None
-        self._opening: set[asyncio.Task[None]] = set()
+        self._serving: set[asyncio.Task[None]] = set()  # one per connection, while it lasts
         self.refused = 0  # connections refused at the descriptor limit, since start
         self.pauses = 0   # times accepting paused, with not even a descriptor for a refusal
         self._refusal_logged = -LOG_EVERY
@@ -192,9 +196,9 @@ class ClientServer:
         return [socket_dir] if own and self.access_group else []
 
     def _accept(self) -> None:
-        """Accept what waits, each connection served by its own task. At the descriptor limit (EMFILE) a
-        connection is refused with a one-frame answer instead, through the descriptor kept spare for it: the
-        client hears why at once, and the log has one line, not a traceback per attempt."""
+        """Accept what waits, each connection served by its own task. Beyond client_room(), or at the descriptor
+        limit itself (EMFILE, through the descriptor kept spare for it), a connection is refused with a one-frame
+        answer instead: the client hears why at once, and the log has one line, not a traceback per attempt."""
         assert self._listener is not None
         loop = asyncio.get_running_loop()
         for _ in range(ACCEPT_BATCH):
@@ -211,16 +215,18 @@ class ClientServer:
                 if self._spare is None:
                     self._pause_accepting(exc)
                     return
-                if not self._refuse_one():
+                if not self._refuse_waiting():
                     return  # the limit was hit with no one waiting
                 continue
+            if len(self._serving) >= client_room():
+                self._refuse(sock)
+                continue
             task = loop.create_task(self._open(sock))
-            self._opening.add(task)
-            task.add_done_callback(self._opening.discard)
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
 
-    def _refuse_one(self) -> bool:
-        """Accept one waiting connection with the spare descriptor, answer it `unavailable` and close it; False
-        if none was waiting."""
+    def _refuse_waiting(self) -> bool:
+        """Accept one waiting connection with the spare descriptor and refuse it; False if none was waiting."""
         assert self._listener is not None and self._spare is not None
         os.close(self._spare)
         try:
@@ -228,17 +234,22 @@ class ClientServer:
         except OSError:
             return False
         else:
-            with sock, contextlib.suppress(OSError):
-                sock.send(REFUSED_AT_LIMIT, socket.MSG_DONTWAIT)
+            self._refuse(sock)
         finally:
             self._spare = _spare_descriptor()  # once the refused connection's descriptor is free again
+        return True
+
+    def _refuse(self, sock: socket.socket) -> None:
+        """Answer a new connection `unavailable` and close it."""
+        with sock, contextlib.suppress(OSError):
+            sock.send(REFUSED_AT_LIMIT, socket.MSG_DONTWAIT)
         self.refused += 1
         now = time.monotonic()
         if now - self._refusal_logged >= LOG_EVERY:
             self._refusal_logged = now
-            log.warning("client connection refused: no file descriptor to spare (%d refused so far); raise the "
-                        "open-files limit (ulimit -n)", self.refused)
-        return True
+            log.warning("client connection refused at the open-files limit (%d refused so far, %d clients "
+                        "connected, room for %d); raise the limit (ulimit -n)", self.refused, len(self._serving),
+                        client_room())
 
     def _pause_accepting(self, exc: OSError) -> None:
         """Not even a refusal can be made: stop accepting for a while (waiting clients stay in the backlog)."""
@@ -268,7 +279,7 @@ class ClientServer:
         if self._spare is not None:
             os.close(self._spare)
             self._spare = None
-        for task in list(self._opening):
+        for task in list(self._serving):
             task.cancel()
         for conn in list(self.connections):
             for task in conn.streams.values():
@@ -339,6 +350,14 @@ class ClientServer:
         else:
             conn.opened(req_id)
             conn.streams[req_id] = asyncio.get_running_loop().create_task(_stream(conn, req_id, result))
+
+
+def client_room() -> int:
+    """How many client connections may be open at once: the open-files limit less the broker's reserve."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return soft - max(RESERVED_DESCRIPTORS, soft // 4)
 
 
 def _spare_descriptor() -> int | None:
