@@ -1,6 +1,8 @@
-"""A guest of a root instance never acts with root's privileges (issue 10, item 1): the setpriv that drops to
-the guest's ids is root's own, not the first on the guest's PATH, and the guest's output files and working
-directory are opened as the guest. The guest is a real second uid (a forked child of the root test)."""
+"""A guest of a root instance never acts with root's privileges (issue 10, item 1; issue 24, item 1): nothing on
+the guest's PATH runs as root, the guest's output files and working directory are opened as the guest, and no
+process with root's ids ever runs with the job's environment: libraries the guest plants through LD_PRELOAD,
+LD_AUDIT, GCONV_PATH and LD_LIBRARY_PATH, built here with the C compiler, load only into the guest's own task,
+whether a helper or the loop spawns it. The guest is a real second uid (a forked child of the root test)."""
 from __future__ import annotations
 
 import os
@@ -268,3 +270,25 @@ def test_a_guests_mpi_task_gets_its_pmi_socket(request: pytest.FixtureRequest, r
     with cluster.client() as owner:
         assert wait_for(owner, job_id)["status"] == 0, [row[6] for row in owner.task_results(job_id)]
         assert output_of(owner, job_id)[0].startswith(b"cmd=response_to_init"), output_of(owner, job_id)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_guests_command_is_looked_up_and_refused_as_the_guest(request: pytest.FixtureRequest, route: str,
+                                                                guestdir: Path) -> None:
+    """What a guest cannot run ends with 127 or 126 and the reason, as the owner's tasks do: looked up on the
+    task's PATH by the guest's own process, so a program only root may execute is refused."""
+    fixture, extra = ROUTES[route]
+    cluster: LocalCluster = request.getfixturevalue(fixture)
+    roots = guestdir / "roots-only"
+    roots.write_text("#!/bin/sh\necho ran\n")
+    os.chmod(roots, 0o744)  # root may execute it, the guest may only read it
+    env = {"PATH": f"{guestdir}:/usr/bin:/bin", **extra}
+    jobs = {guest_submit(cluster.uri, job([argv0], env=env)): expected for argv0, expected in [
+        ("no-such-command-xyz", (127, "no-such-command-xyz: command not found")),
+        ("roots-only", (126, "roots-only: permission denied")),
+        (str(roots), (126, f"{roots}: permission denied"))]}
+    with cluster.client() as owner:
+        for job_id, expected in jobs.items():
+            assert wait_for(owner, job_id)["status"] == expected[0]
+            (task,) = owner.task_results(job_id)
+            assert task[6] == expected[1]
