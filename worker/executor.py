@@ -3,9 +3,7 @@
 Everything here runs on the worker's single asyncio event loop and never
 blocks it: processes are started with posix_spawn (worker/spawn.py: no fork
 of the big worker process), either on the loop or by spawn helper processes
-(worker/helpers.py), which reap theirs and report how they ended.  Another
-user's task is forked, to drop to its ids before exec: by a helper, one
-started for it if the rank runs none.  Tasks
+(worker/helpers.py), which reap theirs and report how they ended.  Tasks
 spawned on the loop are reaped through pidfds registered with the loop (no
 SIGCHLD handler, no thread per child); output is read from non-blocking pipes.
 Each task leads its own session/process group so signals reach grandchildren.
@@ -180,8 +178,7 @@ class TaskExecutor(_Executor):
         except SpawnError as e:
             self._fail_soon(loop, spec.key, e.status, str(e), started)
             return None
-        # Another user's task is forked (worker/spawn.py): in a small helper, not the large agent (or broker), whose
-        # fork would cost its loop milliseconds per task; so a guest's task starts a helper where none runs.
+        # Another user's task is forked (worker/spawn.py): by a small helper, as the agent's fork costs milliseconds.
         if (self._helper_count or spec.user is not None) and order.size() <= LARGEST_ORDER:
             self._start_in_helper(spec, order, started, pipes, writes)
             return None
