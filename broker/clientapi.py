@@ -357,7 +357,7 @@ def client_room() -> int:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 1 << 30
-    return soft - max(RESERVED_DESCRIPTORS, soft // 4)
+    return max(soft // 2, soft - max(RESERVED_DESCRIPTORS, soft // 4))  # half of a tiny limit, not none of it
 
 
 def _spare_descriptor() -> int | None:

@@ -203,25 +203,39 @@ def test_a_stopped_broker_gets_a_clear_timeout_not_a_client_that_waits_forever(
 
 
 def test_at_its_descriptor_limit_the_broker_refuses_new_clients_cleanly(own_broker: tuple[LocalCluster, Path]) -> None:
-    """Lowered under the broker's feet: an open-files limit that leaves clients less than the broker's reserve,
-    then one that leaves no descriptor at all. Either way a new client is told `unavailable` at once, one line
-    is logged, a client already connected is served, and new clients are served again once the limit is back."""
+    """Lowered under the broker's feet, the open-files limit first stops clients short of the descriptors the
+    broker keeps for its own work, then leaves it none at all. Either way a new client is told `unavailable` at
+    once, one line is logged, clients already connected are served, and new ones are again once it is raised."""
     cluster, log = own_broker
     broker = cluster.procs[0].pid
     soft, hard = resource.prlimit(broker, resource.RLIMIT_NOFILE)
-    with cluster.client() as existing:
-        existing.jobs(all=True)  # the journal's reader is open: the limit is met by clients alone
-        in_use = len(os.listdir(f"/proc/{broker}/fd"))
-        try:
-            for limit in (in_use + 3, in_use):
-                subprocess.run(["prlimit", f"--pid={broker}", f"--nofile={limit}:{hard}"], check=True, timeout=10)
-                for _ in range(50):  # as long as it lasts: the accept loop keeps working
-                    with pytest.raises(ClientError) as refused, Client(cluster.uri, timeout=10) as client:
-                        client.hello()
-                    assert refused.value.code == "unavailable" and "open-files limit" in str(refused.value)
-                assert existing.hello()["size"] == 1
-        finally:
-            resource.prlimit(broker, resource.RLIMIT_NOFILE, (soft, hard))
+    held: list[Client] = []
+
+    def refused_at_once() -> None:
+        with pytest.raises(ClientError) as refused, Client(cluster.uri, timeout=10) as client:
+            client.hello()
+        assert refused.value.code == "unavailable" and "open-files limit" in str(refused.value)
+
+    try:
+        held.append(cluster.client())
+        held[0].jobs(all=True)  # the journal's reader is open: what follows is met by clients alone
+        subprocess.run(["prlimit", f"--pid={broker}", f"--nofile=256:{hard}"], check=True, timeout=10)
+        with pytest.raises(ClientError) as stopped:
+            for _ in range(256):
+                held.append(Client(cluster.uri, timeout=10))
+                held[-1].hello()
+        held.pop().close()
+        assert stopped.value.code == "unavailable"
+        spare = 256 - len(os.listdir(f"/proc/{broker}/fd"))
+        assert spare > 0, "clients were refused only once the broker had no descriptor left"
+        subprocess.run(["prlimit", f"--pid={broker}", f"--nofile={256 - spare}:{hard}"], check=True, timeout=10)
+        for _ in range(50):  # none left at all: refusals go on as long as it lasts, the accept loop works
+            refused_at_once()
+        assert all(client.hello()["size"] == 1 for client in held)
+    finally:
+        resource.prlimit(broker, resource.RLIMIT_NOFILE, (soft, hard))
+        for client in held:
+            client.close()
     with cluster.client() as client:
         assert client.hello()["size"] == 1
     text = log.read_text()
