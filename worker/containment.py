@@ -351,11 +351,12 @@ def kill_rank_leftovers(state_dir: str, rank: int, uri: str) -> int:
         if not found:
             break
         for pid in found:
-            with contextlib.suppress(ProcessLookupError):
+            # PermissionError: a child of a task that runs a set-user-ID program, where this worker is not root.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGSTOP)
         stopped |= found
     for pid in stopped:
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     return len(stopped)
 
