@@ -14,10 +14,11 @@ killpg() misses it. Two ways to find such children:
   of a task becomes the worker's child. It still carries the task's MC_JOB_ID and MC_TASK_RANK, which tell
   whose it is; orphans of tasks that ended are killed and reaped.
 
-Both need a live worker. `guard` covers its death, however it dies (kill -9 included): a small process forked from
-the worker before its threads start waits on the worker's pidfd and, the moment it exits, kills what its tasks
-left (issue 24 item 4): the pidfile's groups, the cgroup tree, and every process that carries this instance's
-MC_URI and this rank's MC_NODE_RANK (what escaped to PID 1 or another subreaper).
+Both need a live worker. Its death, however it dies (kill -9 included), is covered by `kill_rank_leftovers` (issue
+24 item 4): the pidfile's groups, the cgroup tree, and every process that carries this instance's MC_URI and this
+rank's MC_NODE_RANK (what escaped to PID 1 or another subreaper). `mc start`'s launcher runs it when it reaps a
+worker; `mc boot` as a pod's PID 1 needs none (its exit ends the PID namespace); elsewhere `guard` forks a small
+process from the worker before its threads start that waits on the worker's pidfd and runs it.
 """
 from __future__ import annotations
 

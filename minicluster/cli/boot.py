@@ -84,15 +84,17 @@ def _run_profiled(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
         profile.dump_stats(path)
 
 
-def run_worker(config_path: str, rank: int) -> int:
+def run_worker(config_path: str, rank: int, guarded: bool = True) -> int:
+    """`guarded`: fork the rank's guard (worker/containment.py); not where its parent already does a guard's work
+    (`mc start`'s launcher, `mc boot` as PID 1, whose exit ends the pod's PID namespace)."""
     from worker.containment import guard
     from worker.service import run_worker as serve
 
     config = config_mod.load(config_path)
     setup_logging(rank)
     cert = curve.load(config.curve_cert)
-    # Before any thread: whatever ends this process, kill -9 included, its tasks end with it (worker/containment.py).
-    guard(config.state_dir, rank, f"unix://{config.socket_path}")
+    if guarded:  # before any thread: however this process ends, kill -9 included, its tasks end with it
+        guard(config.state_dir, rank, f"unix://{config.socket_path}")
     return _run_profiled(lambda: serve(config, rank, cert))
 
 
@@ -115,7 +117,8 @@ def boot_main(argv: list[str]) -> int:
     if rank == 0 and args.broker_elsewhere:
         print("mc boot: rank 0 runs in its own pod (spec.storage); nothing to do at this index", file=sys.stderr)
         return 0
+    pid_1 = os.getpid() == 1
     init.fork_rank()  # as a container's PID 1: reap orphans, forward signals (minicluster/cli/init.py)
     if rank == 0:
         return run_broker(args.config, _command(args))
-    return run_worker(args.config, rank)
+    return run_worker(args.config, rank, guarded=not pid_1)

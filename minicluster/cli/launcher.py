@@ -151,7 +151,7 @@ def _fork_rank(config_path: str, rank: int, command: list[str] | None, lock: Sta
             code = boot.run_broker(config_path, command, lock)  # the broker holds the lock with us
         else:
             lock.forget()
-            code = boot.run_worker(config_path, rank)
+            code = boot.run_worker(config_path, rank, guarded=False)  # _supervise guards it
     except BaseException as exc:  # the child must never return into the launcher's code
         print(f"mc start: rank {rank}: {exc}", file=sys.stderr)
     finally:
@@ -227,9 +227,12 @@ class _Restarts:
         return ranks
 
 
-def _supervise(pids: dict[int, int], start: Callable[[int], int], stopping: list[int]) -> int | None:
+def _supervise(pids: dict[int, int], start: Callable[[int], int], stopping: list[int],
+               cleanup: Callable[[int], object]) -> int | None:
     """Wait for rank 0 to end, restarting the worker ranks that die meanwhile; rank 0's status (None: unknown).
-    No worker is restarted once `stopping` holds a signal: the instance is on its way out."""
+    The launcher is each worker's guard (worker/containment.py): `cleanup(rank)` kills what the tasks of a worker
+    that did not end in order left, the moment it is reaped, before any restart. No worker is restarted once
+    `stopping` holds a signal: the instance is on its way out."""
     restarts = _Restarts()
     for rank in pids:
         restarts.started[rank] = time.monotonic()
@@ -250,6 +253,8 @@ def _supervise(pids: dict[int, int], start: Callable[[int], int], stopping: list
         if ended == 0:
             return code
         del pids[ended]
+        if code not in (0, exitcodes.DISRUPTED):  # the two orderly ends, which end the worker's tasks first
+            cleanup(ended)
         if not stopping:
             restarts.ended(ended, code, time.monotonic())
 
@@ -303,7 +308,10 @@ def _run(config: config_mod.InstanceConfig, config_path: str, command: list[str]
               f"connect with:  export MC_URI={uri}\nstop with:     mc shutdown (or Ctrl-C, SIGTERM)",
               file=sys.stderr, flush=True)
     # Rank 0 stays in `pids` while it runs, so a signal can still reach it.
-    status = _supervise(pids, lambda rank: _fork_rank(config_path, rank, None, lock), stop_signal)
+    from worker.containment import kill_rank_leftovers
+
+    status = _supervise(pids, lambda rank: _fork_rank(config_path, rank, None, lock), stop_signal,
+                        lambda rank: kill_rank_leftovers(str(state_dir), rank, uri))
     pids.pop(0, None)
     if status is not None and status < 0:
         print(f"mc start: the broker (rank 0) was killed by {signal.Signals(-status).name}; a local instance does "
