@@ -12,7 +12,7 @@ _DEFAULTS: dict[str, str] = {
     # then fails with "process_vm_readv ... Operation not permitted").  Shared memory (posix, sysv) stays:
     # Debian's MPICH 4.0 disconnects every UCX endpoint in MPI_Finalize before its last PMI barrier, and a
     # TCP endpoint between ranks of one host may wait there for a peer already blocked in that barrier
-    # (hung in 5 of 8 runs of 6 ranks with "tcp,self", docs/mpi.md "Containers").
+    # (6 ranks on 3 workers hung in 12 of 30 runs with "tcp,self", docs/mpi.md "Containers").
     "UCX_TLS": "^cma",
 }
 
