@@ -115,3 +115,29 @@ def test_shutdown_drain_refuses_new_work_lets_running_jobs_end_and_keeps_the_que
             for job_id in (queued, *queued_too):
                 assert wait_for(c, job_id)["status"] == 0
             counts_agree(c, {"succeeded": 2 + len(queued_too), "failed": 0, "cancelled": 0})
+
+
+def test_a_planned_stop_requeues_the_running_elements_of_an_array_and_each_index_ends_once(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    # Until the stop an element runs on (to be interrupted); once the instance was stopped, it ends at once.
+    element = ["sh", "-c", f'echo {{cc}} >> "{work}/ran"; [ -e "{work}/stopped" ] && exit 0; exec sleep 120']
+    cluster = LocalCluster(tmp_path / "state", size=2, resources="cores=1", dispatch_window=0)
+    with cluster:
+        with cluster.client() as c:
+            array = c.submit(job(element, array="0-5"))
+            started(c, array)
+        stop_all(cluster, [])
+        (work / "stopped").touch()
+        first = sorted(int(i) for i in (work / "ran").read_text().split())
+        assert first, "elements ran before the stop"
+        start_again(cluster)
+        with cluster.client() as c:
+            result = wait_for(c, array, timeout=60)
+            assert result["status"] == 0 and result["exception"] is None
+            assert c.job(array)["counts"]["succeeded"] == 6
+            interrupted = {row[1]: row[10] for row in c.attempts(array) if row[10] != "final"}
+            assert set(interrupted) == set(first) and set(interrupted.values()) == {"shutdown"}, interrupted
+            counts_agree(c, {"succeeded": 1, "failed": 0, "cancelled": 0})
+    ran = sorted(int(i) for i in (work / "ran").read_text().split())
+    assert ran == sorted([*range(6), *first]), "each interrupted index ran again, every other one once"
