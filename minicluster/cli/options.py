@@ -46,7 +46,9 @@ def int_at_least(minimum: int, what: str = "an integer", maximum: int = MAX_WIRE
         except ValueError:
             raise _type_error(f"{text!r} is not {what}") from None
         if not minimum <= value <= maximum:
-            raise _type_error(f"must be {what} from {minimum} to {maximum}, got {text.strip()}")
+            bound = f"of at least {minimum}" if value < minimum and maximum == MAX_WIRE_INT else \
+                f"from {minimum} to {maximum}"
+            raise _type_error(f"must be {what} {bound}, got {text.strip()}")
         return value
     return parse
 

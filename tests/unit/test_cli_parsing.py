@@ -169,7 +169,7 @@ def test_negative_counts_say_what_is_wrong(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit):
         submit_main(["-n", "-1", "true"])
     assert capsys.readouterr().err == (
-        "mc-submit: error: argument -n/--ntasks: must be an integer of at least 1, got -1 (see --help)\n")
+        "mc-submit: error: argument -n/--ntasks: must be a number of tasks from 1 to 16777216, got -1 (see --help)\n")
 
 
 def test_env_clear_sends_nothing_by_default() -> None:

@@ -33,8 +33,9 @@ async def test_run_goes_out_only_once_the_alloc_is_durable_one_to_each_rank(core
     runs = {m.dst: m.body for m in messages}
     assert [entry[:3] for rank in (0, 1) for entry in runs[rank]["tasks"]] == [[record.id, 0, 0], [record.id, 1, 1]]
     info = runs[1]["jobs"][record.id]
+    # No --mpi: the workers serve what the program's ELF links, else the instance's mpi_default (pmi1).
     assert (info["argv"], info["ntasks"], info["layout"], info["mpi"]) == (["hostname", "-s"], 2, [[0, 1], [1, 1]],
-                                                                           "pmi1")
+                                                                           "auto:pmi1")
     assert info["env"]["MC_URI"] == core_rig.URI
     assert core.event_names(record)[-2:] == ["alloc", "start"]
     assert dict(core.events(record))["alloc"] == {"ranks": "0-1"}

@@ -113,3 +113,16 @@ def test_modes() -> None:
     assert serve_modes(info(True, ["x"])) == {"pmi1"} and serve_modes(info(None, ["x"])) == set()
     assert serve_modes(info("pmix", ["x"])) == {"pmix"}
     assert serve_modes(info("auto", ["/bin/sh"])) == {"pmi1", "pmix"}
+    # No --mpi (rank 0 sends auto:<mpi_default>): a program that names no MPI gets the instance's default.
+    assert serve_modes(info("auto:pmi1", ["/bin/sh"])) == {"pmi1"}
+    assert serve_modes(info("auto:pmix", ["/bin/sh"])) == {"pmix"}
+
+
+def test_no_mpi_given_serves_what_the_program_links(tmp_path: Path) -> None:
+    mpicc = shutil.which("mpicc.openmpi")
+    if mpicc is None:
+        pytest.skip("Debian's Open MPI (apt openmpi-bin libopenmpi-dev) is not installed")
+    (tmp_path / "m.c").write_text("#include <mpi.h>\nint main(void){MPI_Init(0,0);return MPI_Finalize();}\n")
+    subprocess.run([mpicc, "-o", str(tmp_path / "m"), str(tmp_path / "m.c")], check=True, timeout=120)
+    jobinfo = messages.JobInfo([str(tmp_path / "m")], {}, 2, [[0, 2]], os.getuid(), os.getgid(), mpi="auto:pmi1")
+    assert serve_modes(jobinfo) == {"pmix"}
