@@ -1,8 +1,8 @@
 """MPI jobs on a real 4-rank MiniCluster (conftest's `cluster4`: fanout 2, so rank 3 is two hops from rank 0,
 2 cores per rank).
 
-Every task is a real MPICH (PyPI wheel) process bootstrapped by the workers' PMI-1 servers; the barrier
-exchange travels the overlay tree.  Each test checks the world size, because a rank that silently ran as
+Every task is a real MPICH process (PyPI's wheel, and for the C programs Debian's MPICH too) bootstrapped by the
+workers' PMI-1 servers; the barrier exchange travels the overlay tree.  Each test checks the world size, because a rank that silently ran as
 a singleton would otherwise look like success.
 """
 from __future__ import annotations
