@@ -129,6 +129,10 @@ class Broker:
                 status = exitcodes.SUCCESS  # ended by `mc shutdown`: a clean end (a disruption returns below)
             self.request_stop()
         await self._stop.wait()
+        if self.disrupted is None:
+            # A disruption meanwhile (SIGTERM during a drain) stops the settling: the broker leaves as below.
+            await settle_running(self.manager, lambda: None if self.disrupted is not None else self.stop_mode,
+                                 self.config.kill_grace)
         if self.disrupted is not None:
             await self._leave()
             return self.disrupted
@@ -137,8 +141,8 @@ class Broker:
 
     def request_stop(self, mode: str = "requeue") -> None:
         """End the MiniCluster: running jobs are requeued, cancelled or waited for (`mode`, broker/stop.py),
-        then every rank is told to stop."""
-        if not self.stopping:
+        then every rank is told to stop. A stop asked for while a drain waits replaces it."""
+        if not self.stopping or self.stop_mode == "drain":
             self.stop_mode = mode
         self.stopping = True
         self._stop.set()
@@ -163,7 +167,6 @@ class Broker:
         self._stop.set()
 
     async def _shutdown(self) -> None:
-        await settle_running(self.manager, self.stop_mode, self.config.kill_grace)
         # Rank 0's own agent passes `shutdown` on to rank 0's children, and they to theirs.
         self.agent.handle(Message(messages.Shutdown.KIND, 0, 0, {}))
         await self.agent.stopped.wait()

@@ -92,13 +92,18 @@ def test_shutdown_cancel_ends_running_jobs_as_cancelled_and_their_dependants_fai
             counts_agree(c, {"succeeded": 0, "failed": 1, "cancelled": 1})
 
 
-def test_shutdown_drain_refuses_new_work_lets_running_jobs_end_and_keeps_the_queue(tmp_path: Path) -> None:
-    cluster = LocalCluster(tmp_path / "state", size=1, resources="cores=1")
+def test_shutdown_drain_refuses_new_work_lets_running_jobs_end_and_a_second_stop_requeues_the_rest(
+        tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    cluster = LocalCluster(tmp_path / "state", size=2, resources="cores=1")
     with cluster:
         with cluster.client() as c:
-            running = c.submit(job(["sleep", "4"]))
-            queued = c.submit(job(["true"]))
-            started(c, running)
+            short = c.submit(job(["sleep", "3"]))
+            long = c.submit(job(once_then_done(work, "long")))
+            queued = c.submit(job(["true"], nnodes=2, ntasks=2, mpi="none"))
+            started(c, short)
+            started(c, long)
             c.shutdown("drain")
             queued_too = []  # accepted in the moment before the stop began: queued like the others
             while True:
@@ -107,14 +112,16 @@ def test_shutdown_drain_refuses_new_work_lets_running_jobs_end_and_keeps_the_que
                 except ClientError as exc:
                     assert exc.code == "shutting-down", exc
                     break
-            assert c.job(running)["state"] == "RUN" and c.job(queued)["state"] == "SCHED"
-        assert cluster.procs[0].wait(60) == 0
+            assert wait_for(c, short)["status"] == 0  # the drain let it run to its end
+            assert c.job(long)["state"] == "RUN" and c.job(queued)["state"] == "SCHED"
+        stop_all(cluster, [])  # no more waiting: what still runs is requeued
         start_again(cluster)
         with cluster.client() as c:
-            assert c.job(running)["status"] == 0  # it ran to its end before the stop
-            for job_id in (queued, *queued_too):
+            for job_id in (long, queued, *queued_too):
                 assert wait_for(c, job_id)["status"] == 0
-            counts_agree(c, {"succeeded": 2 + len(queued_too), "failed": 0, "cancelled": 0})
+            assert [row[10] for row in c.attempts(long)][0] == "shutdown"
+            assert runs(work, "long") == 2
+            counts_agree(c, {"succeeded": 3 + len(queued_too), "failed": 0, "cancelled": 0})
 
 
 def test_a_planned_stop_requeues_the_running_elements_of_an_array_and_each_index_ends_once(tmp_path: Path) -> None:
