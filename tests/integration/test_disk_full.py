@@ -115,7 +115,7 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
             waiting = c.request("submit", jobspec=wire_jobspec(job(marked(markers, "waiting"))))
             stalled = wait_stalled(c)
             assert "full" in stalled
-            with pytest.raises(ClientError, match="could not be written in time.*full") as refusal:
+            with pytest.raises(ClientError, match=r"could not be written in time.*full") as refusal:
                 c.next_response([waiting], timeout=60)  # a bound, far above the 2 s stall timeout
             assert refusal.value.code == "unavailable"
             refused.append("waiting")

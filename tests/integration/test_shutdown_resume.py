@@ -119,7 +119,7 @@ def test_shutdown_drain_refuses_new_work_lets_running_jobs_end_and_a_second_stop
         with cluster.client() as c:
             for job_id in (long, queued, *queued_too):
                 assert wait_for(c, job_id)["status"] == 0
-            assert [row[10] for row in c.attempts(long)][0] == "shutdown"
+            assert c.attempts(long)[0][10] == "shutdown"
             assert runs(work, "long") == 2
             counts_agree(c, {"succeeded": 3 + len(queued_too), "failed": 0, "cancelled": 0})
 
