@@ -7,9 +7,19 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from minicluster.client import Client, ClientError
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, started, wait_for
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """Where the tasks leave their marks."""
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
 
 
 def once_then_done(workdir: Path, name: str) -> list[str]:
@@ -48,9 +58,8 @@ def counts_agree(c: Client, expected: dict[str, int]) -> None:
     assert c.status()["queue"]["INACTIVE"] == len(listed)
 
 
-def test_a_planned_stop_requeues_running_jobs_without_using_a_retry_and_a_restart_runs_them(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
+def test_a_planned_stop_requeues_running_jobs_without_using_a_retry_and_a_restart_runs_them(
+        tmp_path: Path, work: Path) -> None:
     cluster = LocalCluster(tmp_path / "state", size=2, resources="cores=1")
     with cluster:
         with cluster.client() as c:
@@ -74,9 +83,7 @@ def test_a_planned_stop_requeues_running_jobs_without_using_a_retry_and_a_restar
             counts_agree(c, {"succeeded": 3, "failed": 0, "cancelled": 0})
 
 
-def test_shutdown_cancel_ends_running_jobs_as_cancelled_and_their_dependants_fail(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
+def test_shutdown_cancel_ends_running_jobs_as_cancelled_and_their_dependants_fail(tmp_path: Path, work: Path) -> None:
     cluster = LocalCluster(tmp_path / "state", size=2, resources="cores=1")
     with cluster:
         with cluster.client() as c:
@@ -93,9 +100,7 @@ def test_shutdown_cancel_ends_running_jobs_as_cancelled_and_their_dependants_fai
 
 
 def test_shutdown_drain_refuses_new_work_lets_running_jobs_end_and_a_second_stop_requeues_the_rest(
-        tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
+        tmp_path: Path, work: Path) -> None:
     cluster = LocalCluster(tmp_path / "state", size=2, resources="cores=1")
     with cluster:
         with cluster.client() as c:
@@ -124,9 +129,8 @@ def test_shutdown_drain_refuses_new_work_lets_running_jobs_end_and_a_second_stop
             counts_agree(c, {"succeeded": 3 + len(queued_too), "failed": 0, "cancelled": 0})
 
 
-def test_a_planned_stop_requeues_the_running_elements_of_an_array_and_each_index_ends_once(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
+def test_a_planned_stop_requeues_the_running_elements_of_an_array_and_each_index_ends_once(
+        tmp_path: Path, work: Path) -> None:
     # Until the stop an element runs on (to be interrupted); once the instance was stopped, it ends at once.
     element = ["sh", "-c", f'echo {{cc}} >> "{work}/ran"; [ -e "{work}/stopped" ] && exit 0; exec sleep 120']
     cluster = LocalCluster(tmp_path / "state", size=2, resources="cores=1", dispatch_window=0)
