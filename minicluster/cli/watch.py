@@ -137,12 +137,11 @@ def _cancel_and_leave(client: Client, job: int, prog: str, signum: int, streams:
     the signal once the broker answered (or after CANCEL_ANSWER_WAIT). The job's end is not waited for."""
     for rid in streams:
         client.discard(rid)
-    cancel = client.request("cancel", jobs=[job])
     with suppress(OSError):  # stderr may be the terminal that just closed
         sys.stderr.write(f"{prog}: {signal.Signals(signum).name}: cancelling job {job}\n")
         sys.stderr.flush()
-    with suppress(ClientError, OSError):
-        client.next_response([cancel], timeout=CANCEL_ANSWER_WAIT)
+    with suppress(ClientError, OSError):  # a broker gone away cannot be told; we leave all the same
+        client.next_response([client.request("cancel", jobs=[job])], timeout=CANCEL_ANSWER_WAIT)
     return 128 + signum
 
 
