@@ -2,8 +2,8 @@
 2 cores per rank).
 
 Every task is a real MPICH process (PyPI's wheel, and for the C programs Debian's MPICH too) bootstrapped by the
-workers' PMI-1 servers; the barrier exchange travels the overlay tree.  Each test checks the world size, because a rank that silently ran as
-a singleton would otherwise look like success.
+workers' PMI-1 servers; the barrier exchange travels the overlay tree.  Each test checks the world size, because
+a rank that silently ran as a singleton would otherwise look like success.
 """
 from __future__ import annotations
 
