@@ -47,8 +47,9 @@ RUNTIME = Recipe(NAME, "runtime", (), "mc:x:10001:10001::/home/mc:/usr/sbin/nolo
                  [["/home/mc", 10001, 10001, 0o755], ["/var/lib/minicluster", 10001, 10001, 0o755]])
 # useradd --no-create-home: the home in passwd does not exist; WORKDIR /src is emptied by `rm -rf /src` and made
 # again (root's) by the runtime as the working directory.
-OPERATOR = Recipe(OPERATOR_NAME, "operator", ("operator",), "operator:x:10001:10001::/home/operator:/usr/sbin/nologin",
-                  "operator:x:10001:", [["/src", 0, 0, 0o755]])
+OPERATOR = Recipe(OPERATOR_NAME, "operator", ("operator",),
+                  "mc-operator:x:10001:10001::/home/mc-operator:/usr/sbin/nologin", "mc-operator:x:10001:",
+                  [["/src", 0, 0, 0o755]])
 RECIPES = (RUNTIME, OPERATOR)
 
 
