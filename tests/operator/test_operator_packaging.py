@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -92,11 +94,30 @@ def test_cel_rules_match_the_operators_own_checks(cr_schema: dict[str, Any], mak
 def test_deploy_objects_validate_strictly() -> None:
     kustomization = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
     for resource in kustomization["resources"]:
-        path = REPO / "deploy" / resource
-        files = [path / "minicluster.yaml"] if path.is_dir() else [path]
-        for file in files:
-            for doc in load_all(file):
-                kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        for doc in load_all(REPO / "deploy" / resource):
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_deploy_applies_with_the_kustomize_of_old_kubectl() -> None:
+    # kubectl up to 1.20 embeds kustomize v2.0.3: a resource must be a file inside the kustomization's own
+    # directory ("'../crds' must be a file"), so deploy/ carries a copy of the CRD, which must not drift.
+    deploy = REPO / "deploy"
+    kustomization = yaml.safe_load((deploy / "kustomization.yaml").read_text())
+    for resource in kustomization["resources"]:
+        path = (deploy / resource).resolve()
+        assert path.is_file() and path.parent == deploy, f"deploy/kustomization.yaml: {resource}"
+    assert "minicluster-crd.yaml" in kustomization["resources"]
+    assert (deploy / "minicluster-crd.yaml").read_bytes() == (REPO / "crds" / "minicluster.yaml").read_bytes(), (
+        "deploy/minicluster-crd.yaml differs from crds/minicluster.yaml: cp crds/minicluster.yaml deploy/")
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl on PATH")
+def test_kubectl_renders_deploy() -> None:
+    rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "deploy")], capture_output=True, text=True,
+                              timeout=60, check=True).stdout
+    kinds = sorted(doc["kind"] for doc in yaml.safe_load_all(rendered) if doc)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Namespace",
+                     "ServiceAccount"]
 
 
 def test_rbac_lists_exactly_what_the_operator_does() -> None:
