@@ -179,7 +179,10 @@ class TaskExecutor(_Executor):
             self._fail_soon(loop, spec.key, e.status, str(e), started)
             return None
         # Another user's task is forked (worker/spawn.py): by a small helper, as the agent's fork costs milliseconds.
-        if (self._helper_count or spec.user is not None) and order.size() <= LARGEST_ORDER:
+        # A task with a cwd too where the loop thread cannot have a cwd of its own (a pod's seccomp profile forbids
+        # unshare): a helper has one thread, so no other thread sees the cwd it enters for the spawn.
+        cwd_seen = spec.cwd is not None and not self._spawner.cwd_is_private()
+        if (self._helper_count or spec.user is not None or cwd_seen) and order.size() <= LARGEST_ORDER:
             self._start_in_helper(spec, order, started, pipes, writes)
             return None
         try:

@@ -20,7 +20,6 @@ import ctypes
 import errno
 import fcntl
 import functools
-import logging
 import os
 import shutil
 import signal
@@ -33,8 +32,6 @@ from dataclasses import dataclass
 from minicluster.model.text import cut
 from worker.asuser import acting_as_user
 from worker.memlimit import write_control
-
-log = logging.getLogger(__name__)
 
 STATUS_NOT_FOUND = 127
 STATUS_CANNOT_RUN = 126  # also used for every other spawn-time failure (cwd, cores, files)
@@ -72,12 +69,14 @@ class Order:
 
 
 class Spawner:
-    """Spawns in this process; `threads_share_cwd`: other threads would see a task's cwd (made per thread then)."""
+    """Spawns in this process; `threads_share_cwd`: other threads would see a task's cwd (made the calling thread's
+    own then, see `cwd_is_private`; where it cannot be, a spawn with a cwd fails)."""
 
     def __init__(self, threads_share_cwd: bool) -> None:
         self.allowed_cores = frozenset(os.sched_getaffinity(0))
         self._bound: frozenset[int] | None = None  # None: all of allowed_cores
         self._cwd_private = not threads_share_cwd
+        self._unshare_error: str | None = None  # why the calling thread's cwd could not be made its own
         self._signals_caught = False
 
     def check(self, order: Order) -> None:
@@ -132,7 +131,7 @@ class Spawner:
             if order.cores:
                 self.bind(frozenset(order.cores))
             if order.cwd is not None:
-                self._make_cwd_private()
+                self._make_cwd_private(order.cwd)
                 saved_cwd = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
                 _chdir(order.cwd, order.user)
             with contextlib.ExitStack() as stack:
@@ -183,14 +182,24 @@ class Spawner:
             self._bound = None
             os.sched_setaffinity(0, self.allowed_cores)
 
-    def _make_cwd_private(self) -> None:
-        if self._cwd_private:
-            return
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_FS) != 0:
-            log.warning("unshare(CLONE_FS) failed (%s): other threads may briefly see"
-                        " a task's cwd", os.strerror(ctypes.get_errno()))
-        self._cwd_private = True
+    def cwd_is_private(self) -> bool:
+        """Whether the calling thread (the one that spawns) may enter a task's cwd unseen by the process's other
+        threads: unshare(CLONE_FS), tried once, gives it a cwd of its own.  A container runtime's default seccomp
+        profile forbids unshare without CAP_SYS_ADMIN: the caller then spawns tasks with a cwd elsewhere."""
+        if not self._cwd_private and self._unshare_error is None:
+            if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_FS) == 0:
+                self._cwd_private = True
+            else:
+                self._unshare_error = os.strerror(ctypes.get_errno())
+        return self._cwd_private
+
+    def _make_cwd_private(self, cwd: str) -> None:
+        """Refuse the spawn rather than show the task's cwd to the other threads (their relative paths would open in
+        it)."""
+        if not self.cwd_is_private():
+            raise SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(cwd)}: not entered: a task this large is spawned by the"
+                             f" worker itself, whose other threads would see it (unshare(CLONE_FS):"
+                             f" {self._unshare_error})")
 
 
 @contextlib.contextmanager

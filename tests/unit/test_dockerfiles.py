@@ -39,7 +39,7 @@ def _commands(dockerfile: Path) -> list[list[str]]:
     for line in text.splitlines():
         if line.strip().upper().startswith("RUN "):
             words: list[str] = []
-            for word in shlex.split(line.strip()[4:]) + ["&&"]:
+            for word in [*shlex.split(line.strip()[4:]), "&&"]:
                 if word in ("&&", ";", "||"):
                     commands.append(words)
                     words = []

@@ -1,0 +1,143 @@
+"""Spawning under a container runtime's default seccomp profile (issue 25, item 2).
+
+RuntimeDefault refuses unshare(2) without CAP_SYS_ADMIN, so a worker's loop thread cannot have a cwd of its own,
+and a task's cwd entered there would be every thread's while it spawns.  The instance here runs under a real
+seccomp filter that answers unshare with EPERM, as that profile does: a launcher built in the test with cc
+installs it (no_new_privs, then the BPF program) and execs `mc start`, whose ranks inherit it.  Tasks with a cwd
+must then run in it, spawned by a single-threaded spawn helper, with no warning; a task too large for a helper is
+refused with the reason instead of being spawned where other threads would see its cwd.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from minicluster import config
+from minicluster.client import Client, ClientError
+from tests.integration.conftest import job, output_of, wait_for
+from tests.integration.test_access import GUEST, NOGROUP, as_user
+
+pytestmark = pytest.mark.slow
+
+LAUNCHER = r"""
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* unshare(2) fails with EPERM, everything else is allowed (native system call numbers only). */
+int main(int argc, char **argv) {
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_unshare, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof code / sizeof code[0], code};
+    if (argc < 2 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) {
+        perror("nounshare");
+        return 125;
+    }
+    execvp(argv[1], argv + 1);
+    perror(argv[1]);
+    return 127;
+}
+"""
+PROBE = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True);"
+         " print(libc.unshare(0x200), os.strerror(ctypes.get_errno()))")
+
+
+@pytest.fixture(scope="module")
+def nounshare(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The launcher; checked to refuse unshare(CLONE_FS) to what it runs, as RuntimeDefault does."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build the seccomp launcher")
+    build = tmp_path_factory.mktemp("seccomp")
+    (build / "nounshare.c").write_text(LAUNCHER)
+    subprocess.run([cc, "-O", "-o", str(build / "nounshare"), str(build / "nounshare.c")], check=True, timeout=60)
+    probe = subprocess.run([str(build / "nounshare"), "python3", "-c", PROBE], capture_output=True, text=True,
+                           timeout=30)
+    assert probe.stdout.split(None, 1) == ["-1", "Operation not permitted\n"], probe
+    return str(build / "nounshare")
+
+
+def test_tasks_run_in_their_cwd_without_unshare(nounshare: str, tmp_path: Path) -> None:
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        d.mkdir()
+    # One line per task: its cwd, and who spawned it (its parent until it ends).
+    task = tmp_path / "task.sh"
+    task.write_text("echo \"$(pwd) $(tr '\\0' ' ' < /proc/$PPID/cmdline)\"\n")
+    script = " && ".join(f"mc run -N 2 -n 4 --cwd {d} sh {task}" for d in dirs)
+    done = subprocess.run([nounshare, "mc", "start", "--size", "2", "--", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "unshare" not in done.stderr  # before: every rank warned, and entered the cwd in the shared loop thread
+    cwds, parents = zip(*(line.split(" ", 1) for line in done.stdout.splitlines()), strict=True)
+    assert sorted(cwds) == [str(dirs[0])] * 4 + [str(dirs[1])] * 4
+    assert all("worker.spawnhelper" in parent for parent in parents), parents
+
+
+def test_a_task_too_large_for_a_helper_is_refused_with_the_reason(nounshare: str, tmp_path: Path) -> None:
+    big = {f"MC_SECCOMP_BIG{i}": "x" * 60_000 for i in range(3)}  # over worker/helpers.py's LARGEST_ORDER
+    done = subprocess.run([nounshare, "mc", "start", "--size", "1", "--", "mc", "run", "--cwd", str(tmp_path), "pwd"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **big})
+    assert done.returncode == 126, done.stderr
+    assert done.stdout == ""
+    assert "not entered" in done.stderr and "unshare(CLONE_FS): Operation not permitted" in done.stderr
+
+
+@pytest.fixture
+def instance(nounshare: str) -> Iterator[tuple[Client, str]]:
+    """An interactive root instance under the filter that guests (group nogroup) may use."""
+    proc = subprocess.Popen([nounshare, "mc", "start", "--size", "1", "--set", "access_group=nogroup"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()  # type: ignore[union-attr]
+        assert "state in " in first, first
+        uri = f"unix://{config.load(Path(first.rstrip().rsplit('state in ', 1)[1]) / 'config.toml').socket_path}"
+        deadline = time.time() + 30
+        while True:
+            try:
+                with Client(uri) as client:
+                    if [r["state"] for r in client.status()["ranks"]] == ["up"]:
+                        break
+            except (ClientError, OSError):
+                pass
+            assert time.time() < deadline and proc.poll() is None, "the instance did not come up"
+            time.sleep(0.05)
+        with Client(uri) as client:
+            yield client, uri
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=30)
+    assert "unshare" not in rest
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="switching uids needs root (CI runs as root)")
+def test_a_guests_task_enters_its_cwd_as_the_guest(instance: tuple[Client, str]) -> None:
+    owner, uri = instance
+    with tempfile.TemporaryDirectory(prefix="mc-seccomp-guest-") as d:
+        os.chown(d, GUEST, NOGROUP)
+        closed = Path(d) / "closed"
+        closed.mkdir(mode=0o700)  # root's: the guest may not enter it
+        ids = [as_user(GUEST, NOGROUP, lambda c=cwd: Client(uri).submit(job(["pwd"], cwd=c)))["ok"]
+               for cwd in (d, str(closed))]
+        assert wait_for(owner, ids[0])["status"] == 0
+        assert output_of(owner, ids[0]) == {0: f"{d}\n".encode()}
+        assert wait_for(owner, ids[1])["status"] == 126
+        assert "Permission denied" in owner.task_results(ids[1])[0][6]
+
