@@ -27,34 +27,7 @@ from tests.integration.test_access import GUEST, NOGROUP, as_user
 
 pytestmark = pytest.mark.slow
 
-LAUNCHER = r"""
-#include <errno.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-/* unshare(2) fails with EPERM, everything else is allowed (native system call numbers only). */
-int main(int argc, char **argv) {
-    struct sock_filter code[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_unshare, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    struct sock_fprog prog = {sizeof code / sizeof code[0], code};
-    if (argc < 2 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) {
-        perror("nounshare");
-        return 125;
-    }
-    execvp(argv[1], argv + 1);
-    perror(argv[1]);
-    return 127;
-}
-"""
+LAUNCHER = Path(__file__).with_name("nounshare.c")  # also built by benchmarks/cwd_spawn.py
 PROBE = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True);"
          " print(libc.unshare(0x200), os.strerror(ctypes.get_errno()))")
 
@@ -66,8 +39,7 @@ def nounshare(tmp_path_factory: pytest.TempPathFactory) -> str:
     if cc is None:
         pytest.skip("no C compiler (cc) to build the seccomp launcher")
     build = tmp_path_factory.mktemp("seccomp")
-    (build / "nounshare.c").write_text(LAUNCHER)
-    subprocess.run([cc, "-O", "-o", str(build / "nounshare"), str(build / "nounshare.c")], check=True, timeout=60)
+    subprocess.run([cc, "-O", "-o", str(build / "nounshare"), str(LAUNCHER)], check=True, timeout=60)
     probe = subprocess.run([str(build / "nounshare"), "python3", "-c", PROBE], capture_output=True, text=True,
                            timeout=30)
     assert probe.stdout.split(None, 1) == ["-1", "Operation not permitted\n"], probe
