@@ -3,11 +3,15 @@
 Every python:*-bookworm image is built on debian:bookworm-slim, whose base-passwd ships fixed users and groups
 (group `operator`, gid 37, among them): a useradd or groupadd that takes one of their names or ids fails the
 build (`useradd: group operator exists`, exit 9).  Checked against this machine's base-passwd masters, the files
-base-passwd builds /etc/passwd and /etc/group from, so no container runtime is needed.
+base-passwd builds /etc/passwd and /etc/group from, so no container runtime is needed; as root, the Dockerfiles'
+useradd and groupadd commands also run for real on a copy of them (`--prefix`).
 """
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,3 +105,29 @@ def test_commands_are_parsed_across_continuations(tmp_path: Path) -> None:
                           "RUN useradd operator\n")
     assert accounts(dockerfile) == [Account("group", "g", 7), Account("user", "u", 8),
                                     Account("user", "operator", None), Account("group", "operator", None)]
+
+
+@pytest.mark.slow  # runs useradd and groupadd
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"), reason="useradd needs root and shadow's tools")
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_user_commands_succeed_on_a_copy_of_debians_base_passwd(dockerfile: Path, tmp_path: Path) -> None:
+    """The file's groupadd and useradd commands, run with --prefix on an /etc made from base-passwd's masters, as
+    in a fresh python:*-bookworm image; then USER's uid and gid exist there."""
+    _masters("group.master")  # skips without base-passwd
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    shutil.copy(MASTERS / "passwd.master", etc / "passwd")
+    shutil.copy(MASTERS / "group.master", etc / "group")
+    for name in ("shadow", "gshadow"):
+        (etc / name).touch(mode=0o640)
+    if Path("/etc/login.defs").exists():
+        shutil.copy("/etc/login.defs", etc / "login.defs")
+    for words in _commands(dockerfile):
+        if words[0] in ("groupadd", "useradd"):
+            done = subprocess.run([words[0], "--prefix", str(tmp_path), *words[1:]], capture_output=True, text=True,
+                                  timeout=30)
+            assert done.returncode == 0, f"{shlex.join(words)}: {done.stderr.strip()} (exit {done.returncode})"
+    user = [line.split()[1] for line in dockerfile.read_text().splitlines() if line.startswith("USER ")][-1]
+    uid, gid = user.split(":")
+    assert any(line.split(":")[2:4] == [uid, gid] for line in (etc / "passwd").read_text().splitlines())
+    assert any(line.split(":")[2] == gid for line in (etc / "group").read_text().splitlines())
