@@ -23,7 +23,8 @@ import pytest
 from minicluster import config
 from minicluster.client import Client, ClientError
 from tests.integration.conftest import job, output_of, wait_for
-from tests.integration.test_access import GUEST, NOGROUP, as_user
+from tests.integration.test_access import GUEST, NOGROUP
+from tests.integration.test_guest_privileges import guest_submit
 
 pytestmark = pytest.mark.slow
 
@@ -106,8 +107,7 @@ def test_a_guests_task_enters_its_cwd_as_the_guest(instance: tuple[Client, str])
         os.chown(d, GUEST, NOGROUP)
         closed = Path(d) / "closed"
         closed.mkdir(mode=0o700)  # root's: the guest may not enter it
-        ids = [as_user(GUEST, NOGROUP, lambda c=cwd: Client(uri).submit(job(["pwd"], cwd=c)))["ok"]
-               for cwd in (d, str(closed))]
+        ids = [guest_submit(uri, job(["pwd"], cwd=cwd)) for cwd in (d, str(closed))]
         assert wait_for(owner, ids[0])["status"] == 0
         assert output_of(owner, ids[0]) == {0: f"{d}\n".encode()}
         assert wait_for(owner, ids[1])["status"] == 126
