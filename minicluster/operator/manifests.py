@@ -34,6 +34,9 @@ BROKER_URI = f"unix://{InstanceConfig(state_dir=STATE_DIR).socket_path}"
 PROGRAM_FAILURE_CODES = list(exitcodes.PROGRAM_FAILURE)
 BACKOFF_LIMIT = 10
 TEMPLATE_HASH = "minicluster.dev/template-hash"
+# The Job fields a MiniCluster depends on, with the Kubernetes release that turned each on by default. An API
+# server that does not know a field drops it silently on create, so the operator compares what it kept.
+JOB_FIELDS = {"completionMode": "1.22", "suspend": "1.22", "podFailurePolicy": "1.26", "successPolicy": "1.31"}
 
 Manifest = dict[str, Any]
 
@@ -200,6 +203,12 @@ def _job_manifest(mc: MiniCluster, name: str, spec: dict[str, Any]) -> Manifest:
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
+def dropped_fields(wanted: Manifest, kept: Manifest) -> list[str]:
+    """The fields of JOB_FIELDS that the operator set on a Job and the API server did not keep."""
+    have = kept.get("spec") or {}
+    return [field for field in JOB_FIELDS if field in wanted["spec"] and field not in have]
+
+
 def template_hash(mc: MiniCluster, role: str = "ranks") -> str:
     """Fingerprint of a Job's pod template, which a Job never lets us change."""
     return _hash(pod_template(mc, role))
@@ -299,6 +308,9 @@ def container(mc: MiniCluster, role: str = "ranks") -> Manifest:
             {"name": "minicluster-shm", "mountPath": "/dev/shm"},
         ],
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        # `mc boot` writes no termination-log file: a failed rank's last log lines become the pod's termination
+        # message, which the MiniCluster's status quotes (pods.py).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if mc.resources:
         result["resources"] = dict(mc.resources)

@@ -10,7 +10,7 @@ from collections import Counter
 
 from aiohttp import web
 
-PHASES = ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Invalid")
+PHASES = ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Invalid", "Unsupported")
 
 
 class Metrics:

@@ -50,7 +50,7 @@ def broker_pod(mc: MiniCluster, pods: Sequence[Pod]) -> Pod | None:
 
 def problem(mc: MiniCluster, pods: Sequence[Pod], events: Sequence[Mapping[str, Any]]) -> Problem | None:
     """The most telling reason why ranks are missing, from the pods' own status and the Jobs' events."""
-    return _refused(pods, events) or _stuck(mc, pods) or _unschedulable(mc, pods) or _failing(mc, pods)
+    return _refused(pods, events) or _stuck(mc, pods) or _unschedulable(mc, pods) or failing(mc, pods)
 
 
 def _refused(pods: Sequence[Pod], events: Sequence[Mapping[str, Any]]) -> Problem | None:
@@ -81,23 +81,36 @@ def _unschedulable(mc: MiniCluster, pods: Sequence[Pod]) -> Problem | None:
     return None
 
 
-def _failing(mc: MiniCluster, pods: Sequence[Pod]) -> Problem | None:
-    """A rank with no running pod whose pods failed: how often, and how the last one ended."""
+def failing(mc: MiniCluster, pods: Sequence[Pod]) -> Problem | None:
+    """A rank with no running pod whose pods failed: how often, and how the last one ended. Failed pods that
+    never had a rank (no index: the Job is not Indexed, or rank 0's slot of the workers' Job) come last."""
     running = {rank_of(mc, p) for p in pods if live(p)}
     failed: dict[int, list[Pod]] = {}
+    unranked: list[Pod] = []
     for pod in pods:
+        if (pod.get("status") or {}).get("phase") != "Failed":
+            continue
         rank = rank_of(mc, pod)
-        if rank is not None and rank not in running and (pod.get("status") or {}).get("phase") == "Failed":
+        if rank is None:
+            unranked.append(pod)
+        elif rank not in running:
             failed.setdefault(rank, []).append(pod)
-    if not failed:
-        return None
-    rank, attempts = max(failed.items(), key=lambda item: len(item[1]))
-    last = max(attempts, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
-    times = "once" if len(attempts) == 1 else f"{len(attempts)} times"
-    return Problem("PodFailed", _short(f"rank {rank}'s pod failed {times}; last {_ending(last)}"))
+    if failed:
+        rank, attempts = max(failed.items(), key=lambda item: len(item[1]))
+        return Problem("PodFailed", _short(f"rank {rank}'s pod failed {_times(attempts)}; last {_ending(attempts)}"))
+    if unranked:
+        some = "a pod" if len(unranked) == 1 else f"{len(unranked)} pods"
+        return Problem("PodFailed", _short(f"{some} without a rank failed; last {_ending(unranked)}"))
+    return None
 
 
-def _ending(pod: Pod) -> str:
+def _times(attempts: Sequence[Pod]) -> str:
+    return "once" if len(attempts) == 1 else f"{len(attempts)} times"
+
+
+def _ending(attempts: Sequence[Pod]) -> str:
+    """How the newest of `attempts` ended: its container's exit code, reason and termination message."""
+    pod = max(attempts, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
     name = (pod.get("metadata") or {}).get("name", "?")
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         ended = (status.get("state") or {}).get("terminated")

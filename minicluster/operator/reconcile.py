@@ -25,7 +25,11 @@ class TemplateChanged(Exception):
     """The spec changed a pod field; a Job's pod template is immutable."""
 
 
-async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.local") -> None:
+class Unsupported(Exception):
+    """The API server dropped Job fields a MiniCluster depends on: the cluster is too old (or lacks the feature)."""
+
+
+async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.local", check_jobs: bool = True) -> None:
     existing = {(kind, name): await _get_owned(kube, mc, kind, name) for kind, name in _children(mc)}
     wanted_jobs = manifests.jobs(mc)
     await _check_storage_unchanged(kube, mc, existing)
@@ -43,9 +47,10 @@ async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.loc
         await _create(kube, manifests.claim(mc))
     for wanted in wanted_jobs:
         current = existing.get(("Job", wanted["metadata"]["name"]))
-        if current is None:
-            await _create(kube, wanted)
-        else:
+        kept = current if current is not None else await _create(kube, wanted)
+        if check_jobs and kept is not None:
+            await check_kept(kube, mc, wanted, kept)
+        if current is not None:
             await _update_job(kube, mc, wanted, current)
     if old_config is not None and old_config.get("data") != config["data"]:
         path = path_of("ConfigMap", mc.namespace, config["metadata"]["name"])
@@ -102,14 +107,54 @@ def is_owned(obj: Mapping[str, Any], mc: MiniCluster) -> bool:
     return any(ref.get("uid") == mc.uid and ref.get("controller") for ref in refs)
 
 
-async def _create(kube: Kube, manifest: dict[str, Any]) -> None:
+async def _create(kube: Kube, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The object as the API server stored it, by us or by a concurrent reconcile (e.g. the status poll racing
+    create) that got there first."""
     meta = manifest["metadata"]
     try:
-        await kube.create(path_of(manifest["kind"], meta["namespace"]), manifest)
+        return await kube.create(path_of(manifest["kind"], meta["namespace"]), manifest)
     except ApiError as exc:
-        # A concurrent reconcile (e.g. resume racing create) got there first.
         if exc.status != 409:
             raise
+        return await kube.get(path_of(manifest["kind"], meta["namespace"], meta["name"]))
+
+
+async def check_jobs(kube: Kube, mc: MiniCluster, found: Mapping[str, Mapping[str, Any] | None]) -> None:
+    """check_kept() for each of the MiniCluster's Jobs in `found` (by name)."""
+    for wanted in manifests.jobs(mc):
+        job = found.get(wanted["metadata"]["name"])
+        if job is not None:
+            await check_kept(kube, mc, wanted, job)
+
+
+async def check_kept(kube: Kube, mc: MiniCluster, wanted: Mapping[str, Any], job: Mapping[str, Any]) -> None:
+    """Raise Unsupported if the API server dropped Job fields the MiniCluster needs, after stopping the Job.
+
+    Without `completionMode: Indexed` no pod gets a rank and each exits 2 at once, to be replaced until the
+    backoff limit; the others change what a failure or a success does. The Job is stopped with `parallelism: 0`,
+    which every Kubernetes version accepts (`suspend` is unknown exactly where `completionMode` is) and the
+    operator's RBAC allows (it deletes nothing); the Job stays as evidence, so it is not created again either.
+    """
+    dropped = manifests.dropped_fields(dict(wanted), dict(job))
+    if not dropped:
+        return
+    if (job.get("spec") or {}).get("parallelism") != 0:
+        await kube.merge_patch(path_of("Job", mc.namespace, wanted["metadata"]["name"]), {"spec": {"parallelism": 0}})
+    version = await _server_version(kube)
+    needed = max((manifests.JOB_FIELDS[f] for f in dropped), key=lambda v: tuple(map(int, v.split("."))))
+    raise Unsupported(
+        f"the API server ({version}) dropped the Job field(s) {', '.join(dropped)}"
+        + (": it has no Indexed Jobs, so no pod would learn its rank" if "completionMode" in dropped else "")
+        + f". MiniClusters need Kubernetes {needed} or newer with these features on; the Job "
+        f"{wanted['metadata']['name']} is stopped (parallelism 0). Recreate the MiniCluster after an upgrade")
+
+
+async def _server_version(kube: Kube) -> str:
+    try:
+        info = await kube.get("/version") or {}
+    except ApiError:
+        info = {}
+    return f"Kubernetes {info['gitVersion']}" if info.get("gitVersion") else "Kubernetes version unknown"
 
 
 async def _update_job(kube: Kube, mc: MiniCluster, wanted: Mapping[str, Any], job: Mapping[str, Any]) -> None:

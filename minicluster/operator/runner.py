@@ -58,6 +58,7 @@ async def operate(
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
     broker_access: str = "auto",
+    check_jobs: bool = True,
 ) -> None:
     registry = registry if registry is not None else kopf.OperatorRegistry()
     kube = Kube(login)
@@ -69,6 +70,7 @@ async def operate(
         metrics=metrics.Metrics(),
         poll_interval=poll_interval,
         cluster_domain=cluster_domain,
+        check_jobs=check_jobs,
     )
     handlers.register(registry, deps)
 
@@ -120,11 +122,15 @@ def run(namespace: str | None = None) -> None:
     metrics port comes from MC_OPERATOR_METRICS_PORT (default 8080, 0 = off),
     the liveness port (/healthz) from MC_OPERATOR_HEALTH_PORT (default off), how
     brokers are reached from MC_OPERATOR_BROKER_ACCESS (auto, dns or proxy).
+    MC_OPERATOR_CHECK_JOBS=0 skips the check that the API server kept the Job
+    fields a MiniCluster needs: only for a test cluster whose stand-in supplies
+    them (docs/operator.md, "Older clusters").
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     port = int(os.environ.get("MC_OPERATOR_METRICS_PORT", "8080"))
     health = int(os.environ.get("MC_OPERATOR_HEALTH_PORT", "0"))
     domain = os.environ.get("MC_CLUSTER_DOMAIN", "cluster.local")
     access = os.environ.get("MC_OPERATOR_BROKER_ACCESS", "auto")
+    check_jobs = os.environ.get("MC_OPERATOR_CHECK_JOBS", "1") != "0"
     asyncio.run(operate(namespace, metrics_port=port or None, health_port=health or None,
-                        cluster_domain=domain, broker_access=access))
+                        cluster_domain=domain, broker_access=access, check_jobs=check_jobs))

@@ -182,7 +182,10 @@ def _phase(mc: MiniCluster, seen: Observed) -> tuple[str, str, str]:
         for type_ in ("Failed", "FailureTarget"):
             if type_ in conditions:
                 cond = conditions[type_]
-                return "Failed", cond.get("reason") or "JobFailed", cond.get("message", "")
+                # The Job says that it failed (e.g. its backoff limit); the pods say why.
+                why = pods_mod.failing(mc, seen.pods)
+                message = "; ".join(filter(None, [cond.get("message", ""), why.message if why else ""]))
+                return "Failed", cond.get("reason") or "JobFailed", message
     command = (seen.broker or {}).get("command") or {}
     if command.get("state") == "exited" and command.get("status") not in (None, 0):
         return "Failed", "CommandFailed", f"the batch command exited with status {command['status']}"

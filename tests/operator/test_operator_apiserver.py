@@ -9,6 +9,7 @@ tests check what 1.20 keeps (tier (a) checks the modern fields).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -86,6 +87,7 @@ def installed(cluster: Cluster) -> str:
     docs = [yaml.safe_load((REPO / "crds" / "minicluster.yaml").read_text())]
     for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml"):
         docs += list(yaml.safe_load_all((REPO / "deploy" / name).read_text()))
+    docs += NAMESPACE_WATCH
 
     async def install() -> str:
         await admin_apply(cluster, *docs)
@@ -118,30 +120,66 @@ class _Broker(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster, installed: str) -> Iterator[None]:
-    """The operator, logged in with its ServiceAccount token, in its own thread."""
+def broker_port() -> Iterator[int]:
     broker = ThreadingHTTPServer(("127.0.0.1", 0), _Broker)
     threading.Thread(target=broker.serve_forever, daemon=True).start()
-    port = broker.server_address[1]
+    yield broker.server_address[1]
+    broker.shutdown()
+    broker.server_close()
+
+
+@contextlib.contextmanager
+def running_operator(cluster: Cluster, token: str, port: int, namespace: str, check_jobs: bool) -> Iterator[None]:
+    """The operator for one namespace, logged in with its ServiceAccount token, in its own thread."""
     stop, ready = threading.Event(), threading.Event()
 
     async def main() -> None:
         fetcher = HttpStatusFetcher(lambda mc: f"http://127.0.0.1:{port}/{mc.namespace}/{mc.name}/status")
         try:
-            await operate(login=login_as(cluster, installed), fetch_status=fetcher, poll_interval=0.5,
+            await operate(namespace, login=login_as(cluster, token), fetch_status=fetcher, poll_interval=0.5,
                           registry=kopf.OperatorRegistry(), metrics_port=None,
-                          stop_flag=stop, ready_flag=ready)
+                          stop_flag=stop, ready_flag=ready, check_jobs=check_jobs)
         finally:
             await fetcher.close()
 
-    thread = threading.Thread(target=asyncio.run, args=(main(),), name="kopf")
+    thread = threading.Thread(target=asyncio.run, args=(main(),), name=f"kopf-{namespace}")
     thread.start()
     assert ready.wait(30)
     yield
     stop.set()
     thread.join(30)
-    broker.shutdown()
-    broker.server_close()
+
+
+# kopf restricted to namespaces watches the Namespace objects; deploy/ runs the operator cluster-wide and grants
+# no such thing, so this module (which runs two operators side by side, one per namespace) adds it.
+NAMESPACE_WATCH = [
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "test-namespaces"},
+     "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+     "metadata": {"name": "test-namespaces"},
+     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "test-namespaces"},
+     "subjects": [{"kind": "ServiceAccount", "name": "minicluster-operator", "namespace": "minicluster-system"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, installed: str, broker_port: int) -> Iterator[None]:
+    """The operator of namespace default, as on a cluster whose Job controller had the features the 1.20 API
+    server drops (these tests play the kubelet and the Job's outcome themselves): it does not check for them."""
+    with running_operator(cluster, installed, broker_port, "default", check_jobs=False):
+        yield
+
+
+LEGACY = "legacy"
+
+
+@pytest.fixture(scope="module")
+def checking_operator(cluster: Cluster, installed: str, broker_port: int) -> Iterator[None]:
+    """The operator as shipped (it checks what the API server kept of its Jobs), for namespace LEGACY."""
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEGACY}}
+    asyncio.run(admin_apply(cluster, namespace))
+    with running_operator(cluster, installed, broker_port, LEGACY, check_jobs=True):
+        yield
 
 
 @pytest.fixture
@@ -327,3 +365,44 @@ async def test_operator_rbac_is_least_privilege(cluster: Cluster, installed: str
             assert refused.value.status == 403, (method, path)
     finally:
         await kube.close()
+
+
+async def test_a_cluster_without_indexed_jobs_is_reported_at_once(checking_operator: None, admin: Kube) -> None:
+    # The 1.20 API server drops completionMode & co. from the Job; without an index every pod would exit 2
+    # ("no rank") and be replaced until the backoff limit, while the MiniCluster said only BrokerUnreachable.
+    await admin.create(MC_PATH.format(ns=LEGACY), body("old", size=3))
+    path = f"{MC_PATH.format(ns=LEGACY)}/old"
+    job_path = f"/apis/batch/v1/namespaces/{LEGACY}/jobs/old"
+
+    async def unsupported() -> dict[str, Any] | None:
+        obj = await admin.get(path) or {}
+        return obj if obj.get("status", {}).get("phase") == "Unsupported" else None
+    obj = await until(unsupported)
+    ready, reconciled = condition(obj, "Ready"), condition(obj, "Reconciled")
+    assert (ready["status"], ready["reason"]) == ("False", "UnsupportedCluster")
+    assert reconciled["reason"] == "UnsupportedCluster" and reconciled["message"] == ready["message"]
+    message = ready["message"]
+    assert "Kubernetes v1.20.2" in message and "completionMode, suspend, podFailurePolicy, successPolicy" in message
+    assert "no Indexed Jobs" in message and "Kubernetes 1.31 or newer" in message
+    # The Job stays (evidence; the operator deletes nothing) but runs no pod: the controller removes what it made.
+    job = await admin.get(job_path)
+    assert job["spec"]["parallelism"] == 0 and job["spec"]["completions"] == 3
+
+    async def no_pods() -> bool:
+        pods = await admin.get(f"/api/v1/namespaces/{LEGACY}/pods?labelSelector=minicluster.dev/name=old")
+        return not [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+    await until(no_pods)
+
+    async def reported() -> int:
+        events = await admin.get(f"/api/v1/namespaces/{LEGACY}/events?fieldSelector=involvedObject.name=old")
+        return [e["reason"] for e in events["items"]].count("UnsupportedCluster")
+    await until(reported)
+    await asyncio.sleep(2)  # several polls: the verdict stands, is said once, and the Job is not made again
+    assert await reported() == 1
+    assert (await admin.get(path))["status"]["phase"] == "Unsupported"
+    assert (await admin.get(job_path))["metadata"]["uid"] == job["metadata"]["uid"]
+    # A size change does not wake the Job (1.20 refuses new completions anyway): the verdict stays.
+    await admin.merge_patch(path, {"spec": {"size": 2}})
+    await asyncio.sleep(2)
+    assert (await admin.get(job_path))["spec"]["parallelism"] == 0
+    assert condition(await admin.get(path), "Reconciled")["reason"] == "UnsupportedCluster"

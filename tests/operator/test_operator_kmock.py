@@ -178,6 +178,25 @@ async def test_status_comes_from_the_broker(
     assert failed["status"] == "True" and "status 3" in failed["message"]
 
 
+async def test_a_job_the_api_server_kept_whole_raises_no_alarm(
+    operator: None, kmock: Kmock, make_body: Make, broker: dict[str, Any],
+) -> None:
+    # kmock keeps every field it is given, as Kubernetes 1.33 does: the cluster is supported.
+    await create(kmock, make_body(storage={"size": "1Gi"}))
+    await eventually(lambda: obj(kmock, JOB, "demo") and obj(kmock, JOB, "demo-broker"))
+    assert obj(kmock, JOB, "demo")["spec"]["completionMode"] == "Indexed"
+    reconciled = await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
+    assert reconciled["reason"] == "ChildrenUpToDate"
+    broker["ranks"]["up"], broker["ready"] = 4, True
+    await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Running")
+    await asyncio.sleep(1)  # several polls, each checking the Jobs again
+    assert obj(kmock, MC, "demo")["status"]["phase"] == "Running"
+    assert (obj(kmock, JOB, "demo-broker")["spec"]["parallelism"], obj(kmock, JOB, "demo")["spec"]["parallelism"]) == (
+        1, 4)
+    assert not [e for e in kmock[kmocklib.resource("v1/events")]
+                if e.method == "POST" and e.data["reason"] == "UnsupportedCluster"]
+
+
 async def test_job_verdict_wins(operator: None, kmock: Kmock, make_body: Make) -> None:
     await create(kmock, make_body())
     await eventually(lambda: obj(kmock, JOB, "demo"))

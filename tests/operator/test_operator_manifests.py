@@ -3,6 +3,7 @@ release's own schemas (kubernetes-validate, strict) and the broker's config."""
 from __future__ import annotations
 
 import base64
+import copy
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,26 @@ def test_fixed_size_cluster_explains_how_to_become_elastic(make_body: Any) -> No
 def test_job_patch(make_body: Any, spec: dict[str, Any], current: dict[str, Any], wanted: dict[str, Any]) -> None:
     mc = MiniCluster.from_body(make_body(**spec))
     assert reconcile.job_patch(mc, {"spec": current}) == wanted
+
+
+def test_dropped_job_fields_are_those_the_api_server_did_not_keep(make_body: Any) -> None:
+    mc = MiniCluster.from_body(make_body())
+    [wanted] = manifests.jobs(mc)
+    assert manifests.dropped_fields(wanted, copy.deepcopy(wanted)) == []
+    # What a 1.20 API server returns: the fields it does not know are gone.
+    old = copy.deepcopy(wanted)
+    for field in ("completionMode", "successPolicy", "podFailurePolicy", "suspend"):
+        del old["spec"][field]
+    assert manifests.dropped_fields(wanted, old) == ["completionMode", "suspend", "podFailurePolicy", "successPolicy"]
+    # With storage rank 0's Job is not Indexed and has no success policy: neither is missed there.
+    broker = manifests.broker_job(MiniCluster.from_body(make_body(storage={"size": "1Gi"})))
+    kept = copy.deepcopy(broker)
+    assert "completionMode" not in broker["spec"] and manifests.dropped_fields(broker, kept) == []
+
+
+def test_failed_ranks_leave_their_log_tail_as_termination_message(body: dict[str, Any]) -> None:
+    [container] = manifests.pod_template(MiniCluster.from_body(body))["spec"]["containers"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_template_hash_tracks_pod_fields_only(make_body: Any) -> None:

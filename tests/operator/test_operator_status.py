@@ -92,6 +92,7 @@ def terminated(code: int, reason: str = "Error", message: str = "") -> dict[str,
     return {"containerStatuses": [{"name": "minicluster", "state": {"terminated": ended}}]}
 
 
+NO_RANK = "mc boot: error: no rank: pass --rank or set JOB_COMPLETION_INDEX"
 REFUSED = {"reason": "FailedCreate", "lastTimestamp": LATER,
            "message": 'Error creating: pods "demo-0-x" is forbidden: violates PodSecurity "restricted:latest": '
                       "allowPrivilegeEscalation != false"}
@@ -109,6 +110,10 @@ REFUSED = {"reason": "FailedCreate", "lastTimestamp": LATER,
     # A failure whose rank runs again is history, not the current problem.
     ([pod("demo-1-a", 1, "Failed", **terminated(137, "OOMKilled")), pod("demo-1-b", 1, "Running")], [],
      "BrokerUnreachable", ""),
+    # A Job that is not Indexed (Kubernetes 1.20 drops completionMode): no pod has a rank, each says why it failed.
+    ([pod(f"demo-{s}", None, "Failed", created=f"2026-01-01T00:0{i}:00Z", **terminated(2, message=NO_RANK))
+      for i, s in enumerate(("abcde", "fghij", "klmno"))],
+     [], "PodFailed", f"3 pods without a rank failed; last demo-klmno: exit code 2 (Error): {NO_RANK}"),
     ([pod("demo-0-a", 0, conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                        "message": "0/3 nodes are available: 3 Insufficient cpu."}])],
      [], "Unschedulable", "rank 0 (pod demo-0-a): 0/3 nodes are available"),
@@ -119,6 +124,16 @@ def test_pods_own_reasons_explain_missing_ranks(mc: MiniCluster, pods: list[Any]
     ready = next(c for c in fields["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", reason)
     assert text in ready.get("message", "")
+
+
+def test_a_failed_job_says_how_its_pods_ended(mc: MiniCluster) -> None:
+    pods = [pod("demo-abcde", None, "Failed", **terminated(2, message=NO_RANK))]
+    the_job = job(Failed="BackoffLimitExceeded")
+    fields = derive(mc, {}, Observed(the_job, None, pods=pods), NOW)
+    failed = next(c for c in fields["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "BackoffLimitExceeded")
+    assert failed["message"] == (f"Failed because BackoffLimitExceeded; a pod without a rank failed; last demo-abcde: "
+                                 f"exit code 2 (Error): {NO_RANK}")
 
 
 def durability(fields: dict[str, Any]) -> tuple[str, str]:
