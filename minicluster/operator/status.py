@@ -183,8 +183,8 @@ def _phase(mc: MiniCluster, seen: Observed) -> tuple[str, str, str]:
             if type_ in conditions:
                 cond = conditions[type_]
                 # The Job says that it failed (e.g. its backoff limit); the pods say why.
-                why = pods_mod.failing(mc, seen.pods)
-                message = "; ".join(filter(None, [cond.get("message", ""), why.message if why else ""]))
+                ended = pods_mod.failing(mc, seen.pods)
+                message = "; ".join(filter(None, [cond.get("message", ""), ended.message if ended else ""]))
                 return "Failed", cond.get("reason") or "JobFailed", message
     command = (seen.broker or {}).get("command") or {}
     if command.get("state") == "exited" and command.get("status") not in (None, 0):
