@@ -25,6 +25,7 @@ from minicluster.client import Client, ClientError
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.test_access import GUEST, NOGROUP
 from tests.integration.test_guest_privileges import guest_submit
+from worker.helpers import LARGEST_ORDER
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +66,8 @@ def test_tasks_run_in_their_cwd_without_unshare(nounshare: str, tmp_path: Path) 
 
 
 def test_a_task_too_large_for_a_helper_is_refused_with_the_reason(nounshare: str, tmp_path: Path) -> None:
-    big = {f"MC_SECCOMP_BIG{i}": "x" * 60_000 for i in range(3)}  # over worker/helpers.py's LARGEST_ORDER
+    # Over the largest order a helper is sent, in variables execve takes (each under MAX_ARG_STRLEN, 128 KiB).
+    big = {f"MC_SECCOMP_BIG{i}": "x" * 60_000 for i in range(LARGEST_ORDER // 60_000 + 1)}
     done = subprocess.run([nounshare, "mc", "start", "--size", "1", "--", "mc", "run", "--cwd", str(tmp_path), "pwd"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, **big})
     assert done.returncode == 126, done.stderr
