@@ -139,13 +139,12 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
     if not reconcile.is_owned(job, mc):
         return  # someone else's Job: the reconcile handler has reported it
     workers = await deps.kube.get(path_of("Job", mc.namespace, mc.name)) if mc.storage else None
-    if deps.check_jobs:
-        try:
-            # Without storage both names are the same Job (and workers is None).
-            await reconcile.check_jobs(deps.kube, mc, {mc.name: workers, mc.broker_job_name: job})
-        except reconcile.Unsupported as exc:
-            await _refuse(deps, body, "UnsupportedCluster", str(exc), phase="Unsupported")
-            return
+    # Without storage both names are the same Job (and workers is None).
+    if deps.check_jobs and reconcile.lacks_fields(mc, {mc.name: workers, mc.broker_job_name: job}):
+        # The reconcile handler stops the Job and says why; again here only if that has not been done yet.
+        if (body.get("status") or {}).get("phase") != "Unsupported":
+            await _reconcile(deps, body)
+        return
     active = not status.job_finished(job) and not status.job_suspended(job)
     failed = "Failed" in status.job_conditions(job) or "Failed" in status.job_conditions(workers)
     pods, events = await _pods_and_events(deps.kube, mc) if active or failed else ([], [])
