@@ -171,9 +171,13 @@ class ClientServer:
         """With `access_group`: the socket 0660 and each directory down to it 0710, all of that group, so that its
         members can reach the socket but not list or open what lies beside it (the journal, keys and config stay
         the owner's, 0600 in 0700 directories). Without: the state directory's part of the path is the owner's
-        alone again (0700), whatever an earlier start with a group made of it."""
+        alone again (0700), whatever an earlier start with a group made of it.  A directory this process does not
+        own is left as it is: in a pod the state directory is a volume that the kubelet made (and chose the modes of),
+        and only its owner could change them."""
         gid = grp.getgrnam(self.access_group).gr_gid if self.access_group else -1
         for directory in self._path_to_socket():
+            if os.stat(directory).st_uid != os.geteuid():
+                continue
             os.chmod(directory, 0o710 if self.access_group else 0o700)
             if self.access_group:
                 os.chown(directory, -1, gid)
