@@ -31,6 +31,7 @@ class PmiExchange:
         self._aborts: dict[int, tuple[AbortSettlement, asyncio.TimerHandle]] = {}
 
     def on_put(self, rank: int, put: messages.PmiPut) -> None:
+        self._drop_ended()
         job = self.manager.jobs.get(put.job)
         if job is None or rank not in job.ranks:
             messages.send(self.send, rank, messages.Refusal("bad-request", "pmi-put for an unknown job", put.KIND))
@@ -54,6 +55,12 @@ class PmiExchange:
             job.id, seq, kvs=merged)
         for r in job.ranks:
             messages.send(self.send, r, kvs)
+
+    def _drop_ended(self) -> None:
+        """Forget the parts of barriers and fences some rank never joined, once their job ended."""
+        for key in [k for k in self._parts if (job := self.manager.jobs.get(k[0])) is None or job.ending
+                    or job.state != State.RUN]:
+            del self._parts[key]
 
     def on_init(self, init: messages.PmiInit) -> None:
         """A task of the job initialized PMI: it is an MPI job, whose tasks fail together from now on."""

@@ -25,6 +25,7 @@ import pytest
 
 from tests.integration.mpi_programs import MPICH_BUILDS, RING, build_c
 from worker.pmi import PMIExchange, PMIJobServer, mpi_env_defaults, process_mapping
+from worker.pmi.engine import TASK_PUT_BYTES
 
 pytest.importorskip("mpi4py", reason="mpi4py (with the mpich wheel) is not installed")
 
@@ -369,6 +370,39 @@ async def test_garbage_request_is_a_protocol_error(tmp_path: Path) -> None:
     result = await run_job(script(tmp_path, body), [1])
     assert [(rank, code) for rank, code, _ in result.aborts] == [(0, 1)]
     assert "PMI protocol error" in result.aborts[0][2]
+
+
+PUT_FLOOD = RAW_CLIENT_HEAD + """
+import sys
+rank = int(os.environ["PMI_RANK"])
+ask("cmd=init pmi_version=1 pmi_subversion=1")
+kvs = ask("cmd=get_my_kvsname").split("kvsname=")[1].strip()
+accepted, answer = 0, ""
+if rank == 0:  # puts 1 KiB values until refused (or 20 MiB, past the limit)
+    for i in range(20000):
+        answer = ask(f"cmd=put kvsname={kvs} key=k{i:05d} value=" + "v" * 1018)
+        if "rc=0" not in answer:
+            break
+        accepted += 1
+else:
+    ask(f"cmd=put kvsname={kvs} key=peer value=1")
+barrier = ask("cmd=barrier_in")
+peer = ask(f"cmd=get kvsname={kvs} key=peer")
+print(json.dumps({"rank": rank, "accepted": accepted, "answer": answer, "barrier": barrier, "peer": peer}))
+sys.exit(1 if rank == 0 else 0)  # as MPICH does when a put fails
+"""
+
+
+async def test_puts_past_the_task_limit_are_refused(tmp_path: Path) -> None:
+    result = await run_job(script(tmp_path, PUT_FLOOD), [2])
+    records = result.records()
+    assert result.returncodes == [1, 0], result.stderr
+    # Each put is 6 key bytes and 1018 value bytes; the one past the task's 16 MiB is answered with a failure.
+    assert records[0]["accepted"] == TASK_PUT_BYTES // 1024
+    assert records[0]["answer"].startswith("cmd=put_result rc=-1 msg=put_limit_of_a_task_reached")
+    # The server serves on: the barrier completes and the other task's put is seen.
+    assert [r["barrier"] for r in records] == ["cmd=barrier_out rc=0\n"] * 2
+    assert all(r["peer"] == "cmd=get_result rc=0 value=1\n" for r in records)
 
 
 async def test_leaving_without_finalize_is_not_an_abort(tmp_path: Path) -> None:

@@ -1,9 +1,14 @@
-"""PMI-1 wire codec, process mapping and per-task engine (no sockets, no MPI)."""
+"""PMI-1 wire codec, process mapping, per-task engine and rank 0's exchange (no sockets, no MPI)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from broker.job import State
+from broker.pmiexchange import PmiExchange
+from minicluster.proto import messages
 from worker.pmi.engine import (
     VALLEN_MAX,
     Abort,
@@ -11,6 +16,8 @@ from worker.pmi.engine import (
     JobInfo,
     Phase,
     ProtocolError,
+    PutBudget,
+    PutRefused,
     Reply,
     TaskEngine,
     initack_reply,
@@ -244,6 +251,25 @@ def test_put_is_local_until_barrier_then_visible_via_kvs() -> None:
     assert engine.handle("cmd=barrier_in\n") == [EnterBarrier({})]
 
 
+def test_puts_share_the_job_budget_of_this_node() -> None:
+    budget = PutBudget(size=4, local_tasks=2)
+    assert (budget.max_keys, budget.task_keys) == (512 * 1024, 256 * 1024)  # half the job's room here
+    budget.max_bytes, budget.task_bytes = 25, 20  # small room, the same rules
+    engines = [TaskEngine(rank, JOB, {}, budget) for rank in (0, 1)]
+    for engine in engines:
+        engine.handle("cmd=init pmi_version=1 pmi_subversion=1\n")
+    assert reply(engines[0].handle("cmd=put kvsname=mc-job-7 key=a value=123456789\n")) == "cmd=put_result rc=0\n"
+    # Past the task's 20 bytes: refused, and counted nowhere.
+    effects = engines[0].handle("cmd=put kvsname=mc-job-7 key=b value=123456789xx\n")
+    assert effects[0] == Reply("cmd=put_result rc=-1 msg=put_limit_of_a_task_reached_(262144_puts,_20_bytes)\n")
+    assert isinstance(effects[1], PutRefused) and (engines[0].put_bytes, budget.bytes) == (10, 10)
+    assert reply(engines[1].handle("cmd=put kvsname=mc-job-7 key=c value=123456789\n")) == "cmd=put_result rc=0\n"
+    # Within the second task's own room but past the job's 25 bytes on this node.
+    text = reply(engines[1].handle("cmd=put kvsname=mc-job-7 key=d value=12345678\n")[:1])
+    assert text.startswith("cmd=put_result rc=-1 msg=put_limit_of_the_job_reached")
+    assert engines[1].handle("cmd=barrier_in\n") == [EnterBarrier({"c": "123456789"})]
+
+
 def test_failed_exchange_answers_barrier_with_error() -> None:
     engine = ready_engine()
     engine.handle("cmd=barrier_in\n")
@@ -303,3 +329,17 @@ def test_malformed_or_unknown_requests_become_protocol_errors(line: str) -> None
     engine = make_engine() if line.startswith("cmd=init") else ready_engine()
     effects = engine.handle(line)
     assert len(effects) == 1 and isinstance(effects[0], ProtocolError)
+
+
+# -- rank 0's exchange -------------------------------------------------------
+
+
+def test_rank0_forgets_the_parts_of_an_ended_job() -> None:
+    sent: list[tuple[str, int]] = []
+    jobs = {job: SimpleNamespace(id=job, ranks={0, 1}, ending=False, state=State.RUN) for job in (1, 2)}
+    exchange = PmiExchange(SimpleNamespace(jobs=jobs), lambda kind, rank, body: sent.append((kind, rank)))
+    exchange.on_put(0, messages.PmiPut(1, 0, kvs={"k": "v" * 1000}))  # rank 1 never joins this barrier
+    del jobs[1]  # the job ended
+    exchange.on_put(0, messages.PmiPut(2, 0, kvs={"k": "v"}))
+    assert list(exchange._parts) == [(2, "kvs", 0)]
+    assert sent == []

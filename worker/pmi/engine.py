@@ -27,6 +27,16 @@ KEYLEN_MAX = 256
 # fixed-size line buffers in older PMI-1 client libraries.
 VALLEN_MAX = 1024
 
+# What the tasks of one job may put, counted as key plus value bytes and as puts (a put that replaces a key
+# counts again): the values stay in the worker's memory until the job ends, and are merged at rank 0, as root.
+# MPICH puts a few keys per rank; a job of more ranks gets more room.
+JOB_PUT_BYTES = 64 * 1024 * 1024
+JOB_PUT_KEYS = 1024 * 1024
+RANK_PUT_BYTES = 64 * 1024  # the job's room grows by this much per rank beyond JOB_PUT_BYTES / this
+RANK_PUT_KEYS = 1024
+TASK_PUT_BYTES = 16 * 1024 * 1024
+TASK_PUT_KEYS = 256 * 1024
+
 # Requests defined by RFC 13 that this server declines (no dynamic processes).
 _UNSUPPORTED = {
     "publish_name": "publish_result",
@@ -73,7 +83,41 @@ class ProtocolError:
     message: str
 
 
-Effect = Reply | EnterBarrier | Abort | ProtocolError
+@dataclass(frozen=True)
+class PutRefused:
+    """A put went past the job's or the task's limit; the task got a failure answer."""
+
+    message: str
+
+
+Effect = Reply | EnterBarrier | Abort | ProtocolError | PutRefused
+
+
+class PutBudget:
+    """The room one job's local tasks have left for puts (keys and bytes), shared by their engines."""
+
+    def __init__(self, size: int, local_tasks: int) -> None:
+        # This worker's share of the job's room: the same per rank wherever the ranks run.
+        job_bytes = max(JOB_PUT_BYTES, size * RANK_PUT_BYTES)
+        job_keys = max(JOB_PUT_KEYS, size * RANK_PUT_KEYS)
+        self.max_bytes = job_bytes * local_tasks // size
+        self.max_keys = job_keys * local_tasks // size
+        self.task_bytes = min(TASK_PUT_BYTES, self.max_bytes)
+        self.task_keys = min(TASK_PUT_KEYS, self.max_keys)
+        self.bytes = 0
+        self.keys = 0
+
+    def refusal(self, task_keys: int, task_bytes: int, size: int) -> str | None:
+        """Why one more put of `size` bytes is refused, after the task's `task_keys` puts of `task_bytes`."""
+        if task_keys + 1 > self.task_keys or task_bytes + size > self.task_bytes:
+            return f"put limit of a task reached ({self.task_keys} puts, {self.task_bytes} bytes)"
+        if self.keys + 1 > self.max_keys or self.bytes + size > self.max_bytes:
+            return f"put limit of the job reached ({self.max_keys} puts, {self.max_bytes} bytes on this node)"
+        return None
+
+    def take(self, size: int) -> None:
+        self.keys += 1
+        self.bytes += size
 
 
 class Phase(enum.Enum):
@@ -139,12 +183,15 @@ class TaskEngine:
     only reads it, the job server updates it after each barrier.
     """
 
-    def __init__(self, rank: int, job: JobInfo, kvs: Mapping[str, str]) -> None:
+    def __init__(self, rank: int, job: JobInfo, kvs: Mapping[str, str], budget: PutBudget | None = None) -> None:
         self.rank = rank
         self.job = job
         self.kvs = kvs
         self.phase = Phase.NEW
         self._puts: dict[str, str] = {}
+        self.budget = budget if budget is not None else PutBudget(job.size, 1)
+        self.put_keys = 0  # this task's puts and their bytes, over all its barriers
+        self.put_bytes = 0
 
     def handle(self, line: str) -> list[Effect]:
         """Process one request line."""
@@ -216,7 +263,7 @@ class TaskEngine:
         if cmd == "get_universe_size":
             return [Reply(format_response("universe_size", rc=0, size=self.job.size))]
         if cmd == "put":
-            return [self._put(req)]
+            return self._put(req)
         if cmd == "get":
             return [self._get(req)]
         if cmd == "barrier_in":
@@ -232,14 +279,22 @@ class TaskEngine:
             return [failure(_UNSUPPORTED[cmd], f"{cmd} is not supported")]
         return [ProtocolError(f"rank {self.rank}: unknown cmd={cmd}")]
 
-    def _put(self, req: Request) -> Reply:
+    def _put(self, req: Request) -> list[Effect]:
         key = req.args.get("key")
         if not key or "value" not in req.args:
             raise WireError("cmd=put needs key= and value=")
         if req.args.get("kvsname") != self.job.kvsname:
-            return failure("put_result", f"unknown kvsname {req.args.get('kvsname')}")
-        self._puts[key] = req.args["value"]
-        return Reply(format_response("put_result", rc=0))
+            return [failure("put_result", f"unknown kvsname {req.args.get('kvsname')}")]
+        value = req.args["value"]
+        size = len(key) + len(value)
+        refused = self.budget.refusal(self.put_keys, self.put_bytes, size)
+        if refused is not None:
+            return [failure("put_result", refused), PutRefused(f"rank {self.rank}: {refused}")]
+        self.budget.take(size)
+        self.put_keys += 1
+        self.put_bytes += size
+        self._puts[key] = value
+        return [Reply(format_response("put_result", rc=0))]
 
     def _get(self, req: Request) -> Reply:
         key = req.args.get("key")

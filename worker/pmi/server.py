@@ -25,6 +25,8 @@ from worker.pmi.engine import (
     JobInfo,
     Phase,
     ProtocolError,
+    PutBudget,
+    PutRefused,
     Reply,
     TaskEngine,
     failure,
@@ -63,6 +65,8 @@ class PMIJobServer:
         self.job = JobInfo(kvsname=kvsname, size=universe_size, appnum=appnum)
         self.kvs: dict[str, str] = {PROCESS_MAPPING_KEY: process_mapping}
         self.barrier = JobBarrier(kvsname, local_ranks, exchange, self.kvs)
+        self.puts = PutBudget(universe_size, len(local_ranks))  # shared by the local tasks' engines
+        self._put_refused_logged = False
         self._on_abort = on_abort
         # Called once, when the first local task initializes PMI.
         self._on_init = on_init
@@ -199,7 +203,7 @@ class PMIJobServer:
 
     async def _serve(self, rank: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
-        engine = TaskEngine(rank, self.job, self.kvs)
+        engine = TaskEngine(rank, self.job, self.kvs, self.puts)
         try:
             await self._loop(engine, reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -237,6 +241,9 @@ class PMIJobServer:
                 elif isinstance(effect, ProtocolError):
                     self._protocol_error(engine, effect.message)
                     return
+                elif isinstance(effect, PutRefused) and not self._put_refused_logged:
+                    self._put_refused_logged = True  # once per job: a task may retry many times
+                    log.warning("PMI job %s: put refused: %s", self.job.kvsname, effect.message)
             await writer.drain()
 
     def _protocol_error(self, engine: TaskEngine, message: str) -> None:
