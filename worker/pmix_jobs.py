@@ -16,6 +16,7 @@ from typing import Any
 
 from minicluster.proto import messages
 from worker.pmi import libpmix
+from worker.pmi.engine import PutBudget
 from worker.pmi.libpmix import InfoArray
 from worker.pmi.pmix_host import Complete, PMIxHost, Upcalls
 from worker.pmi.pmix_keys import JobLayout, job_keys, node_name
@@ -135,6 +136,14 @@ class PMIxJobs:
         entry = self._jobs[job]
         seq = entry.fence_seq
         entry.fence_seq += 1
+        # The same room as PMI-1 puts (worker/pmi/engine.py): rank 0 holds every node's part until all came.
+        local = dict(entry.layout.nodes).get(self.rank, 1)
+        room = PutBudget(entry.layout.size, local).max_bytes
+        if len(data) > room:
+            log.warning("job %d: PMIx fence %d refused: %d bytes from this node's tasks, at most %d",
+                        job, seq, len(data), room)
+            complete(libpmix.ERR_BAD_PARAM, b"")
+            return
         if len(entry.layout.nodes) == 1:
             complete(libpmix.SUCCESS, data)  # every rank is here: nothing to trade
             return

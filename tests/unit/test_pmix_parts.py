@@ -14,7 +14,9 @@ from minicluster.model.jobspec import InvalidJobspec, from_wire
 from minicluster.proto import messages
 from worker.pmi import detect, libpmix
 from worker.pmi.pmix_keys import JobLayout, job_keys, node_name
+from worker.pmi.engine import JOB_PUT_BYTES
 from worker.pmi_jobs import serve_modes
+from worker.pmix_jobs import PMIxJobs, _Job
 
 HEADERS = Path("/usr/lib/x86_64-linux-gnu/pmix2/include")
 
@@ -126,3 +128,16 @@ def test_no_mpi_given_serves_what_the_program_links(tmp_path: Path) -> None:
     subprocess.run([mpicc, "-o", str(tmp_path / "m"), str(tmp_path / "m.c")], check=True, timeout=120)
     jobinfo = messages.JobInfo([str(tmp_path / "m")], {}, 2, [[0, 2]], os.getuid(), os.getgid(), mpi="auto:pmi1")
     assert serve_modes(jobinfo) == {"pmix"}
+
+
+def test_fence_data_past_the_jobs_room_is_refused() -> None:
+    sent: list[tuple[str, int, dict]] = []
+    jobs = PMIxJobs(1, lambda kind, rank, body: sent.append((kind, rank, body)))
+    jobs._jobs[5] = _Job("mc.5", JobLayout(((0, 1), (1, 1))), "/nonexistent")
+    jobs._by_nspace["mc.5"] = 5
+    answers: list[tuple[int, bytes]] = []
+    room = JOB_PUT_BYTES // 2  # this node runs one of the job's two ranks
+    jobs._fence("mc.5", b"x" * (room + 1), lambda status, data: answers.append((status, data)))
+    assert answers == [(libpmix.ERR_BAD_PARAM, b"")] and sent == []
+    jobs._fence("mc.5", b"x" * room, lambda status, data: answers.append((status, data)))
+    assert [(kind, rank, body["seq"]) for kind, rank, body in sent] == [("pmi-put", 0, 1)]
