@@ -56,11 +56,14 @@ def request_of(spec: Jobspec) -> sched.Request:
             return sched.Request.from_shape(spec.shape(), constraints)
         except ValueError as exc:
             raise JobError("invalid-jobspec", f"resources: {exc}") from None
-    return sched.Request(
-        nnodes=spec.nnodes, nslots=spec.ntasks, cores_per_slot=spec.cores_per_task,
-        gpus_per_slot=spec.gpus_per_task, mem_per_slot=spec.mem_per_task,
-        slots_per_node=spec.tasks_per_node, exclusive=spec.exclusive, constraints=constraints,
-    )
+    try:
+        return sched.Request(
+            nnodes=spec.nnodes, nslots=spec.ntasks, cores_per_slot=spec.cores_per_task,
+            gpus_per_slot=spec.gpus_per_task, mem_per_slot=spec.mem_per_task,
+            slots_per_node=spec.tasks_per_node, exclusive=spec.exclusive, constraints=constraints,
+        )
+    except ValueError as exc:  # the jobspec's checks should have caught it; a guest still gets one line
+        raise JobError("invalid-jobspec", str(exc)) from None
 
 
 # The most finished jobs one purge pass forgets: one journal write of bounded size.

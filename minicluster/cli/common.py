@@ -9,7 +9,7 @@ from minicluster.client import ClientError
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobterms import InvalidJobspec
 from minicluster.model.text import printable
-from minicluster.proto.frames import FrameError
+from minicluster.proto.frames import FrameError, NotText
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def guarded(prog: str, func: Callable[[], int]) -> int:
         # The reader went away (`mc jobs | head`); don't let the final flush complain again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (UsageError, InvalidJobspec) as exc:
+    except (UsageError, InvalidJobspec, NotText) as exc:
         _report(prog, exc)
         return EXIT_USAGE
     except (ClientError, FrameError, OSError) as exc:

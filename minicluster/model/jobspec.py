@@ -208,8 +208,9 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     for name in ("queue", "project"):
         value = data.get(name)
         if value is not None and (not valid_name(value)):
-            raise InvalidJobspec(f"{name}: {brief(repr(value))} is not a {name} name (letters, digits, "
-                                 "'_', '.', '-'; at most 64)")
+            shown = brief(value) if isinstance(value, str) else repr(value)  # brief() quotes: once only
+            raise InvalidJobspec(f"{name}: {shown} is not a {name} name (letters, digits, '_', '.', '-'; "
+                                 "at most 64)")
         out[name] = value
     name = data.get("name", "")
     if not isinstance(name, str) or len(name) > 128:
@@ -337,6 +338,9 @@ def _check_consistency(spec: Jobspec) -> None:
         raise InvalidJobspec(f"ntasks: {spec.ntasks} tasks cannot cover {spec.nnodes} nodes")
     if spec.tasks_per_node and spec.nnodes and spec.tasks_per_node * spec.nnodes != spec.ntasks:
         raise InvalidJobspec("tasks_per_node: nnodes x tasks_per_node must equal ntasks")
+    if spec.tasks_per_node and spec.ntasks % spec.tasks_per_node:
+        raise InvalidJobspec(f"tasks_per_node: ntasks={spec.ntasks} is not a multiple of tasks_per_node="
+                             f"{spec.tasks_per_node} (give -n as a multiple of --tasks-per-node)")
     if spec.mpi is not None and spec.mpi not in MPI_MODES:
         raise InvalidJobspec(f"mpi: must be one of {', '.join(MPI_MODES)}, got {brief(spec.mpi)}")
     if spec.array is not None:

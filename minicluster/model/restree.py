@@ -23,12 +23,17 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from minicluster.model.jobterms import MAX_COUNT as MAX_COUNT
+from minicluster.model.text import brief
 
 LEAVES = ("core", "gpu", "memory")
 RESERVED = ("cluster", "node", "socket", "slot", *LEAVES)
 _TYPE = re.compile(r"[a-z][a-z0-9_-]*\Z")
 _VERTEX = re.compile(r"\s*([a-z][a-z0-9_-]*)\s*\[\s*([0-9]+)\s*([kKmMgGtT]?)\s*\]\s*"
                      r"(?::\s*(x|excl|exclusive)\b)?\s*")
+# A real tree is a handful of levels (cluster>rack>node>socket>slot>core); the bound keeps a hostile one from
+# exhausting the recursion of the parser and of every walk after it.
+MAX_DEPTH = 16
+_DEPTH_ERROR = f"the tree is deeper than {MAX_DEPTH} levels"
 _MEM_UNITS = {"": 1, "m": 1, "k": 0, "g": 1024, "t": 1024 * 1024}
 _PROPERTY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*\Z")
 
@@ -130,10 +135,10 @@ def parse(text: str) -> tuple[Vertex, ...]:
 
 class _Parser:
     def __init__(self, text: str) -> None:
-        self.text, self.pos = text, 0
+        self.text, self.pos, self.depth = text, 0, 0
 
     def fail(self, what: str) -> NoReturn:
-        raise TreeError(f"resources {self.text!r}: {what} at position {self.pos + 1}"
+        raise TreeError(f"resources {brief(self.text)}: {what} at position {self.pos + 1}"
                         " (write e.g. node[2]>slot[4]>core[2] or node[1]>socket[1]>{core[8],gpu[1]})")
 
     def skip(self) -> None:
@@ -161,12 +166,18 @@ class _Parser:
         if not found:
             self.fail("expected TYPE[COUNT]")
         kind, digits, unit, excl = found.groups()
+        if len(digits) > 12:  # far beyond MAX_COUNT; int() of thousands of digits would refuse with its own error
+            self.fail(f"{kind} count too large")
         self.pos = found.end()
         count = _count(kind, int(digits), unit.lower(), self.text)
         children: tuple[Vertex, ...] = ()
         if self.text.startswith(">", self.pos):
+            self.depth += 1
+            if self.depth >= MAX_DEPTH:
+                self.fail(_DEPTH_ERROR)
             self.pos += 1
             children = self.siblings()
+            self.depth -= 1
         return Vertex(kind, count, bool(excl), children)
 
 
@@ -186,10 +197,12 @@ def from_wire(data: Any) -> tuple[Vertex, ...]:
         return parse(data)
     if not isinstance(data, list) or not data:
         raise TreeError("resources: must be a non-empty list of resource vertices or a string")
-    return tuple(_vertex(v) for v in data)
+    return tuple(_vertex(v, 1) for v in data)
 
 
-def _vertex(data: Any) -> Vertex:
+def _vertex(data: Any, depth: int) -> Vertex:
+    if depth > MAX_DEPTH:
+        raise TreeError(f"resources: {_DEPTH_ERROR}")
     if not isinstance(data, dict):
         raise TreeError("resources: each vertex must be a map with type and count")
     unknown = sorted(str(k) for k in data if k not in ("type", "count", "exclusive", "with", "unit"))
@@ -210,7 +223,7 @@ def _vertex(data: Any) -> Vertex:
     children = data.get("with", [])
     if not isinstance(children, list):
         raise TreeError(f"resources: `with` of {kind} must be a list")
-    return Vertex(kind, count, excl, tuple(_vertex(c) for c in children))
+    return Vertex(kind, count, excl, tuple(_vertex(c, depth + 1) for c in children))
 
 
 def to_wire(vertices: tuple[Vertex, ...]) -> list[dict[str, Any]]:

@@ -31,8 +31,9 @@ def _escaped(c: str) -> str:
 
 
 def control_character(text: str) -> str | None:
-    """The first C0 control character (NUL to US, and DEL) in `text`, escaped, or None: names refuse them."""
+    """The first control character (C0: NUL to US, DEL, and C1: U+0080-U+009F, which some terminals obey as
+    escapes) in `text`, escaped, or None: names refuse them."""
     for c in text:
-        if ord(c) < 0x20 or c == "\x7f":
+        if ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f:
             return _escaped(c)
     return None

@@ -24,6 +24,11 @@ class FrameError(ValueError):
     pass
 
 
+class NotText(FrameError):
+    """A string of the request is not UTF-8 text: the protocol carries text (protocol.md §3.1), and a byte
+    that is not UTF-8 (in argv, a name, the environment) reaches Python as a lone surrogate."""
+
+
 # Up to these sizes the client's frames go through smallpack.  A jobspec is a few KiB (its environment; tens in
 # some), quick to encode in Python; a submit's answer is 20 bytes, while `mc jobs` pages or `mc top`'s status,
 # many objects each, decode much faster in msgpack.
@@ -38,11 +43,48 @@ def pack(message: dict[str, Any]) -> bytes:
 
 
 def pack_request(message: dict[str, Any]) -> bytes:
-    """pack(), for a client: a small message is encoded without importing msgpack."""
+    """pack(), for a client: a small message is encoded without importing msgpack; NotText names the field of
+    a string that is not UTF-8."""
     try:
-        return _framed(smallpack.packb(message, SMALL_REQUEST))
-    except smallpack.Unsupported:
-        return pack(message)
+        try:
+            return _framed(smallpack.packb(message, SMALL_REQUEST))
+        except smallpack.Unsupported:
+            return pack(message)
+    except UnicodeEncodeError:
+        raise NotText(f"{_not_text(message, '') or 'a field'} is not valid UTF-8; minicluster carries text only"
+                      " (arbitrary bytes in argv or names are not supported)") from None
+
+
+def _not_text(value: Any, where: str) -> str | None:
+    """Where in `value` the first string that does not encode as UTF-8 is, with the string, or None."""
+    if isinstance(value, str):
+        return None if _is_text(value) else f"{where} {_shown(value)}"
+    items: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and not _is_text(key):
+                return f"a key of {where or 'the request'} {_shown(key)}"
+            items.append((f"{where}.{key}" if where else str(key), item))
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{where}[{i}]", item) for i, item in enumerate(value)]
+    for name, item in items:
+        found = _not_text(item, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(text: str) -> str:
+    cut = text if len(text) <= 60 else text[:60] + "…"
+    return repr(cut.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
 
 
 def _framed(body: bytes) -> bytes:
