@@ -23,6 +23,7 @@ import functools
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -329,11 +330,28 @@ def _chdir(cwd: str, user: tuple[int, int] | None) -> None:
 
 
 def _open_output(name: str, path: str, user: tuple[int, int] | None, opened: list[int]) -> int:
-    """The task's output file, opened as `user`, for appending."""
+    """The task's output file, opened as `user`, for appending: a regular file, a FIFO some process reads, or a
+    character device (/dev/null).  Opened without blocking: a FIFO no process reads would otherwise hold the
+    spawning process (the loop, or a helper every task of the rank shares) until one does."""
     try:
         with acting_as_user(user):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY,
+                         0o666)
     except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
-        raise SpawnError(STATUS_CANNOT_RUN, f"{name} {cut(path)}: {getattr(e, 'strerror', None) or e}") from None
+        reason = (_not_openable(path, user) if getattr(e, "errno", None) == errno.ENXIO
+                  else getattr(e, "strerror", None) or e)
+        raise SpawnError(STATUS_CANNOT_RUN, f"{name} {cut(path)}: {reason}") from None
     opened.append(fd)
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFCHR):
+        raise SpawnError(STATUS_CANNOT_RUN, f"{name} {cut(path)}: not a regular file, a FIFO or a character device")
+    os.set_blocking(fd, True)  # the task writes as to any file: blocking when a pipe is full
     return fd
+
+
+def _not_openable(path: str, user: tuple[int, int] | None) -> str:
+    """Why opening `path` for writing without blocking said ENXIO: a FIFO no process reads, or a socket."""
+    with contextlib.suppress(OSError), acting_as_user(user):
+        if stat.S_ISFIFO(os.stat(path).st_mode):
+            return "a FIFO no process reads"
+    return "not a regular file, a FIFO or a character device"
