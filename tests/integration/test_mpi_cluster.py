@@ -21,6 +21,7 @@ from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.mpi_programs import COLLECTIVES, MPICH_BUILDS, RING, build_c
+from worker.pmi.engine import TASK_PUT_BYTES
 from worker.pmi.shm import SHM_DIR, fnv1a32, remove_unmapped_segments, segments_of
 from worker.pmi_jobs import PMIJobs
 
@@ -211,6 +212,43 @@ def test_barrier_never_completes_until_time_limit(client4: Client) -> None:
     context, _ = exception_of(client4, job_id)
     assert "1.5" in context["note"]
     assert [row[5] for row in client4.task_results(job_id)] == [15] * 4
+
+
+# Task 0 puts 1 KiB values over its PMI_FD until a put is refused (at most 20 MiB, past its 16 MiB), prints what
+# it got and exits 1, as MPICH would; task 1 waits in the first barrier.
+PUT_FLOOD = """
+import json, os, socket, sys
+f = socket.socket(fileno=int(os.environ["PMI_FD"])).makefile("rw", newline="\\n")
+def ask(line):
+    f.write(line + "\\n"); f.flush()
+    return f.readline()
+ask("cmd=init pmi_version=1 pmi_subversion=1")
+kvs = ask("cmd=get_my_kvsname").split("kvsname=")[1].strip()
+if os.environ["PMI_RANK"] == "1":
+    ask("cmd=barrier_in")
+    sys.exit(0)
+accepted, answer = 0, ""
+for i in range(20000):
+    answer = ask(f"cmd=put kvsname={kvs} key=k{i:05d} value=" + "v" * 1018)
+    if "rc=0" not in answer:
+        break
+    accepted += 1
+print(json.dumps({"rank": 0, "accepted": accepted, "answer": answer}), flush=True)
+sys.exit(1)
+"""
+
+
+def test_puts_past_the_limit_end_the_job_not_rank0(client4: Client) -> None:
+    job_id = client4.submit(python_job(PUT_FLOOD, nnodes=2, ntasks=2, mpi="pmi1", time_limit=60))
+    result = wait_for(client4, job_id)
+    assert result["exception"] == "abort" and result["status"] == 1
+    [rec] = records(client4, job_id)
+    assert rec["accepted"] == TASK_PUT_BYTES // 1024
+    assert rec["answer"].startswith("cmd=put_result rc=-1 msg=put_limit_of_a_task_reached")
+    # Rank 0 serves on: the next MPI job across the same nodes runs.
+    job_id = client4.submit(python_job(HELLO, nnodes=2, ntasks=2, time_limit=60))
+    assert wait_for(client4, job_id)["status"] == 0
+    assert [r["sum"] for r in records(client4, job_id)] == [3, 3]
 
 
 def test_kvsnames_differ_between_worker_processes() -> None:
