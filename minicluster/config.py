@@ -25,6 +25,20 @@ class ConfigError(ValueError):
     """The configuration file is missing, unreadable or has a bad value."""
 
 
+_HOUR, _YEARS = 3600.0, 1e9  # seconds; 1e9 is some 30 years, "as good as never" for a limit
+# Every numeric key's range, least and most: a value outside it (or NaN) is refused naming the key. A heartbeat of
+# 0 would busy-loop every rank; inf is allowed only where it means something (dispatch_window_grace: never recall).
+NUMBER_RANGES: dict[str, tuple[float, float]] = {
+    "size": (1, 100_000), "max_size": (0, 100_000), "fanout": (1, 100_000),
+    "port_base": (0, 65_535), "status_port": (0, 65_535),
+    "heartbeat_interval": (0.01, _HOUR), "unresponsive_after": (0.01, _YEARS), "lost_after": (0.01, _YEARS),
+    "reattach_timeout": (0, _YEARS), "default_time_limit": (1, _YEARS), "kill_grace": (0, _HOUR),
+    "submit_stall_timeout": (0.001, _YEARS), "output_cap": (0, 1 << 40), "purge_max_age": (0, _YEARS),
+    "purge_max_count": (0, 1 << 40), "finished_cache": (0, 1 << 30), "dispatch_window": (0, 1 << 16),
+    "dispatch_window_seconds": (0, _YEARS), "dispatch_window_grace": (0, float("inf")),
+}
+
+
 @dataclass(frozen=True)
 class InstanceConfig:
     name: str = "minicluster"
@@ -97,24 +111,16 @@ class InstanceConfig:
     priority: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.size < 1:
-            raise ConfigError(f"size must be >= 1, got {self.size}")
+        for key, (least, most) in NUMBER_RANGES.items():
+            value = getattr(self, key)
+            if not least <= value <= most:  # NaN too
+                raise ConfigError(f"{key} must be a number from {least:g} to {most:g}, got {value!r}")
         if self.max_size and self.max_size < self.size:
             raise ConfigError(f"max_size {self.max_size} is smaller than size {self.size}")
-        if self.fanout < 1:
-            raise ConfigError(f"fanout must be >= 1, got {self.fanout}")
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.mpi_default not in ("pmi1", "pmix", "auto"):
             raise ConfigError(f"mpi_default must be pmi1, pmix or auto, got {self.mpi_default!r}")
-        if not self.submit_stall_timeout > 0:  # NaN too
-            raise ConfigError(f"submit_stall_timeout must be a number of seconds > 0,"
-                              f" got {self.submit_stall_timeout!r}")
-        if self.dispatch_window < 0 or self.dispatch_window_seconds < 0:
-            raise ConfigError("dispatch_window and dispatch_window_seconds must be >= 0")
-        if not self.dispatch_window_grace >= 0:  # NaN too
-            raise ConfigError(f"dispatch_window_grace must be a number of seconds >= 0 (inf: never recall),"
-                              f" got {self.dispatch_window_grace!r}")
         if not self.broker_runs_tasks and self.tree_size == 1:
             raise ConfigError("broker_runs_tasks = false leaves no rank to run tasks: size (or max_size) must be >= 2")
         if not (self.spawn_helpers == "auto" or (type(self.spawn_helpers) is int and 0 <= self.spawn_helpers <= 256)):
@@ -135,6 +141,19 @@ class InstanceConfig:
             _ = self.sharing  # parses the queues, banks and weights
         except sharing_mod.SharingError as exc:
             raise ConfigError(str(exc)) from None
+
+    def check_access_group(self) -> None:
+        """ConfigError unless `access_group` is empty or names a group of this host: checked where the broker
+        starts (mc start, mc broker), since the config may be written on another host (the operator)."""
+        if not self.access_group:
+            return
+        import grp
+
+        try:
+            grp.getgrnam(self.access_group)
+        except KeyError:
+            raise ConfigError(f"access_group {self.access_group!r} is not a group of this host"
+                              " (create it, or leave access_group empty)") from None
 
     @functools.cached_property
     def sharing(self) -> sharing_mod.Sharing:

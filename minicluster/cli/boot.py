@@ -57,6 +57,7 @@ def run_broker(config_path: str, command: list[str] | None, state_lock: StateLoc
     from broker.service import Broker, install_signal_handlers
 
     config = config_mod.load(config_path)
+    config.check_access_group()
     setup_logging(0)
     cert = curve.load(config.curve_cert)
 

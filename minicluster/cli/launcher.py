@@ -136,7 +136,9 @@ def build_config(args: argparse.Namespace, state_dir: Path) -> config_mod.Instan
         lost_after=5.0, reattach_timeout=5.0,
     )
     values.update(_overrides(args.set))
-    return config_mod.from_mapping(values, source="--set")
+    config = config_mod.from_mapping(values, source="--set")
+    config.check_access_group()
+    return config
 
 
 def _fork_rank(config_path: str, rank: int, command: list[str] | None, lock: StateLock) -> int:

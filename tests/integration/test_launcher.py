@@ -65,7 +65,12 @@ def test_state_dir_is_resumed(tmp_path: Path) -> None:
     (["--fanout", "0"], "mc start: error: argument --fanout: must be an integer of at least 1, got 0 (see --help)"),
     (["--set", "nonsense=1"], "mc start: error: --set: unknown key(s) nonsense"),
     (["--set", "lost_after"], "mc start: error: --set 'lost_after': expected KEY=VALUE"),
-    (["--set", "fanout=0"], "mc start: error: fanout must be >= 1, got 0"),
+    (["--set", "fanout=0"], "mc start: error: fanout must be a number from 1 to 100000, got 0"),
+    (["--set", "heartbeat_interval=0"], "mc start: error: heartbeat_interval must be a number from 0.01 to 3600,"
+                                        " got 0.0"),
+    (["--set", "lost_after=nan"], "mc start: error: lost_after must be a number from 0.01 to 1e+09, got nan"),
+    (["--set", "access_group=nosuchgroup"], "mc start: error: access_group 'nosuchgroup' is not a group of this"
+                                            " host"),
     (["--state-dir", "/etc/passwd"], "mc start: error: --state-dir /etc/passwd: not a directory"),
     (["--resources", "banana"], "mc start: error: --resources: resources override 'banana': unknown key 'banana'"),
 ])

@@ -1,8 +1,13 @@
 """Bad input found by issue 24's review: each refused with one line naming what was wrong (pure parts)."""
 from __future__ import annotations
 
+import dataclasses
+import grp
+import os
+
 import pytest
 
+from minicluster import config
 from minicluster.model import jobspec, restree
 from minicluster.model.jobterms import InvalidJobspec
 from minicluster.proto import frames
@@ -62,3 +67,29 @@ def test_a_string_that_is_not_utf8_is_named(message: dict[str, object], where: s
     with pytest.raises(frames.NotText) as caught:
         frames.pack_request(message)
     assert str(caught.value).startswith(f"{where} is not valid UTF-8")
+
+
+@pytest.mark.parametrize("key, value", [
+    ("heartbeat_interval", 0.0), ("heartbeat_interval", float("nan")), ("lost_after", float("nan")),
+    ("lost_after", -1.0), ("lost_after", float("inf")), ("unresponsive_after", 0.0), ("kill_grace", -0.5),
+    ("output_cap", -1), ("port_base", 70_000), ("status_port", -1), ("fanout", 0), ("size", 0),
+    ("dispatch_window_grace", float("nan")), ("default_time_limit", 0.0), ("purge_max_count", -3),
+])
+def test_a_number_out_of_its_range_is_refused_naming_key_value_and_range(key: str, value: float) -> None:
+    with pytest.raises(config.ConfigError) as caught:
+        config.from_mapping({key: value})
+    least, most = config.NUMBER_RANGES[key]
+    assert f"{key} must be a number from {least:g} to {most:g}, got {value!r}" in str(caught.value)
+
+
+def test_every_numeric_key_has_a_range_and_the_defaults_are_in_it() -> None:
+    numeric = {f.name for f in dataclasses.fields(config.InstanceConfig) if f.type in ("int", "float")}
+    assert numeric == set(config.NUMBER_RANGES)
+    assert config.from_mapping({"dispatch_window_grace": float("inf")}).dispatch_window_grace == float("inf")
+
+
+def test_access_group_must_name_a_group_of_this_host() -> None:
+    with pytest.raises(config.ConfigError, match="access_group 'nosuchgroup-mc' is not a group of this host"):
+        config.from_mapping({"access_group": "nosuchgroup-mc"}).check_access_group()
+    config.from_mapping({"access_group": grp.getgrgid(os.getgid()).gr_name}).check_access_group()
+    config.from_mapping({}).check_access_group()
