@@ -83,7 +83,11 @@ class PMIxJobs:
         host.register_nspace(nspace, len(tasks), InfoArray(keys))
         self._jobs[job] = _Job(nspace, layout, tmpdir)
         self._by_nspace[nspace] = job
-        return {task: {**host.register_client(nspace, task, uid, gid), **job_env(tmpdir)} for task in sorted(tasks)}
+        # The server's shared key store (its pmix_dstor_* directories) is root's and holds every job's keys: the
+        # ranks of another user's job ask the server for theirs (gds "hash") instead of failing to open its lock.
+        store = {"PMIX_MCA_gds": "hash"} if uid != os.getuid() else {}
+        return {task: {**host.register_client(nspace, task, uid, gid), **job_env(tmpdir), **store}
+                for task in sorted(tasks)}
 
     def finished(self, job: int) -> None:
         entry = self._jobs.pop(job, None)

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.mpi_programs import COLLECTIVES
+from tests.integration.test_access import shared  # noqa: F401 (fixture)
+from tests.integration.test_guest_privileges import guest_submit
 from worker.pmi import libpmix
 
 pytestmark = pytest.mark.mpi
@@ -231,3 +234,22 @@ def test_auto_serves_both_when_the_program_does_not_tell(client4: Client) -> Non
     recs = records(client4, job_id)
     assert [(r["rank"], r["size"], r["sum"]) for r in recs] == [(i, 8, 28) for i in range(8)]
     assert all(r["vars"] == ["PMIX_NAMESPACE", "PMIX_SERVER_URI41", "PMI_FD"] and r["lib"] == "MPICH" for r in recs)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a guest's job needs a root instance")
+def test_guest_open_mpi_job_prints_no_pmix_error(shared: LocalCluster, debian_c: str,  # noqa: F811
+                                                 tmp_path: Path) -> None:
+    # The server's shared key store (pmix_dstor_*) is root's: a guest's ranks read their job's keys from the
+    # server instead, and say nothing about a lock they may not open.
+    program = Path(tempfile.mkdtemp(prefix="mc-guest-ompi-")) / "hello"
+    try:
+        os.chmod(program.parent, 0o755)
+        shutil.copy(debian_c, program)
+        job_id = guest_submit(shared.uri, ompi_job([str(program)], nnodes=1, ntasks=2))
+        with shared.client() as owner:
+            assert wait_for(owner, job_id, TIMEOUT)["status"] == 0
+            assert [(r["rank"], r["size"]) for r in records(owner, job_id)] == [(0, 2), (1, 2)]
+            stderr = b"".join(data for _, stream, data in owner.output(job_id) if stream == 2)
+        assert b"PMIX ERROR" not in stderr, stderr.decode(errors="replace")
+    finally:
+        shutil.rmtree(program.parent, ignore_errors=True)
