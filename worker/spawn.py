@@ -8,7 +8,7 @@ the thread wears them briefly: `Spawner.bind` keeps a task's mask on for a batch
 process's own back once after them.
 
 A task of the worker's own user is posix_spawned.  A task of another user (a guest of a root instance) is forked
-by subprocess, whose child takes the user's uid and gid, with no supplementary groups, before it execs: no process
+by subprocess, whose child takes the user's groups (NSS's, as initgroups), gid and uid before it execs: no process
 with the worker's privileges ever runs with the job's environment (LD_PRELOAD, LD_AUDIT, GCONV_PATH ... would
 otherwise run the guest's code as root in a helper such as setpriv), and the command is looked up on the task's
 PATH by that child, as the user, as execvp would (docs/security.md, "What runs, and what is opened").
@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from minicluster.model.text import cut
-from worker.asuser import acting_as_user
+from worker.asuser import acting_as_user, user_groups
 from worker.memlimit import write_control
 
 STATUS_NOT_FOUND = 127
@@ -241,8 +241,8 @@ def _resolve(order: Order) -> str:
 
 
 def _start_as(user: tuple[int, int], order: Order, stdin: int | None, out: int, err: int, passed: Sequence[int]) -> int:
-    """Fork the task of `user` (uid, gid): the child takes no supplementary groups, the gid, then the uid, and
-    only then execs, looking argv[0] up on the task's PATH itself (every directory in turn, as execvp): the lookup,
+    """Fork the task of `user` (uid, gid): the child takes the user's groups (`user_groups`), the gid, then the uid,
+    and only then execs, looking argv[0] up on the task's PATH itself (every directory in turn, as execvp): the lookup,
     the exec and whatever the dynamic loader does with the job's environment run as the user.  Everything else
     is posix_spawn's: a new session, every signal at its default and none blocked (restore_signals, and
     `_catch_ignored_signals`; the child inherits this thread's mask), stdin from /dev/null unless given, only
@@ -254,7 +254,8 @@ def _start_as(user: tuple[int, int], order: Order, stdin: int | None, out: int, 
             child = subprocess.Popen(
                 list(order.argv), env=order.env, stdin=subprocess.DEVNULL if stdin is None else stdin,
                 stdout=out, stderr=err, close_fds=True, pass_fds=order.pass_fds, restore_signals=True,
-                start_new_session=True, user=user[0], group=user[1], extra_groups=[])
+                start_new_session=True, user=user[0], group=user[1],
+                extra_groups=user_groups(*user))
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
             raise SpawnError(STATUS_NOT_FOUND, f"{name}: command not found") from None

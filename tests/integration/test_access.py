@@ -8,7 +8,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +24,15 @@ NOGROUP = 65534
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="switching uids needs root (CI runs as root)")
 
 
-def as_user(uid: int, gid: int, fn: Callable[[], Any]) -> Any:
-    """Run fn in a child process with the given ids; returns its JSON-able result or the error it raised."""
+def as_user(uid: int, gid: int, fn: Callable[[], Any], groups: Sequence[int] = ()) -> Any:
+    """Run fn in a child process with the given ids and supplementary `groups`; returns its JSON-able result or
+    the error it raised."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
         try:
-            os.setgroups([])
+            os.setgroups(list(groups))
             os.setgid(gid)
             os.setuid(uid)
             result: Any = {"ok": fn()}

@@ -6,6 +6,7 @@ whether a helper or the loop spawns it. The guest is a real second uid (a forked
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import stat
@@ -249,7 +250,8 @@ def test_a_guests_environment_never_runs_code_as_root(request: pytest.FixtureReq
     assert {"preload", "audit", "audit-la_version", "gconv", "library-path"} <= set(seen), seen
     assert all(ids == {(GUEST, GUEST)} for ids in seen.values()), seen
     assert out[0] == f"{env['LD_PRELOAD']}|{env['LD_AUDIT']}|{env['LD_LIBRARY_PATH']}"
-    # Its uid, and its gid with no supplementary groups (as setpriv --clear-groups gave); every signal at its
+    # Its uid, and its gid with the groups NSS gives the uid: none, for it has no passwd entry (a user with one is
+    # test_a_guests_task_has_the_users_groups's); every signal at its
     # default and none blocked, as the worker's posix_spawn gives its own tasks (glibc's posix_spawn, and so a
     # spawn helper, ignores its two internal signals, 32 and 33, which no valid_signals() names).
     assert out[1:3] == [str(GUEST), str(NOGROUP)]
@@ -292,3 +294,51 @@ def test_a_guests_command_is_looked_up_and_refused_as_the_guest(request: pytest.
             assert wait_for(owner, job_id)["status"] == expected[0]
             (task,) = owner.task_results(job_id)
             assert task[6] == expected[1]
+
+
+@pytest.fixture
+def member() -> Iterator[tuple[int, int]]:
+    """A real user (useradd) with a group of its own and, as a supplementary group, the instance's access group:
+    its (uid, gid).  Removed after the test."""
+    name = f"mc-member-{os.getpid()}"
+    subprocess.run(["useradd", "-M", "-U", "-G", "nogroup", "-s", "/usr/sbin/nologin", name], check=True,
+                   timeout=30, capture_output=True)
+    try:
+        entry = pwd.getpwnam(name)
+        yield entry.pw_uid, entry.pw_gid
+    finally:
+        subprocess.run(["userdel", name], timeout=30, capture_output=True)
+        subprocess.run(["groupdel", name], timeout=30, capture_output=True)  # where userdel left it
+
+
+# Connects to the instance's socket (MC_URI), as a job that submits jobs does first, then prints its groups.
+CONNECT = ("perl -MIO::Socket::UNIX -e '(my $p = $ENV{MC_URI}) =~ s{^unix://}{};"
+           " IO::Socket::UNIX->new(Peer => $p) or die \"connect: $!\\n\"; print \"connected\\n\"' && id -G"
+           " && touch made-by-task")
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_guests_task_has_the_users_groups(request: pytest.FixtureRequest, route: str, member: tuple[int, int],
+                                            rootdir: Path) -> None:
+    """A guest's task gets the supplementary groups NSS gives its user, as Slurm and Flux give a job (initgroups):
+    a member of the access group reaches the instance's socket from its task (a job that submits jobs), and a
+    directory shared with a group it is in is open to its cwd, its output file and its task."""
+    fixture, extra = ROUTES[route]
+    cluster: LocalCluster = request.getfixturevalue(fixture)
+    uid, gid = member
+    project = rootdir / "project"
+    project.mkdir()
+    os.chown(project, 0, NOGROUP)
+    os.chmod(project, 0o770)
+    spec = job(["sh", "-c", CONNECT], cwd=str(project), output=str(project / "{id}.out"),
+               env={"PATH": "/usr/bin:/bin", **extra})
+    answer = as_user(uid, gid, lambda: Client(cluster.uri).submit(spec), groups=[NOGROUP])
+    assert "ok" in answer, answer
+    with cluster.client() as owner:
+        status = wait_for(owner, answer["ok"])["status"]
+        (task,) = owner.task_results(answer["ok"])
+    assert status == 0, task[6] or (project / f"{answer['ok']}.out").read_text()
+    out = (project / f"{answer['ok']}.out").read_text().splitlines()
+    assert out[0] == "connected"
+    assert sorted(map(int, out[1].split())) == sorted({gid, NOGROUP})
+    assert (project / "made-by-task").stat().st_uid == uid
