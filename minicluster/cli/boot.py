@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from minicluster import config as config_mod
 from minicluster.cli import init
+from minicluster.cli.options import non_negative_int
 from minicluster.overlay import curve
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def setup_logging(rank: int) -> None:
 def _parser(prog: str, with_command: bool) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--config", required=True, help="instance config file (TOML)")
-    parser.add_argument("--rank", type=int, help="this process's rank (default: $JOB_COMPLETION_INDEX)")
+    parser.add_argument("--rank", type=non_negative_int, help="this process's rank (default: $JOB_COMPLETION_INDEX)")
     if with_command:
         parser.add_argument("command", nargs=argparse.REMAINDER,
                             help="batch mode: run this once every rank joined, then stop with its status")
@@ -40,7 +41,7 @@ def _rank(args: argparse.Namespace) -> int:
     if args.rank is not None:
         return int(args.rank)
     index = os.environ.get("JOB_COMPLETION_INDEX")
-    if index is None or not index.isdigit():
+    if index is None or not (index.isascii() and index.isdigit()):
         raise config_mod.ConfigError("no rank: pass --rank or set JOB_COMPLETION_INDEX")
     return int(index)
 

@@ -12,6 +12,7 @@ from minicluster.cli.quickparse import add_options, option
 from minicluster.model import workflowforms as forms
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobterms import INT_RANGES, MPI_MODES, POLICIES, InvalidJobspec
+from minicluster.model.text import brief, cut
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
 if TYPE_CHECKING:
@@ -41,14 +42,15 @@ MAX_WIRE_INT = (1 << 63) - 1
 def int_at_least(minimum: int, what: str = "an integer", maximum: int = MAX_WIRE_INT) -> Callable[[str], int]:
     """An argparse type: an integer from `minimum` to `maximum`, with a one-line message otherwise."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise _type_error(f"{text!r} is not {what}") from None
+        # ASCII digits and a leading '-' only: int() would also take ' 5\n', '+5', '1_000' and '٣'.
+        digits = text[1:] if text.startswith("-") else text
+        if not forms.decimal_digits(digits):
+            raise _type_error(f"{brief(text)} is not {what} (digits 0-9)")
+        value = int(text[:24])  # more digits than that are out of any range; int() refuses some 4300
         if not minimum <= value <= maximum:
             bound = f"of at least {minimum}" if value < minimum and maximum == MAX_WIRE_INT else \
                 f"from {minimum} to {maximum}"
-            raise _type_error(f"must be {what} {bound}, got {text.strip()}")
+            raise _type_error(f"must be {what} {bound}, got {cut(text, 40)}")
         return value
     return parse
 
@@ -92,7 +94,8 @@ def _unit_time(text: str) -> float | None:
 def _slurm_time(text: str) -> float:
     days_text, dash, clock = text.rpartition("-") if "-" in text else ("", "", text)
     parts = clock.split(":")
-    if not all(p.isdigit() for p in parts) or (dash and not days_text.isdigit()) or len(parts) > 3:
+    digits = forms.decimal_digits
+    if not all(digits(p) for p in parts) or (dash and not digits(days_text)) or len(parts) > 3:
         raise _type_error(
             f"bad time limit {text!r}: use minutes (30), MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or 90s/10m/2h/1d")
     values = [int(p) for p in parts]

@@ -38,8 +38,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-n", "--iterations", type=non_negative_int, default=0, metavar="N",
                         help="stop after N frames (default: until q or Ctrl-C)")
     args = parser.parse_args(argv)
-    if not args.delay > 0:
-        parser.error(f"--delay must be positive, got {args.delay}")
+    if not 0 < args.delay <= 3600:  # NaN too
+        parser.error(f"--delay must be a number of seconds above 0 and at most 3600, got {args.delay}")
     with Client() as client:
         frames = _frames(client, args.delay, args.iterations)
         if not sys.stdout.isatty():

@@ -11,11 +11,13 @@ from minicluster.cli.argparser import Parser
 from minicluster.cli.common import job_id
 from minicluster.cli.format import duration, dumps, percent, print_table, table, user_name
 from minicluster.client import Client
-from minicluster.model.text import printable
+from minicluster.model.text import brief, printable
+from minicluster.model.workflowforms import MAX_SECONDS
 
 USAGE_HELP = "usage of finished jobs per user and bank: core-, GPU-, wall- and CPU-hours"
 JOB_HELP = "about one job: eff ID (CPU and memory efficiency, like seff)"
-_AGO = re.compile(r"(\d+(?:\.\d+)?)([smhdw])\Z")
+_AGO = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])\Z")
+_EPOCH = re.compile(r"[0-9]+(?:\.[0-9]*)?\Z")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -24,16 +26,19 @@ def when(text: str) -> float:
     text = text.strip()
     match = _AGO.match(text)
     if match:
-        return time.time() - float(match.group(1)) * _UNITS[match.group(2)]
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return datetime.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"bad time {text!r}: use 2025-06-01, 2025-06-01T12:00, epoch seconds, or an age like 7d/12h/30m") from None
+        value = time.time() - float(match.group(1)) * _UNITS[match.group(2)]
+    elif _EPOCH.match(text):
+        value = float(text)
+    else:
+        try:
+            value = datetime.datetime.fromisoformat(text).timestamp()
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad time {brief(text)}: use 2025-06-01, 2025-06-01T12:00, epoch "
+                                             "seconds, or an age like 7d/12h/30m") from None
+    if not 0 <= value < MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"time {brief(text)} is not between 0 (1970-01-01) and {MAX_SECONDS:.0f}"
+                                         " (5138-11-16) in epoch seconds")
+    return value
 
 
 def usage(argv: list[str]) -> int:
@@ -48,7 +53,7 @@ def usage(argv: list[str]) -> int:
     parser.add_argument("--by-queue", action="store_true", help="one line per queue too")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
-    user = int(args.user) if args.user and args.user.isdigit() else args.user
+    user = int(args.user) if args.user and args.user.isascii() and args.user.isdigit() else args.user
     with Client() as client:
         rows = client.usage(user=user, project=args.project, since=args.since, until=args.until,
                             by_queue=args.by_queue)

@@ -122,8 +122,8 @@ def parse_duration(text: str) -> float:
 
 
 def decimal_digits(text: str) -> bool:
-    """`text` is one or more decimal digits: what re's \\d+ matches in a str."""
-    return text != "" and text.isdecimal()
+    """`text` is one or more ASCII decimal digits (str.isdecimal() and re's \\d also take ٣ and other scripts')."""
+    return text != "" and text.isascii() and text.isdecimal()
 
 
 # Begin times and time limits are seconds below this (a begin time: since the epoch, up to 5138-11-16).

@@ -86,7 +86,7 @@ def test_top_shows_queue_rates_ranks_and_busiest_jobs() -> None:
     finally:
         mc("cancel", str(busy))
     bad = mc("top", "-d", "0")
-    assert bad.returncode == 2 and bad.stderr.startswith("mc top: error: --delay must be positive")
+    assert bad.returncode == 2 and bad.stderr.startswith("mc top: error: --delay must be a number of seconds above 0")
 
 
 def test_top_names_nodes_as_resources_does(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Bad input found by issue 24's review: each refused with one line naming what was wrong (pure parts)."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import grp
 import os
@@ -8,6 +9,8 @@ import os
 import pytest
 
 from minicluster import config
+from minicluster.cli import usage
+from minicluster.cli.submit import _submit_args
 from minicluster.model import jobspec, restree
 from minicluster.model.jobterms import InvalidJobspec
 from minicluster.proto import frames
@@ -93,3 +96,41 @@ def test_access_group_must_name_a_group_of_this_host() -> None:
         config.from_mapping({"access_group": "nosuchgroup-mc"}).check_access_group()
     config.from_mapping({"access_group": grp.getgrgid(os.getgid()).gr_name}).check_access_group()
     config.from_mapping({}).check_access_group()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["-n", "٣"], "'٣' is not a number of tasks (digits 0-9)"),
+    (["-n", "+5"], "'+5' is not a number of tasks"),
+    (["-N", "1\n"], "'1\\n' is not a number of nodes"),
+    (["--retries", "1_000"], "'1_000' is not a number of retries"),
+    (["-n", " 5"], "' 5' is not a number of tasks"),
+    (["-c", "-1"], "must be a number of cores from 1 to"),
+    (["-n", "9" * 5000], "must be a number of tasks from 1 to 16777216, got 9999"),
+    (["-t", "٣"], "bad time limit '٣'"),
+    (["--mem", "٣G"], "bad memory size '٣G'"),
+])
+def test_integer_options_take_ascii_digits_only(argv: list[str], says: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:  # the quick parser hands an unsure line to argparse: same tables
+        _submit_args([*argv, "true"], "mc-submit")
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and says in err and err.count("\n") == 1 and len(err) < 300, err
+
+
+def test_plain_integers_still_parse() -> None:
+    assert _submit_args(["-n", "4", "-N", "2", "--retries", "0", "true"], "mc-submit").ntasks == 4
+
+
+@pytest.mark.parametrize("text, says", [
+    ("99999999999999999999", "time '99999999999999999999' is not between 0 (1970-01-01) and 100000000000"),
+    ("nan", "bad time 'nan'"), ("inf", "bad time 'inf'"), ("١٢", "bad time '١٢'"),
+    ("1_000", "bad time '1_000'"),
+])
+def test_usage_times_name_what_was_typed(text: str, says: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError) as caught:
+        usage.when(text)
+    assert str(caught.value).startswith(says)
+
+
+def test_usage_times_still_read() -> None:
+    assert usage.when("1700000000") == 1_700_000_000.0 and usage.when("7d") > 0

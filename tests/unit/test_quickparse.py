@@ -72,21 +72,21 @@ def test_argparse_errors_unchanged() -> None:
 
 def test_hand_parsed_sizes_match_the_regular_expressions() -> None:
     """time_limit's `90s` form, memory_mb and the workflow durations (--retry-delay, --begin-time +10m) parse
-    without re exactly what the expressions they replace matched."""
+    without re exactly what the expressions they replace matched, in ASCII digits only (٣ is refused)."""
     seconds = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     mib = {"": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
     alphabet = ["", "1", "0", "٣", "²", ".", "m", "M", "b", "B", "g", "t", "s", "h", "d", "x", " ", "-"]
     for text in {"".join(p) for n in (1, 2, 3, 4) for p in itertools.product(alphabet, repeat=n)}:
-        duration = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())  # time_limit strips first
+        duration = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip(), re.ASCII)  # time_limit strips first
         assert _unit_time(text.strip()) == (float(duration[1]) * seconds[duration[2]] if duration else None), text
-        workflow_duration = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip())
+        workflow_duration = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip(), re.ASCII)
         try:
             parsed: float | None = parse_duration(text)
         except WorkflowError:
             parsed = None
         assert parsed == (float(workflow_duration[1]) * ({"": 1} | seconds)[workflow_duration[2]]
                           if workflow_duration else None), text
-        size = re.fullmatch(r"(\d+)([mMgGtT]?)[bB]?", text.strip())
+        size = re.fullmatch(r"(\d+)([mMgGtT]?)[bB]?", text.strip(), re.ASCII)
         try:
             got: int | None = memory_mb(text)
         except Exception:
