@@ -415,6 +415,7 @@ class Execution:
             self.manager.workflow.attempts.after_results(job)
         self.pmi.abort_gang(job)
         self.manager.maybe_finish(job)
+        self.pmi.drop_ended()
         self.manager.wake_scheduler()
 
     def _untrack(self, key: Key) -> RunningTask | None:

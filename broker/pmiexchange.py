@@ -31,7 +31,7 @@ class PmiExchange:
         self._aborts: dict[int, tuple[AbortSettlement, asyncio.TimerHandle]] = {}
 
     def on_put(self, rank: int, put: messages.PmiPut) -> None:
-        self._drop_ended()
+        self.drop_ended()
         job = self.manager.jobs.get(put.job)
         if job is None or rank not in job.ranks:
             messages.send(self.send, rank, messages.Refusal("bad-request", "pmi-put for an unknown job", put.KIND))
@@ -56,10 +56,10 @@ class PmiExchange:
         for r in job.ranks:
             messages.send(self.send, r, kvs)
 
-    def _drop_ended(self) -> None:
-        """Forget the parts of barriers and fences some rank never joined, once their job ended."""
+    def drop_ended(self) -> None:
+        """Forget the parts of barriers and fences some rank never joined, once their job ends (no task runs)."""
         for key in [k for k in self._parts if (job := self.manager.jobs.get(k[0])) is None or job.ending
-                    or job.state != State.RUN]:
+                    or job.state != State.RUN or job.running == 0]:
             del self._parts[key]
 
     def on_init(self, init: messages.PmiInit) -> None:

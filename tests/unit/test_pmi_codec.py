@@ -336,10 +336,13 @@ def test_malformed_or_unknown_requests_become_protocol_errors(line: str) -> None
 
 def test_rank0_forgets_the_parts_of_an_ended_job() -> None:
     sent: list[tuple[str, int]] = []
-    jobs = {job: SimpleNamespace(id=job, ranks={0, 1}, ending=False, state=State.RUN) for job in (1, 2)}
+    jobs = {job: SimpleNamespace(id=job, ranks={0, 1}, ending=False, state=State.RUN, running=2) for job in (1, 2)}
     exchange = PmiExchange(SimpleNamespace(jobs=jobs), lambda kind, rank, body: sent.append((kind, rank)))
     exchange.on_put(0, messages.PmiPut(1, 0, kvs={"k": "v" * 1000}))  # rank 1 never joins this barrier
-    del jobs[1]  # the job ended
     exchange.on_put(0, messages.PmiPut(2, 0, kvs={"k": "v"}))
+    jobs[1].running = 0  # its tasks ended: the broker's results handler tells the exchange
+    exchange.drop_ended()
     assert list(exchange._parts) == [(2, "kvs", 0)]
-    assert sent == []
+    del jobs[2]  # gone from the broker altogether: dropped at the next put
+    exchange.on_put(0, messages.PmiPut(3, 0, kvs={}))
+    assert list(exchange._parts) == [] and sent == [("error", 0)]  # job 3 is unknown
