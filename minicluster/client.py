@@ -13,7 +13,7 @@ import time
 # 17 item 6), and a unix socket needs nothing of what it adds.
 import _socket
 
-from minicluster.proto.frames import VERSION, FrameError, pack_request, read_blocking
+from minicluster.proto.frames import VERSION, FrameError, not_text, pack_request, read_blocking
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
 if TYPE_CHECKING:
@@ -547,7 +547,10 @@ def _batches(specs: Iterable[JobspecLike]) -> Iterator[list[dict[str, Any]]]:
     size = 0
     for spec in specs:
         data = wire_jobspec(spec)
-        nbytes = len(msgpack.packb(data, use_bin_type=True))
+        try:
+            nbytes = len(msgpack.packb(data, use_bin_type=True))
+        except UnicodeEncodeError:
+            raise not_text(data, "jobspec") from None
         if batch and (size + nbytes > BATCH_BYTES or len(batch) >= BATCH_COUNT):
             yield batch
             batch, size = [], 0

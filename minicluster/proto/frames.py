@@ -51,8 +51,13 @@ def pack_request(message: dict[str, Any]) -> bytes:
         except smallpack.Unsupported:
             return pack(message)
     except UnicodeEncodeError:
-        raise NotText(f"{_not_text(message, '') or 'a field'} is not valid UTF-8; minicluster carries text only"
-                      " (arbitrary bytes in argv or names are not supported)") from None
+        raise not_text(message, "") from None
+
+
+def not_text(value: Any, where: str) -> NotText:
+    """The error for a `value` that failed to encode: it names the first string in it that is not UTF-8."""
+    return NotText(f"{_not_text(value, where) or 'a field'} is not valid UTF-8; minicluster carries text only"
+                   " (arbitrary bytes in argv or names are not supported)")
 
 
 def _not_text(value: Any, where: str) -> str | None:
@@ -83,8 +88,10 @@ def _is_text(text: str) -> bool:
 
 
 def _shown(text: str) -> str:
+    """`text` quoted, cut at 60 characters, each byte that was not UTF-8 (a lone surrogate) as `\\xff`."""
     cut = text if len(text) <= 60 else text[:60] + "…"
-    return repr(cut.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
+    return "'" + "".join(f"\\x{ord(c) - 0xdc00:02x}" if 0xdc80 <= ord(c) <= 0xdcff else repr(c)[1:-1]
+                         for c in cut) + "'"
 
 
 def _framed(body: bytes) -> bytes:

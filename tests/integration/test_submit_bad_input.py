@@ -54,9 +54,9 @@ def no_traceback(log: Path) -> None:
 @pytest.mark.parametrize("argv, says", [
     (("--resources", DEEP, "true"), "deeper than 16 levels"),
     (("--tasks-per-node", "3", "true"), "not a multiple of tasks_per_node=3"),
-    (("--", "true", b"\xff"), "argv[1] '\\\\xff' is not valid UTF-8"),
+    (("--", "true", b"\xff"), "argv[1] '\\xff' is not valid UTF-8"),
     (("--env", b"A\xff=1", "true"), "not valid UTF-8"),
-    (("--name", b"x\xff", "true"), "name 'x\\\\xff' is not valid UTF-8"),
+    (("--name", b"x\xff", "true"), "name 'x\\xff' is not valid UTF-8"),
 ])
 def test_mc_submit_says_one_line(cluster: tuple[LocalCluster, Path], argv: tuple[str | bytes, ...], says: str) -> None:
     c, log = cluster

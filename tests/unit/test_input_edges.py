@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from minicluster import config
+from minicluster import client, config
 from minicluster.cli import usage
 from minicluster.cli.submit import _submit_args
 from minicluster.model import jobspec, restree
@@ -62,14 +62,19 @@ def test_a_job_name_may_hold_no_c1_control_character(c: str) -> None:
 
 
 @pytest.mark.parametrize("message, where", [
-    ({"op": "submit", "jobspec": {"argv": ["true", "x\udcff"]}}, "jobspec.argv[1] 'x\\\\xff'"),
-    ({"op": "submit", "jobspec": {"env": {"A\udcff": "1"}}}, "a key of jobspec.env 'A\\\\xff'"),
-    ({"op": "update", "name": "\udcfe"}, "name '\\\\xfe'"),
+    ({"op": "submit", "jobspec": {"argv": ["true", "x\udcff"]}}, "jobspec.argv[1] 'x\\xff'"),
+    ({"op": "submit", "jobspec": {"env": {"A\udcff": "1"}}}, "a key of jobspec.env 'A\\xff'"),
+    ({"op": "update", "name": "\udcfe"}, "name '\\xfe'"),
 ])
 def test_a_string_that_is_not_utf8_is_named(message: dict[str, object], where: str) -> None:
     with pytest.raises(frames.NotText) as caught:
         frames.pack_request(message)
     assert str(caught.value).startswith(f"{where} is not valid UTF-8")
+
+
+def test_bulksubmit_names_a_string_that_is_not_utf8_before_sending() -> None:
+    with pytest.raises(frames.NotText, match=r"jobspec.argv\[1\] '\\xff' is not valid UTF-8"):
+        list(client._batches([spec(argv=["true", "\udcff"])]))
 
 
 @pytest.mark.parametrize("key, value", [
