@@ -135,6 +135,11 @@ class InstanceConfig:
         if self.topology and self.resource_graph:
             raise ConfigError("topology and resource_graph both name the levels; the graph file"
                               " carries its own, drop topology")
+        if self.socket and not os.path.isabs(self.socket):
+            raise ConfigError(f"socket must be an absolute path, got {self.socket!r}")
+        if len(os.fsencode(self.socket_path)) > 107:  # sun_path holds 108 bytes with the NUL
+            raise ConfigError(f"socket path {self.socket_path!r} is longer than a unix socket's 107 bytes"
+                              " (set socket, or a shorter state_dir)")
         if self.listen not in ("", "*") and any(c in self.listen for c in "/[] "):
             raise ConfigError(f"listen must be empty, '*' or one address, got {self.listen!r}")
         try:

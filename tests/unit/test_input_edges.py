@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import grp
 import os
+import re
 
 import pytest
 
@@ -139,3 +140,13 @@ def test_usage_times_name_what_was_typed(text: str, says: str) -> None:
 
 def test_usage_times_still_read() -> None:
     assert usage.when("1700000000") == 1_700_000_000.0 and usage.when("7d") > 0
+
+
+@pytest.mark.parametrize("values, says", [
+    ({"socket": "rel.sock"}, "socket must be an absolute path, got 'rel.sock'"),
+    ({"socket": "/tmp/" + "x" * 120}, "is longer than a unix socket's 107 bytes"),
+    ({"state_dir": "/tmp/" + "x" * 100}, "is longer than a unix socket's 107 bytes"),
+])
+def test_the_broker_socket_path_is_checked_at_load(values: dict[str, object], says: str) -> None:
+    with pytest.raises(config.ConfigError, match=re.escape(says)):
+        config.from_mapping(values)
