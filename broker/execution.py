@@ -233,7 +233,7 @@ class Execution:
         return messages.JobInfo(
             argv=list(spec.argv), env=env, ntasks=job.total_tasks, layout=layout, uid=job.uid, gid=job.gid,
             cwd=spec.cwd, output=spec.output, mpi=mpi, array=job.is_array, stdin=spec.stdin_tasks,
-            mem_per_task=spec.mem_per_task)
+            mem_per_task=spec.mem_per_task, umask=spec.umask)
 
     # --- results and output --------------------------------------------------------------------------------
 

@@ -95,11 +95,22 @@ def wire_jobspec(spec: JobspecLike) -> dict[str, Any]:
     from minicluster.model.jobspec import InvalidJobspec, from_wire
 
     data = spec if isinstance(spec, dict) else spec.to_wire()
+    if data.get("umask") is None:  # the submitter's, as the tools send it (protocol.md §3.4)
+        data = {**data, "umask": own_umask()}
     try:
         from_wire(data)
     except InvalidJobspec as exc:
         raise ClientError("invalid-jobspec", str(exc)) from None
     return data
+
+
+def own_umask() -> int:
+    """This process's umask, read without setting it (os.umask would, for every thread of the caller's)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    raise ClientError("umask", "no Umask line in /proc/self/status (Linux 4.7 or later is needed)")
 
 
 class Client:
@@ -560,4 +571,4 @@ def _batches(specs: Iterable[JobspecLike]) -> Iterator[list[dict[str, Any]]]:
         yield batch
 
 
-__all__ = ["Client", "ClientError", "DEFAULT_SOCKETS", "socket_path", "wire_jobspec"]
+__all__ = ["Client", "ClientError", "DEFAULT_SOCKETS", "own_umask", "socket_path", "wire_jobspec"]

@@ -303,7 +303,7 @@ class WorkerAgent:
             self.executor.start(TaskSpec(key=key, argv=argv, env=env, cwd=info.cwd, cores=bind,
                                          gpus=tuple(gpus), stdout_path=path, stderr_path=path, pass_fds=fds,
                                          stdin_fd=stdin_fd, memory_group=self._memory_group(key, info),
-                                         user=user))
+                                         user=user, umask=info.umask))
         finally:
             if stdin_fd is not None:
                 os.close(stdin_fd)

@@ -60,6 +60,8 @@ class TaskSpec:
     memory_group: TaskMemoryGroup | None = None
     # (uid, gid) to open the output files and enter cwd as, when the task runs as another user than the worker.
     user: tuple[int, int] | None = None
+    # The task's umask, its output files' too (None: the worker's own).
+    umask: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,16 +174,16 @@ class TaskExecutor(_Executor):
         loop = self._check_new(spec.key)
         started = time.time()
         order = Order(spec.argv, accelerator_env(spec.env, spec.gpus), spec.cwd, spec.cores, spec.user,
-                      spec.stdout_path, spec.stderr_path, spec.pass_fds)
+                      spec.stdout_path, spec.stderr_path, spec.pass_fds, spec.umask)
         try:
             pipes, writes = _pipes(order)
         except SpawnError as e:
             self._fail_soon(loop, spec.key, e.status, str(e), started)
             return None
         # Another user's task is forked (worker/spawn.py): by a small helper, as the agent's fork costs milliseconds.
-        # A task with a cwd too where the loop thread cannot have a cwd of its own (a pod's seccomp profile forbids
-        # unshare): a helper has one thread, so no other thread sees the cwd it enters for the spawn.
-        cwd_seen = spec.cwd is not None and not self._spawner.cwd_is_private()
+        # A task with a cwd or umask too where the loop thread cannot have them of its own (a pod's seccomp profile
+        # forbids unshare): a helper has one thread, so no other thread sees the cwd or umask it wears for the spawn.
+        cwd_seen = self._spawner.wears_fs(order) and not self._spawner.cwd_is_private()
         if (self._helper_count or spec.user is not None or cwd_seen) and order.size() <= LARGEST_ORDER:
             self._start_in_helper(spec, order, started, pipes, writes)
             return None

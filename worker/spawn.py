@@ -62,6 +62,7 @@ class Order:
     stdout_path: str | None  # None: the caller's pipe
     stderr_path: str | None
     pass_fds: tuple[int, ...]  # the numbers the task sees them at
+    umask: int | None = None  # the task's and its output files' (None: the spawning process's own)
 
     def size(self) -> int:
         """About how many bytes the order's strings take (argv and environment dominate)."""
@@ -79,6 +80,12 @@ class Spawner:
         self._cwd_private = not threads_share_cwd
         self._unshare_error: str | None = None  # why the calling thread's cwd could not be made its own
         self._signals_caught = False
+        self._umask = _thread_umask()
+
+    def wears_fs(self, order: Order) -> bool:
+        """Whether the spawn of `order` changes the calling thread's cwd or umask, which threads share unless
+        `cwd_is_private`."""
+        return order.cwd is not None or (order.umask is not None and order.umask != self._umask)
 
     def check(self, order: Order) -> None:
         bad = sorted(set(order.cores) - self.allowed_cores)
@@ -99,6 +106,7 @@ class Spawner:
             raise SpawnError(STATUS_CANNOT_RUN, f"cwd {cut(order.cwd)}: no such directory")
         self.check(order)
         opened: list[int] = []
+        saved_umask = self._wear_umask(order.umask)
         try:
             out = pipes[0] if order.stdout_path is None else _open_output("stdout", order.stdout_path, order.user,
                                                                           opened)
@@ -124,6 +132,8 @@ class Spawner:
         finally:
             for fd in opened:
                 os.close(fd)
+            if saved_umask is not None:
+                os.umask(saved_umask)
 
     def _spawn_bound(self, order: Order, start: Callable[[], int],
                      groups: Sequence[AbstractContextManager[None]]) -> int:
@@ -194,6 +204,17 @@ class Spawner:
                 self._unshare_error = os.strerror(ctypes.get_errno())
         return self._cwd_private
 
+    def _wear_umask(self, umask: int | None) -> int | None:
+        """Give the calling thread the task's umask for the spawn: its output files are created under it and the
+        task inherits it.  Returns the umask to put back, None when unchanged (the common case costs no call)."""
+        if umask is None or umask == self._umask:
+            return None
+        if not self.cwd_is_private():
+            raise SpawnError(STATUS_CANNOT_RUN, f"umask {umask:04o}: not set: a task this large is spawned by the"
+                             f" worker itself, whose other threads would create their files under it"
+                             f" (unshare(CLONE_FS): {self._unshare_error})")
+        return os.umask(umask)
+
     def _make_cwd_private(self, cwd: str) -> None:
         """Refuse the spawn rather than show the task's cwd to the other threads (their relative paths would open in
         it)."""
@@ -219,6 +240,15 @@ def killpg(pgid: int, sig: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def _thread_umask() -> int:
+    """The calling thread's umask, read without setting it (os.umask would, for every thread sharing it)."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    raise OSError(errno.ENOENT, "no Umask line in /proc/self/task/*/status")
 
 
 def _resolve(order: Order) -> str:

@@ -61,12 +61,13 @@ class Request:
     def pack(self) -> bytes:
         o = self.order
         return msgpack.packb([*self.key, o.argv, o.env, o.cwd, o.cores, o.user, o.stdout_path, o.stderr_path,
-                              o.pass_fds, self.stdin, self.pipes, self.group, self.memory])
+                              o.pass_fds, self.stdin, self.pipes, self.group, self.memory, o.umask])
 
     @classmethod
     def unpack(cls, fields: list[Any]) -> Request:
-        job, task, argv, env, cwd, cores, user, out, err, passed, stdin, pipes, group, memory = fields
-        order = Order(tuple(argv), env, cwd, tuple(cores), tuple(user) if user else None, out, err, tuple(passed))
+        job, task, argv, env, cwd, cores, user, out, err, passed, stdin, pipes, group, memory, umask = fields
+        order = Order(tuple(argv), env, cwd, tuple(cores), tuple(user) if user else None, out, err, tuple(passed),
+                      umask)
         return cls((job, task), order, stdin, tuple(pipes), group, tuple(memory) if memory else None)
 
 

@@ -9,6 +9,7 @@ import os
 import time
 
 from minicluster.cli.quickparse import add_options, option
+from minicluster.client import own_umask
 from minicluster.model import workflowforms as forms
 from minicluster.model.idset import IdSet, IdSetError
 from minicluster.model.jobterms import INT_RANGES, MPI_MODES, POLICIES, InvalidJobspec
@@ -67,6 +68,14 @@ def field_int(field: str, what: str = "an integer") -> Callable[[str], int]:
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 urgency = field_int("urgency", "an urgency")
+
+
+def umask(text: str) -> int:
+    """A file mode creation mask in octal (`077`, `0o022`), as the shell's umask takes it."""
+    digits = text[2:] if text[:2] in ("0o", "0O") else text
+    if not digits or len(digits) > 4 or any(c not in "01234567" for c in digits) or int(digits, 8) > 0o777:
+        raise _type_error(f"must be an octal umask from 000 to 777, got {cut(text, 40)}")
+    return int(digits, 8)
 
 
 def time_limit(text: str) -> float:
@@ -225,6 +234,8 @@ JOB_ENVIRONMENT_OPTIONS: tuple[Option, ...] = (
            help="set K=V, copy K from here, or -K to drop it (repeatable)"),
     option("--env-clear", action="store_true", help="do not send this environment"),
     option("--cwd", metavar="DIR", help="working directory (default: the current one)"),
+    option("--umask", type=umask, metavar="OCTAL",
+           help="the tasks' umask, their --output file's mode is 666 less it (default: this shell's)"),
     option("--output", metavar="FILE",
            help="output file on the node ({id}, {task}, {index}); default: stream to mc"),
     option("--mpi", choices=MPI_MODES,
@@ -372,6 +383,7 @@ def jobspec_from_args(args: Parsed, command: Sequence[str],
         "exclusive": args.exclusive,
         "requires": list(args.requires),
         "urgency": args.urgency,
+        "umask": own_umask() if args.umask is None else args.umask,  # Slurm's srun and sbatch carry theirs
     }
     optional = {"time_limit": args.time_limit, "name": args.name, "output": args.output,
                 "array": args.cc, "policy": args.policy, "mpi": args.mpi, "stdin": stdin,

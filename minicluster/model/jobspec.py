@@ -59,6 +59,8 @@ class Jobspec:
     # Sharing: the queue (nil: the instance's default queue) and the bank charged (nil: the user's default).
     queue: str | None = None
     project: str | None = None
+    # The tasks' file mode creation mask (nil: the worker's own), sent only when set.
+    umask: int | None = None
 
     @property
     def stdin_tasks(self) -> list[int]:
@@ -109,6 +111,8 @@ class Jobspec:
                 del d[name]
         if self.dependencies:
             d["dependencies"] = [dep.to_wire() for dep in self.dependencies]
+        if self.umask is None:
+            del d["umask"]
         for name in ("on_exit", "on_signal"):
             if name in d:
                 d[name] = [list(rule) for rule in d[name]]
@@ -177,6 +181,8 @@ def _parse(data: Any) -> Jobspec:
         if name in data:
             values[name] = _int(data, name, least, most)
     values.update(_optional_fields(data))
+    if data.get("umask") is not None:
+        values["umask"] = _int(data, "umask", *INT_RANGES["umask"])
     values.update(_tree_fields(data))
     try:
         values.update(_workflow_fields(data))

@@ -22,7 +22,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "cores_per_task": (1, MAX_COUNT), "gpus_per_task": (0, MAX_COUNT), "mem_per_task": (0, 1 << 40),
     "urgency": (0, 31), "retries": (0, MAX_RETRIES), "max_retries_per_index": (0, MAX_RETRIES),
     "max_failed_indexes": (0, MAX_RETRIES * 100), "success_count": (1, MAX_RETRIES * 100),
-    "success_task": (0, 1 << 20),
+    "success_task": (0, 1 << 20), "umask": (0, 0o777),
 }
 
 

@@ -183,6 +183,7 @@ class JobInfo(WireMessage):
     array: bool = False
     stdin: list[int] = field(default_factory=list)
     mem_per_task: int = 0
+    umask: int | None = None  # nil: the worker's own
 
     def check(self, kind: str) -> None:
         if not self.argv:

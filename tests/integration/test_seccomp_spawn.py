@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -63,6 +64,15 @@ def test_tasks_run_in_their_cwd_without_unshare(nounshare: str, tmp_path: Path) 
     cwds, parents = zip(*(line.split(" ", 1) for line in done.stdout.splitlines()), strict=True)
     assert sorted(cwds) == [str(dirs[0])] * 4 + [str(dirs[1])] * 4
     assert all("worker.spawnhelper" in parent for parent in parents), parents
+
+
+def test_a_tasks_umask_is_worn_by_a_helper_without_unshare(nounshare: str, tmp_path: Path) -> None:
+    # umask, like cwd, is the loop thread's own only after unshare(CLONE_FS): here a helper spawns the task.
+    out = tmp_path / "out"
+    done = subprocess.run([nounshare, "mc", "start", "--size", "1", "--", "mc", "run", "--umask", "077", "--output",
+                           str(out), "sh", "-c", "umask"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (stat.S_IMODE(out.stat().st_mode), out.read_text()) == (0o600, "0077\n")
 
 
 def test_a_task_too_large_for_a_helper_is_refused_with_the_reason(nounshare: str, tmp_path: Path) -> None:
