@@ -19,6 +19,7 @@ import pytest
 from minicluster.client import Client, ClientError
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, wait_for
+from tests.integration.test_containment import alive
 
 # An array element that counts the live processes of earlier runs of its own index (its twins) and records its
 # index, rank, pid and that count; it forks a child that leaves its session (an escapee), prints, and sleeps.
@@ -83,18 +84,10 @@ def gone_within(pids: set[int], seconds: float) -> set[int]:
     """Those of `pids` still alive (not zombies) after `seconds` at most."""
     deadline = time.monotonic() + seconds
     while True:
-        alive = {pid for pid in pids if _alive(pid)}
-        if not alive or time.monotonic() > deadline:
-            return alive
+        living = {pid for pid in pids if alive(pid)}
+        if not living or time.monotonic() > deadline:
+            return living
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return not stat[stat.rindex(b")") + 2:].startswith(b"Z")
 
 
 @pytest.mark.slow
