@@ -49,7 +49,7 @@ def _unavailable() -> str | None:
     if not Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists():
         return "no cgroup v1 cpu controller for the pods' CPU limits"
     if find_binaries() is None:
-        return "no kube-apiserver/etcd/kube-controller-manager: run .ci/apiserver.sh or set MC_K8S_BIN"
+        return "no kube-apiserver/etcd/kube-controller-manager: run .ci/kubernetes.sh or set MC_K8S_BIN"
     return image.available()
 
 

@@ -3,7 +3,7 @@ users (UID 10001) can run.
 
 A pod's root filesystem is an overlay: this host's / as the read-only lower layer, a private tmpfs on top.  On it
 the pod's init replays the Dockerfile's own steps (its user, with its home; the directories it creates, with
-their owners).  The Python environment is a venv per image cached outside the checkout, as .ci/apiserver.sh
+their owners).  The Python environment is a venv per image cached outside the checkout, as .ci/kubernetes.sh
 caches the API server: Debian's python3.11 with what the Dockerfile's pip installs (the project's dependencies
 and extras, the runtime's MPICH + mpi4py), every file readable by all.  The project itself is the checkout under
 test, mounted read-only at /opt/minicluster, so the cache only changes with the dependencies.  ENTRYPOINT, CMD,

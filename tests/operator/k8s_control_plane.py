@@ -1,7 +1,7 @@
 """A throwaway control plane on loopback: etcd, kube-apiserver and
 kube-controller-manager (no scheduler, no kubelet: pods never run).
 
-Binaries come from MC_K8S_BIN or the cache that .ci/apiserver.sh fills.
+Binaries come from MC_K8S_BIN or the cache that .ci/kubernetes.sh fills.
 Certificates and tokens are made here with `cryptography`; authentication
 is by static tokens (admin) and service-account tokens (the operator), and
 authorization is RBAC only, as in a real cluster.

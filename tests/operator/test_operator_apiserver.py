@@ -1,7 +1,7 @@
 """Tier (c): the operator against a real kube-apiserver 1.20 + etcd +
 kube-controller-manager on loopback, under its own ServiceAccount and RBAC.
 
-Run `.ci/apiserver.sh` once to build and cache the binaries.  Kubernetes 1.20
+Run `.ci/kubernetes.sh` once to build and cache the binaries.  Kubernetes 1.20
 predates Indexed Jobs, suspend, podFailurePolicy, successPolicy and CEL; the
 API server drops those Job fields silently and ignores CEL rules, so these
 tests check what 1.20 keeps (tier (a) checks the modern fields).
@@ -40,7 +40,7 @@ REPORTS: dict[str, dict[str, Any]] = {}
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     bin_dir = find_binaries()
     if bin_dir is None:
-        reason = "no kube-apiserver/etcd/kube-controller-manager: run .ci/apiserver.sh or set MC_K8S_BIN"
+        reason = "no kube-apiserver/etcd/kube-controller-manager: run .ci/kubernetes.sh or set MC_K8S_BIN"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build (once) and cache a real kube-apiserver, kube-controller-manager and
-# etcd for the operator's `apiserver` test tier.
+# Build (once) and cache Kubernetes 1.20.2 binaries: kube-apiserver, kube-controller-manager and etcd for the
+# operator's `apiserver` tier, and, named as arguments, more of them (the real-node tier asks for kubelet,
+# kube-scheduler, kube-proxy and kubectl):  bash .ci/kubernetes.sh [kubelet kube-scheduler ...]
 #
 # Idempotent: when the cached binaries exist this only prints their directory.
 # The binaries live outside the repo so every checkout and CI run can reuse them;
@@ -14,7 +15,13 @@ set -euo pipefail
 K8S_VERSION="v1.20.2"
 CACHE="${MC_K8S_CACHE:-/var/cache/minicluster/k8s-${K8S_VERSION}}"
 BIN="${CACHE}/bin"
-WANTED=(kube-apiserver kube-controller-manager etcd)
+WANTED=(kube-apiserver kube-controller-manager etcd "$@")
+for b in "$@"; do
+    case "${b}" in
+        kubelet|kube-scheduler|kube-proxy|kubectl) ;;
+        *) echo "kubernetes.sh: unknown binary ${b}" >&2; exit 2 ;;
+    esac
+done
 
 have_all() {
     local b
@@ -26,7 +33,7 @@ if have_all; then
     exit 0
 fi
 
-log() { echo "apiserver.sh: $*" >&2; }
+log() { echo "kubernetes.sh: $*" >&2; }
 export DEBIAN_FRONTEND=noninteractive
 
 # `apt-get source` needs a deb-src entry; add one next to the distro's list.
@@ -61,15 +68,19 @@ REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
 REFLECT2_DST="${SRCDIR}/vendor/github.com/modern-go/reflect2"
 rsync -a --delete --exclude='*_test.go' "${REFLECT2_SRC}/" "${REFLECT2_DST}/"
 
-log "building kube-apiserver and kube-controller-manager (several minutes)"
+TARGETS=()
+for b in "${WANTED[@]}"; do
+    [[ "${b}" == etcd || -x "${BIN}/${b}" ]] || TARGETS+=("cmd/${b}")
+done
+log "building ${TARGETS[*]} (several minutes each; the kubelet about ten)"
 cd "${SRCDIR}"
 export GOFLAGS=-mod=vendor GOPROXY=off GO111MODULE=on
 export KUBE_GIT_VERSION="${K8S_VERSION}" KUBE_GIT_TREE_STATE=clean
 export KUBE_GIT_COMMIT=0000000000000000000000000000000000000000
-make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >&2
+make WHAT="${TARGETS[*]}" >&2
 
-for b in kube-apiserver kube-controller-manager; do
-    install -m 0755 "_output/bin/${b}" "${BIN}/${b}"
+for target in "${TARGETS[@]}"; do
+    install -m 0755 "_output/bin/${target#cmd/}" "${BIN}/${target#cmd/}"
 done
 ln -sf "$(command -v etcd)" "${BIN}/etcd"
 
