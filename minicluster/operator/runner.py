@@ -10,6 +10,8 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -20,13 +22,32 @@ from minicluster.operator.spec import GROUP
 from minicluster.operator.status import HttpStatusFetcher, ProxyStatusFetcher, StatusFetcher, broker_url
 
 BROKER_ACCESS = ("auto", "dns", "proxy")
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def service_account_login(directory: Path = SERVICE_ACCOUNT_DIR,
+                          environ: Mapping[str, str] = os.environ) -> kopf.ConnectionInfo | None:
+    """The pod's service account, at the address the kubelet puts in every container's environment
+    (KUBERNETES_SERVICE_HOST/PORT), as client-go's in-cluster config does.  kopf's own login dials
+    `kubernetes.default.svc`, which needs cluster DNS just to reach the API server."""
+    token_path = directory / "token"
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+    if not token_path.exists() or not host or not port:
+        return None
+    namespace = directory / "namespace"
+    ca_path = directory / "ca.crt"
+    return kopf.ConnectionInfo(
+        server=f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}",
+        ca_path=str(ca_path) if ca_path.exists() else None,
+        token=token_path.read_text().strip() or None,
+        default_namespace=namespace.read_text().strip() if namespace.exists() else None,
+    )
 
 
 async def default_login() -> kopf.ConnectionInfo:
     """In-cluster service account first, then the local kubeconfig."""
     settings = kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings)
-    info = info or kopf.login_with_kubeconfig(settings=settings)
+    info = service_account_login() or kopf.login_with_kubeconfig(settings=settings)
     if info is None:
         raise kopf.LoginError("no in-cluster service account token and no kubeconfig found")
     return info

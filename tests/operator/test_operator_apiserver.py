@@ -24,6 +24,7 @@ import yaml
 
 from k8s_control_plane import ADMIN_TOKEN, Cluster, collection_path, find_binaries, operator_token
 from minicluster.operator import operate
+from minicluster.operator.runner import service_account_login
 from minicluster.operator.kube import ApiError, Kube
 from minicluster.operator.status import HttpStatusFetcher
 
@@ -406,3 +407,23 @@ async def test_a_cluster_without_indexed_jobs_is_reported_at_once(checking_opera
     await asyncio.sleep(2)
     assert (await admin.get(job_path))["spec"]["parallelism"] == 0
     assert condition(await admin.get(path), "Reconciled")["reason"] == "UnsupportedCluster"
+
+
+async def test_in_cluster_login_needs_no_cluster_dns(cluster: Cluster, installed: str, tmp_path: Path) -> None:
+    # A pod's service-account files and the kubelet's KUBERNETES_SERVICE_* variables; no resolver knows
+    # kubernetes.default.svc here, as in a cluster without DNS (kopf's own login dials that name).
+    (tmp_path / "token").write_text(installed + "\n")
+    (tmp_path / "namespace").write_text("minicluster-system")
+    (tmp_path / "ca.crt").write_bytes(cluster.ca_path.read_bytes())
+    info = service_account_login(tmp_path, {"KUBERNETES_SERVICE_HOST": cluster.address,
+                                            "KUBERNETES_SERVICE_PORT": str(cluster.port)})
+    assert info is not None and info.server == cluster.server and info.default_namespace == "minicluster-system"
+
+    async def login() -> kopf.ConnectionInfo:
+        return info
+    kube = Kube(login)
+    try:
+        assert (await kube.get("/api/v1/namespaces/default/pods"))["items"] is not None  # as the operator's SA
+    finally:
+        await kube.close()
+    assert service_account_login(tmp_path, {}) is None  # not in a pod: the kubeconfig is next
