@@ -67,6 +67,13 @@ class Env:
     kubeconfig: Path
     loop: asyncio.AbstractEventLoop  # the node's loop; tests talk to the node only through it
     timings: dict[str, float] = field(default_factory=dict)
+    image: str = image.NAME  # the runtime image MiniClusters name
+    families: tuple[str, ...] = ("ipv4", "ipv6")  # the pod network's address families
+
+    @property
+    def kubernetes_service(self) -> str:
+        """KUBERNETES_SERVICE_HOST:PORT as pods see it: the API server itself (no kube-proxy here)."""
+        return f"{self.cluster.address}:{self.cluster.port}"
 
     def namespace(self, suffix: str) -> str:
         return f"e2e-{self.run_id}-{suffix}"
@@ -238,10 +245,10 @@ async def make_namespace(admin: Kube, name: str, restricted: bool = True, family
     return name
 
 
-def minicluster(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+def minicluster(e2e: Env, name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "minicluster.dev/v1alpha1", "kind": "MiniCluster",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"size": 3, "image": image.NAME, **spec}}
+            "spec": {"size": 3, "image": e2e.image, **spec}}
 
 
 def kubectl_exec(e2e: Env, namespace: str, pod: str, argv: list[str],

@@ -33,6 +33,8 @@ ADMIN_TOKEN = "admin-token-for-tests"
 # The `kubernetes` Service's names, which in-cluster clients use (kopf: https://kubernetes.default.svc).
 KUBERNETES_SERVICE_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc",
                             "kubernetes.default.svc.cluster.local")
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first of SERVICE_CIDR: pods behind a kube-proxy dial it
 
 
 def find_binaries() -> Path | None:
@@ -56,7 +58,7 @@ def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
 
 
 def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
-          issuer_key: rsa.RSAPrivateKey, ca: bool, address: str = "127.0.0.1",
+          issuer_key: rsa.RSAPrivateKey, ca: bool, addresses: tuple[str, ...] = (),
           names: tuple[str, ...] = ()) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
@@ -73,7 +75,7 @@ def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
     if not ca:
         builder = builder.add_extension(x509.SubjectAlternativeName([
             *(x509.DNSName(n) for n in ("localhost", *names)),
-            *(x509.IPAddress(ipaddress.ip_address(a)) for a in dict.fromkeys(("127.0.0.1", address))),
+            *(x509.IPAddress(ipaddress.ip_address(a)) for a in dict.fromkeys(("127.0.0.1", *addresses))),
         ]), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
@@ -126,6 +128,7 @@ class Cluster:
     # an address pods can reach (tests/e2e: the pod bridge's, port 443 as the Service's).  0: a free port.
     address: str = "127.0.0.1"
     port: int = 0
+    apiserver_args: tuple[str, ...] = ()  # more flags, e.g. the real node's kubelet address type
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -159,7 +162,8 @@ class Cluster:
             "--service-account-issuer=https://kubernetes.default.svc",
             "--api-audiences=https://kubernetes.default.svc",
             "--authorization-mode=RBAC",
-            "--service-cluster-ip-range=10.96.0.0/16",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            *self.apiserver_args,
         ])
         self._wait_healthy()
         self._spawn("kube-controller-manager", [
@@ -211,8 +215,8 @@ class Cluster:
         ca_key = _key()
         ca = _cert("minicluster-test-ca", ca_key, None, ca_key, ca=True)
         server_key = _key()
-        server = _cert("kube-apiserver", server_key, ca, ca_key, ca=False, address=self.address,
-                       names=KUBERNETES_SERVICE_NAMES)
+        server = _cert("kube-apiserver", server_key, ca, ca_key, ca=False,
+                       addresses=(self.address, KUBERNETES_SERVICE_IP), names=KUBERNETES_SERVICE_NAMES)
         w = self.workdir
         (w / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
         (w / "server.crt").write_bytes(server.public_bytes(serialization.Encoding.PEM))
