@@ -131,7 +131,7 @@ def demo(e2e: Env) -> Iterator[str]:
             t0 = time.monotonic()
             # A 1-CPU limit per pod on this 2-core node; requests small enough that a real scheduler places all.
             await create(admin, minicluster(e2e, "demo", ns,
-                                            resources={"limits": {"cpu": "1"}, "requests": {"cpu": "100m"}})))
+                                            resources={"limits": {"cpu": "1"}, "requests": {"cpu": "100m"}}))
             await wait_condition(admin, ns, "demo", "Ready")
             e2e.timings["ready_3_of_3_s"] = time.monotonic() - t0
             return ns
