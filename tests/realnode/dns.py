@@ -163,8 +163,9 @@ class ClusterDNS:
         self.upstream = upstream
         self._tls = ssl.create_default_context(cafile=str(ca_path))
         self._table: Table | None = None  # None until the first poll succeeds
+        self._failing = False  # the last poll failed (its error is logged once per outage)
         self._stopping = threading.Event()
-        self._servers: list[_Server] = []
+        self._servers: list[socketserver.BaseServer] = []
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -176,7 +177,7 @@ class ClusterDNS:
         except OSError as error:
             self._close()
             raise RuntimeError(f"cluster DNS cannot bind {self.address}:{self.port}: {error.strerror}") from error
-        self._refresh(failing=False)
+        self._refresh()
         self._threads = [threading.Thread(target=s.serve_forever, args=(0.2,), name="cluster-dns-serve", daemon=True)
                          for s in self._servers]
         self._threads.append(threading.Thread(target=self._poll, name="cluster-dns-poll", daemon=True))
@@ -205,21 +206,20 @@ class ClusterDNS:
             raise ValueError(f"GET {path}: no items list")
         return items
 
-    def _refresh(self, failing: bool) -> bool:
-        """One poll; True if it failed.  Any error keeps the last table, and is logged once per outage."""
+    def _refresh(self) -> None:
+        """One poll.  Any error keeps the last table."""
         try:
-            table = build_table(self._get("/api/v1/services"), self._get("/api/v1/endpoints"), self.domain)
+            self._table = build_table(self._get("/api/v1/services"), self._get("/api/v1/endpoints"), self.domain)
         except Exception as error:  # the thread must outlive any one bad poll: log it, keep the last table
-            if not failing:
+            if not self._failing:
                 log.warning("cluster DNS: cannot read Services/Endpoints from %s: %s", self.server_url, error)
-            return True
-        self._table = table
-        return False
+            self._failing = True
+        else:
+            self._failing = False
 
     def _poll(self) -> None:
-        failing = False
         while not self._stopping.wait(self.poll_interval):
-            failing = self._refresh(failing)
+            self._refresh()
 
     def lookup(self, name: str, qtype: str = "A") -> list[str] | None:
         """The addresses a query for name (any case, with or without the final dot) gets: None if the table has

@@ -67,6 +67,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     api(control_plane, "POST", endpoints, {"metadata": {"name": "bare"}, "subsets": [
         {"addresses": [{"ip": "10.244.0.9"}], "ports": port}]})
     api(control_plane, "POST", endpoints, demo_endpoints("10.244.0.5"))
+    api(control_plane, "POST", services, {"metadata": {"name": "big"}, "spec": {"clusterIP": "None", "ports": port}})
+    api(control_plane, "POST", endpoints, {"metadata": {"name": "big"}, "subsets": [
+        {"addresses": [{"ip": f"10.244.1.{i}"} for i in range(1, 41)], "ports": port}]})
     yield control_plane
     control_plane.stop()
 
@@ -127,6 +130,14 @@ def test_other_cluster_names_fail_at_once(dns: ClusterDNS, tcp: bool) -> None:
     for name, qtype in ((f"demo-0.{DEMO}", "AAAA"), (f"demo-2.{DEMO}", "A"), (f"demo-0.{DEMO}", "SRV"),
                         (f"{NS}.svc.cluster.local", "A"), ("cluster.local", "A")):
         assert addresses(ask(dns, name, qtype, tcp=tcp)) == [], (name, qtype)
+
+
+def test_an_answer_too_long_for_udp_is_truncated_and_whole_over_tcp(dns: ClusterDNS) -> None:
+    name = f"big.{NS}.svc.cluster.local"
+    until(lambda: dns.lookup(name))
+    truncated = ask(dns, name)
+    assert truncated.header.tc and not truncated.rr  # 40 A records do not fit in 512 bytes
+    assert addresses(ask(dns, name, tcp=True)) == sorted(f"10.244.1.{i}" for i in range(1, 41))
 
 
 def test_names_match_in_any_case_with_or_without_the_final_dot(dns: ClusterDNS) -> None:
