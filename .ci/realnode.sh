@@ -43,13 +43,15 @@ declare -A WANTED=(
 
 log() { echo "realnode.sh: $*" >&2; }
 die() { echo "realnode.sh: error: $*" >&2; exit 1; }
-bah() { buildah --root "${CACHE}/storage" --runroot /run/minicluster-realnode/storage "$@"; }
+# Buildah's storage is this cache's own; its run state goes in /run, one directory per cache.
+RUNROOT="/run/minicluster-realnode/$(printf %s "${CACHE}" | sha256sum | cut -c1-12)"
+bah() { buildah --root "${CACHE}/storage" --runroot "${RUNROOT}" "$@"; }
 timed() {  # NAME CMD...: run CMD, log its wall time
     local name="$1" t0=${SECONDS}; shift
     "$@"
     log "${name}: $((SECONDS - t0)) s"
 }
-image_id() { bah images --noheading --no-trunc --format '{{.ID}}' "$1" 2>/dev/null | head -n1; }
+image_id() { bah images --noheading --no-trunc --format '{{.ID}}' "$1" 2>/dev/null | head -n1 || true; }  # "" if none
 
 # --- images.json: {name: {image, archive, id, config}} (id: buildah's; config: the archive's config digest) ---
 manifest_get() {  # NAME FIELD
@@ -240,7 +242,7 @@ project_image() {  # NAME: the tag examples/ (runtime) and deploy/ (operator) us
 }
 
 build() {
-    mkdir -p "${OUT}" /run/minicluster-realnode
+    mkdir -p "${OUT}" "${RUNROOT}"
     exec 9>"${CACHE}/lock"
     flock 9
     timed packages install_packages
