@@ -228,7 +228,25 @@ build_project_image() {  # NAME IMAGE BASE
     if [[ -n "$(image_id "${image}")" && "$(cat "${keyfile}" 2>/dev/null)" == "${key}" ]]; then return 0; fi
     # --network host: RUN pip uses the host's resolver (and its proxy, whose CA the base trusts).
     bah bud --quiet --pull=never --network host --layers -f "${dockerfile}" -t "${image}" "${REPO}" >&2
+    check_image "${image}" "${PROBE_ARG[$1]}"
     echo "${key}" >"${keyfile}"
+}
+declare -A PROBE_ARG=([runtime]=--version [operator]=--help)  # an argument the entrypoint answers and exits 0 to
+check_image() {  # IMAGE ARG: the entrypoint runs, as the image's USER, and answers ARG
+    local image="$1" arg="$2" c user uid entrypoint=()
+    user="$(bah inspect --type image --format '{{.OCIv1.Config.User}}' "${image}")"
+    mapfile -t entrypoint < <(bah inspect --type image --format '{{range .OCIv1.Config.Entrypoint}}{{println .}}{{end}}' \
+        "${image}")
+    [[ ${#entrypoint[@]} -gt 0 ]] || die "${image} has no entrypoint"
+    c="$(bah from --pull=never "${image}")"
+    uid="$(bah run --network none "${c}" -- id -u)"
+    bah run --network none "${c}" -- "${entrypoint[@]}" "${arg}" >/dev/null || {
+        bah rm "${c}" >/dev/null
+        die "${image}: its entrypoint ${entrypoint[*]} ${arg} failed"
+    }
+    bah rm "${c}" >/dev/null
+    [[ "${uid}" == "${user%%:*}" ]] || die "${image}: runs as uid ${uid}, not its USER ${user}"
+    log "${image}: ${entrypoint[*]} ${arg} runs as uid ${uid}"
 }
 project_image() {  # NAME: the tag examples/ (runtime) and deploy/ (operator) use, checked against both
     local version repo="ghcr.io/minicluster/$1"
