@@ -229,6 +229,8 @@ build_project_image() {  # NAME IMAGE BASE
     # --network host: RUN pip uses the host's resolver (and its proxy, whose CA the base trusts).
     bah bud --quiet --pull=never --network host --layers -f "${dockerfile}" -t "${image}" "${REPO}" >&2
     check_image "${image}" "${PROBE_ARG[$1]}"
+    # Drop the chains of earlier builds; the layers of every tagged image stay (the cache of the next build).
+    bah rmi --prune >/dev/null
     echo "${key}" >"${keyfile}"
 }
 declare -A PROBE_ARG=([runtime]=--version [operator]=--help)  # an argument the entrypoint answers and exits 0 to
