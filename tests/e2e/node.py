@@ -9,8 +9,8 @@ Each sync (every 0.2 s) reads pods, Jobs and claims from the real API server and
   `batch.kubernetes.io/job-completion-index` annotation and label, JOB_COMPLETION_INDEX, hostname
   JOB-INDEX), a replacement starting only once its predecessor is gone (podReplacementPolicy Failed),
   `successPolicy` (index 0 succeeded: Job SuccessCriteriaMet + Complete, the rest terminated) and the
-  podFailurePolicy's FailJob rule (FailureTarget + Failed, the rest terminated); the verdict is written again
-  until the Job shows it, since 1.20's Job controller writes its whole status back over the node's conditions.
+  podFailurePolicy's FailJob rule (FailureTarget + Failed, the rest terminated): the rules of jobs.py, which
+  the real-node tier's stand-in shares; the node applies the index rule when it admits a pod onto itself.
   Creating replacement pods, counting failures against backoffLimit and plain completion stay 1.20's own.
   Not emulated: the Ignore rule for DisruptionTarget (1.20 counts those failures too), `suspend`, elastic
   resizing;
@@ -21,7 +21,6 @@ Each sync (every 0.2 s) reads pods, Jobs and claims from the real API server and
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import shutil
 import signal
@@ -29,42 +28,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from minicluster.operator import manifests
 from minicluster.operator.kube import ApiError, Kube
-from minicluster.operator.spec import INDEX_KEY, KIND, MiniCluster
+from minicluster.operator.spec import INDEX_KEY
 from tests.e2e import image as image_mod
 from tests.e2e import kubelet
+from tests.e2e.jobs import (
+    TERMINAL, JobRules, Obj, by_job, delete_pod, has_room, index_of, lowest_free, now, owner, phase, pod_path,
+)
 from tests.e2e.network import Bridge
 import contextlib
 
 log = logging.getLogger("e2e.node")
 FAMILY_LABEL = "e2e.minicluster.dev/ip-family"
-TERMINAL = ("Succeeded", "Failed")
-Obj = dict[str, Any]
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def owner(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    return next((r for r in (obj["metadata"].get("ownerReferences") or []) if r.get("kind") == kind), None)
-
-
-def index_of(pod: Mapping[str, Any]) -> int | None:
-    value = (pod["metadata"].get("annotations") or {}).get(INDEX_KEY)
-    return int(value) if value is not None else None
-
-
-def phase(pod: Mapping[str, Any]) -> str:
-    return (pod.get("status") or {}).get("phase", "Pending")
-
-
-def exit_code(pod: Mapping[str, Any], container: str) -> int | None:
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") == container and (status.get("state") or {}).get("terminated"):
-            return int(status["state"]["terminated"]["exitCode"])
-    return None
 
 
 class Node:
@@ -84,13 +59,10 @@ class Node:
         self.containers: dict[str, kubelet.Container] = {}  # pod uid -> its container
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.indexes: dict[str, int] = {}  # pod uid -> index given (before the API server shows it)
-        self.deleting: set[str] = set()
-        self.finished_jobs: set[str] = set()
-        self.verdicts: dict[str, tuple[str, str, str]] = {}  # Job uid -> the 1.33 verdict (kind, reason, message)
+        self.jobs = JobRules(kube)
         self.provisioned: set[str] = set()
         self.ns_family: dict[str, str] = {}
         self._hosts: dict[str, list[tuple[str, str, str]]] = {}
-        self._intended: dict[str, Obj | None] = {}
         self._heartbeat = 0.0
         self._terminating: set[asyncio.Task[None]] = set()  # referenced until done: bare tasks may be collected
 
@@ -142,18 +114,14 @@ class Node:
         await self._provision()
         pods = (await self.kube.get("/api/v1/pods"))["items"]
         jobs = (await self.kube.get("/apis/batch/v1/jobs"))["items"]
-        by_job: dict[str, list[Obj]] = {}
-        for pod in pods:
-            ref = owner(pod, "Job")
-            if ref:
-                by_job.setdefault(ref["uid"], []).append(pod)
+        pods_of = by_job(pods)
         job_of = {job["metadata"]["uid"]: job for job in jobs}
         for job in jobs:
-            await self._judge(job, by_job.get(job["metadata"]["uid"], []))
+            await self.jobs.judge(job, pods_of.get(job["metadata"]["uid"], []))
         for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", "")):
             ref = owner(pod, "Job")
             job = job_of.get(ref["uid"]) if ref else None
-            await self._handle(pod, job, by_job.get(ref["uid"], []) if ref else [])
+            await self._handle(pod, job, pods_of.get(ref["uid"], []) if ref else [])
         self._update_hosts()
 
     async def _handle(self, pod: Obj, job: Obj | None, siblings: list[Obj]) -> None:
@@ -173,7 +141,7 @@ class Node:
             return
         if uid in self.tasks or phase(pod) in TERMINAL:
             return
-        if job is not None and (job["metadata"]["uid"] in self.finished_jobs or _finished(job)):
+        if job is not None and self.jobs.is_finished(job):
             return
         if not spec.get("nodeName"):
             if job is not None and not await self._admit(pod, job, siblings):
@@ -182,98 +150,34 @@ class Node:
         self.tasks[uid] = asyncio.ensure_future(self._run_pod(uid, meta["namespace"], meta["name"]))
         self.tasks[uid].add_done_callback(lambda _t, uid=uid: self.tasks.pop(uid, None))
 
-    # --- the 1.33 Job controller's share ---------------------------------------------------------------------
-
-    async def intended_job(self, job: Obj) -> Obj | None:
-        """The Job as the operator rendered it (1.20 drops its newer fields), or None for other Jobs."""
-        uid = job["metadata"]["uid"]
-        if uid not in self._intended:
-            ref = owner(job, KIND)
-            body = None
-            if ref is not None:
-                body = await self.kube.get(
-                    f"/apis/minicluster.dev/v1alpha1/namespaces/{job['metadata']['namespace']}/miniclusters/"
-                    f"{ref['name']}")
-            wanted = manifests.jobs(MiniCluster.from_body(body)) if body else []
-            self._intended[uid] = next((j for j in wanted if j["metadata"]["name"] == job["metadata"]["name"]), None)
-        return self._intended[uid]
+    # --- the 1.33 Job controller's share (jobs.py) -----------------------------------------------------------
 
     async def _admit(self, pod: Obj, job: Obj, siblings: list[Obj]) -> bool:
         """May this new pod of `job` start now?  Indexed: give it the lowest free index.  Either way a pod
-        starts only once its predecessor is fully gone (podReplacementPolicy Failed, as with a
-        podFailurePolicy)."""
-        intended = await self.intended_job(job) or job
-        spec = intended["spec"]
+        starts only once its predecessor is fully gone."""
+        intended = await self.jobs.intended(job) or job
         others = [p for p in siblings if p["metadata"]["uid"] != pod["metadata"]["uid"]]
-        if spec.get("completionMode") != "Indexed":
-            busy = [p for p in others if p["spec"].get("nodeName") and phase(p) not in TERMINAL]
-            return len(busy) < int(spec.get("parallelism", 1))
-        held = {self.indexes.get(p["metadata"]["uid"], index_of(p)) for p in others if phase(p) != "Failed"}
-        free = [i for i in range(int(spec["completions"])) if i not in held]
-        if not free:
+        if intended["spec"].get("completionMode") != "Indexed":
+            return has_room(intended, [p for p in others if p["spec"].get("nodeName")])
+        given = [self.indexes[p["metadata"]["uid"]] for p in others
+                 if phase(p) != "Failed" and p["metadata"]["uid"] in self.indexes]
+        index = lowest_free(intended, others, given)
+        if index is None:
             return False
-        self.indexes[pod["metadata"]["uid"]] = free[0]
-        patch = {"metadata": {"annotations": {INDEX_KEY: str(free[0])}, "labels": {INDEX_KEY: str(free[0])}}}
-        await self.kube.merge_patch(self._pod_path(pod), patch)
+        self.indexes[pod["metadata"]["uid"]] = index
+        patch = {"metadata": {"annotations": {INDEX_KEY: str(index)}, "labels": {INDEX_KEY: str(index)}}}
+        await self.kube.merge_patch(pod_path(pod), patch)
         return True
 
-    async def _judge(self, job: Obj, pods: list[Obj]) -> None:
-        uid = job["metadata"]["uid"]
-        if _finished(job):
-            if uid in self.finished_jobs:
-                await self._end_pods(pods)
-            return
-        verdict = self.verdicts.get(uid)
-        if verdict is None:
-            intended = await self.intended_job(job)
-            verdict = _verdict(intended, pods) if intended is not None else None
-            if verdict is None:
-                return
-            self.verdicts[uid] = verdict
-        # Written again until the Job shows it: 1.20's Job controller puts back the whole status from its own
-        # computation (a GET, then its status over the fresh object), which can wipe these conditions.
-        kind, reason, message = verdict
-        stamp = now()
-        first = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
-        conditions = [{"type": t, "status": "True", "reason": reason, "message": message,
-                       "lastProbeTime": stamp, "lastTransitionTime": stamp} for t in (first, kind)]
-        status: Obj = {"conditions": conditions}
-        if kind == "Complete":
-            status["completionTime"] = stamp
-        await self.kube.merge_patch(f"/apis/batch/v1/namespaces/{job['metadata']['namespace']}/jobs/"
-                                    f"{job['metadata']['name']}/status", {"status": status})
-        self.finished_jobs.add(uid)
-        await self._end_pods(pods)
-
-    async def _end_pods(self, pods: list[Obj]) -> None:
-        for pod in pods:
-            uid = pod["metadata"]["uid"]
-            if phase(pod) not in TERMINAL and uid not in self.deleting and not pod["metadata"].get("deletionTimestamp"):
-                self.deleting.add(uid)
-                await self._delete(pod, grace=None)
-
     # --- pods ------------------------------------------------------------------------------------------------
-
-    def _pod_path(self, pod: Mapping[str, Any]) -> str:
-        return f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
 
     async def _bind(self, pod: Obj) -> None:
         binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
                    "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}}
-        await self.kube.create(f"{self._pod_path(pod)}/binding", binding)
-
-    async def _delete(self, pod: Mapping[str, Any], grace: int | None) -> None:
-        body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": pod["metadata"]["uid"]}}
-        if grace is not None:
-            body["gracePeriodSeconds"] = grace
-        try:
-            await self.kube.request("DELETE", self._pod_path(pod), body)
-        except ApiError as exc:
-            if exc.status not in (404, 409):
-                raise
+        await self.kube.create(f"{pod_path(pod)}/binding", binding)
 
     async def _finalize(self, pod: Mapping[str, Any]) -> None:
-        await self._delete(pod, grace=0)
+        await delete_pod(self.kube, pod, grace=0)
 
     async def _patch_status(self, namespace: str, name: str, status: Obj) -> None:
         # Strategic merge: conditions merge by type, so others' (e.g. DisruptionTarget) are kept, as a kubelet does.
@@ -330,9 +234,9 @@ class Node:
             await asyncio.sleep(1.0)
             await self._waiting(pod, kubelet.CannotStart("ImagePullBackOff", f"Back-off pulling image: {exc.message}"))
         # Like a kubelet, keep the pod: deleting it is its owner's decision.  Hold the task until then.
-        while meta["uid"] not in self.deleting:
+        while meta["uid"] not in self.jobs.ended:
             await asyncio.sleep(1.0)
-            current = await self.kube.get(self._pod_path(pod))
+            current = await self.kube.get(pod_path(pod))
             if current is None or current["metadata"]["uid"] != meta["uid"]:
                 return
             if current["metadata"].get("deletionTimestamp"):
@@ -483,28 +387,3 @@ class Node:
         found = [c for c in self.containers.values() if c.namespace == namespace and c.name == name]
         return "".join(c.log.read_text(errors="replace") for c in found if c.log.exists())
 
-
-def _finished(job: Mapping[str, Any]) -> bool:
-    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-               for c in (job.get("status") or {}).get("conditions") or [])
-
-
-def _verdict(intended: Mapping[str, Any], pods: list[Obj]) -> tuple[str, str, str] | None:
-    spec = intended["spec"]
-    for rule in (spec.get("successPolicy") or {}).get("rules") or []:
-        wanted = {int(i) for i in str(rule.get("succeededIndexes", "")).split(",") if i.isdigit()}
-        done = {index_of(p) for p in pods if phase(p) == "Succeeded"}
-        if wanted and wanted <= done:
-            return "Complete", "SuccessPolicy", "Matched rules at index 0"
-    for i, rule in enumerate((spec.get("podFailurePolicy") or {}).get("rules") or []):
-        on_codes = rule.get("onExitCodes")
-        if rule.get("action") != "FailJob" or not on_codes:
-            continue
-        for pod in pods:
-            code = exit_code(pod, on_codes.get("containerName", ""))
-            if phase(pod) == "Failed" and code is not None and code in on_codes["values"]:
-                meta = pod["metadata"]
-                return ("Failed", "PodFailurePolicy",
-                        f"Container {on_codes['containerName']} for pod {meta['namespace']}/{meta['name']} failed "
-                        f"with exit code {code} matching FailJob rule at index {i}")
-    return None
