@@ -10,7 +10,7 @@
 # Steps of `build`, each skipped when its product is current:
 #   1. packages: Debian's containerd, runc, CNI plugins, buildah, debootstrap, and what the kubelet and
 #      kube-proxy call (iptables, conntrack); only the missing ones are installed.
-#   2. pause: the Kubernetes source's pause.c (${MC_K8S_CACHE}/src, fetched by the API server build), linked
+#   2. pause: the Kubernetes source's pause.c (${MC_K8S_CACHE}/src, fetched by .ci/kubernetes.sh), linked
 #      statically, in a FROM-scratch image named as Debian's containerd names its default sandbox image, so
 #      the tier's containerd needs no sandbox_image setting.
 #   3. base: a stand-in for the Dockerfiles' FROM (python:*-slim-bookworm), made with debootstrap (minbase) from
@@ -109,7 +109,7 @@ pause_image_name() {  # the sandbox image Debian's containerd uses when its conf
 build_pause() {
     local image="$1" sources=("${K8S_CACHE}"/src/kubernetes-*/build/pause/linux/pause.c) src work="${CACHE}/pause" key
     [[ ${#sources[@]} -gt 0 ]] \
-        || die "no pause.c under ${K8S_CACHE}/src: fetch the Kubernetes source first (.ci/apiserver.sh does)"
+        || die "no pause.c under ${K8S_CACHE}/src: fetch the Kubernetes source first (.ci/kubernetes.sh does)"
     src="${sources[0]}"
     key="$(cat "${src}" <(echo "${image}") | sha256sum | cut -c1-64)"
     if [[ -n "$(image_id "${image}")" && "$(cat "${work}/key" 2>/dev/null)" == "${key}" ]]; then return 0; fi

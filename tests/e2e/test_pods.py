@@ -388,6 +388,9 @@ async def test_the_mpi_example_runs_across_pods(e2e: Env, admin: Kube) -> None:
     ns = await make_namespace(admin, e2e.namespace("mpi"))
     body = yaml.safe_load((REPO / "examples" / "03-mpi" / "minicluster.yaml").read_text())
     body["metadata"]["namespace"] = ns
+    # The example requests 2 CPUs per pod, for a real cluster; a one-node test cluster of 2 cores fits 4 pods only
+    # with less (a real scheduler would leave 3 of 4 pending).
+    body["spec"]["resources"] = {"requests": {"cpu": "100m"}}
     t0 = time.monotonic()
     await create(admin, body)
     await wait_condition(admin, ns, "mpi", "Succeeded", timeout=180)

@@ -83,7 +83,8 @@ def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
 PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
            "ClusterRoleBinding": "clusterrolebindings", "MiniCluster": "miniclusters",
            "CustomResourceDefinition": "customresourcedefinitions",
-           "ValidatingWebhookConfiguration": "validatingwebhookconfigurations", "Deployment": "deployments"}
+           "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+           "MutatingWebhookConfiguration": "mutatingwebhookconfigurations", "Deployment": "deployments"}
 
 
 def collection_path(obj: dict) -> str:

@@ -85,13 +85,15 @@ class RealNode:
             f"--config={self._kubelet_config()}", f"--kubeconfig={kubeconfig}", f"--hostname-override={self.name}",
             f"--node-ip={self.address}", f"--root-dir={self.run_dir / 'kubelet'}",
             f"--cert-dir={self.run_dir / 'kubelet-pki'}", "--container-runtime=remote",
-            f"--container-runtime-endpoint=unix://{self.socket}", "--runtime-request-timeout=5m", "-v=2"])
+            f"--container-runtime-endpoint=unix://{self.socket}", "--runtime-request-timeout=5m", "-v=2",
+            f"--pod-infra-container-image={self.sandbox_image}"])  # only so that image GC spares it
         self._wait_ready()
 
     def stop(self) -> None:
         """Pods first, through the API, so the kubelet itself runs CNI DEL and unmounts volumes; then the
         processes; then whatever a dead kubelet left."""
         with contextlib.suppress(OSError, urllib.error.URLError):
+            self._write_diagnostics(self.run_dir / "pods.txt")
             self._delete_all_pods()
         for name in ("kubelet", "kube-proxy", "kube-scheduler"):
             self._end(name)
@@ -110,9 +112,10 @@ class RealNode:
 
     def kill(self, namespace: str, pod: str, container: str = "minicluster") -> None:
         """SIGKILL a running container's process as the runtime sees it (what an OOM kill or a crash does)."""
-        listed = self.ctr("containers", "ls", "-q", f"labels.\"io.kubernetes.pod.namespace\"=={namespace}",
-                          f"labels.\"io.kubernetes.pod.name\"=={pod}",
-                          f"labels.\"io.kubernetes.container.name\"=={container}").split()
+        labels = {"io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": pod,
+                  "io.kubernetes.container.name": container}
+        # One filter, its terms joined by commas, is an AND (separate filters would be an OR).
+        listed = self.ctr("containers", "ls", "-q", ",".join(f'labels."{k}"=={v}' for k, v in labels.items())).split()
         running = set(self.ctr("tasks", "ls", "-q").split())
         [target] = [c for c in listed if c in running]
         self.ctr("tasks", "kill", "-s", "SIGKILL", target)
@@ -237,6 +240,18 @@ state = "{directory / 'state'}"
                     return
             time.sleep(0.5)
         raise RuntimeError(f"node {self.name} not Ready in {timeout}s:\n{self.log('kubelet')}")
+
+    def _write_diagnostics(self, path: Path) -> None:
+        """Every pod left at the end, its state and its log's tail: a failed CI run's evidence."""
+        with path.open("w") as out:
+            for pod in self.api("/api/v1/pods")["items"]:
+                meta, status = pod["metadata"], pod.get("status") or {}
+                out.write(f"== {meta['namespace']}/{meta['name']} {status.get('phase')} "
+                          f"{json.dumps(status.get('containerStatuses'))}\n")
+                for c in pod["spec"]["containers"]:
+                    with contextlib.suppress(OSError, urllib.error.URLError):
+                        log = self.logs(meta["namespace"], meta["name"], c["name"])
+                        out.write("".join(f"   {line}\n" for line in log.splitlines()[-40:]))
 
     def _delete_all_pods(self, timeout: float = 90) -> None:
         for ns in self.api("/api/v1/namespaces")["items"]:
