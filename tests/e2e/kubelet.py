@@ -173,7 +173,8 @@ def mounts_for(pod: Mapping[str, Any], container: Mapping[str, Any], directory: 
         except volumes.VolumeError as exc:
             raise CannotStart("CreateContainerConfigError", str(exc)) from None
         source, kind = laid_out[volume["name"]]
-        if fs_group is not None and kind != "tmpfs":
+        # Claims here are hostPath volumes (provisioner.py), which a real kubelet gives no fsGroup ownership.
+        if fs_group is not None and kind not in ("tmpfs", "persistentVolumeClaim"):
             volumes.set_ownership(source, fs_group, kind in volumes.READ_ONLY_KINDS)
     mounts = []
     for mount in container.get("volumeMounts") or []:

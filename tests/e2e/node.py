@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import signal
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +35,7 @@ from tests.e2e.jobs import (
     TERMINAL, JobRules, Obj, by_job, delete_pod, has_room, index_of, lowest_free, now, owner, phase, pod_path,
 )
 from tests.e2e.network import Bridge
+from tests.e2e.provisioner import LocalPathProvisioner
 import contextlib
 
 log = logging.getLogger("e2e.node")
@@ -60,7 +60,7 @@ class Node:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.indexes: dict[str, int] = {}  # pod uid -> index given (before the API server shows it)
         self.jobs = JobRules(kube)
-        self.provisioned: set[str] = set()
+        self.provisioner = LocalPathProvisioner(kube, run_id, workdir / "volumes")
         self.ns_family: dict[str, str] = {}
         self._hosts: dict[str, list[tuple[str, str, str]]] = {}
         self._heartbeat = 0.0
@@ -111,7 +111,7 @@ class Node:
         if loop.time() - self._heartbeat > 10:
             self._heartbeat = loop.time()
             await self.kube.merge_patch(f"/api/v1/nodes/{self.name}/status", {"status": self._node_status()})
-        await self._provision()
+        await self.provisioner.sync()
         pods = (await self.kube.get("/api/v1/pods"))["items"]
         jobs = (await self.kube.get("/apis/batch/v1/jobs"))["items"]
         pods_of = by_job(pods)
@@ -345,31 +345,6 @@ class Node:
                 kubelet.write_hosts(c.hosts, entries)
         for uid in [u for u in self._hosts if u not in {c.uid for c in live}]:
             del self._hosts[uid]
-
-    async def _provision(self) -> None:
-        claims = (await self.kube.get("/api/v1/persistentvolumeclaims"))["items"]
-        for pvc in claims:
-            meta, spec = pvc["metadata"], pvc["spec"]
-            if spec.get("volumeName") or meta["uid"] in self.provisioned:
-                continue
-            self.provisioned.add(meta["uid"])
-            path = self.workdir / "volumes" / meta["uid"]
-            path.mkdir(parents=True, mode=0o755)
-            pv = {"apiVersion": "v1", "kind": "PersistentVolume",
-                  "metadata": {"name": f"e2e-{self.run_id}-{meta['uid'][:8]}",
-                               "labels": {"e2e.minicluster.dev/run": self.run_id}},
-                  "spec": {"capacity": {"storage": spec["resources"]["requests"]["storage"]},
-                           "accessModes": spec["accessModes"], "persistentVolumeReclaimPolicy": "Retain",
-                           "storageClassName": spec.get("storageClassName") or "",
-                           "hostPath": {"path": str(path), "type": "Directory"},
-                           "claimRef": {"namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"]}}}
-            await self.kube.create("/api/v1/persistentvolumes", pv)
-        selector = f"labelSelector=e2e.minicluster.dev/run={self.run_id}"
-        volumes = await self.kube.get(f"/api/v1/persistentvolumes?{selector}")
-        for pv in volumes["items"]:
-            if (pv.get("status") or {}).get("phase") == "Released":  # the provisioner's Delete policy
-                await self.kube.request("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
-                shutil.rmtree(pv["spec"]["hostPath"]["path"], ignore_errors=True)
 
     # --- for the tests ---------------------------------------------------------------------------------------
 

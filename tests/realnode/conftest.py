@@ -39,6 +39,7 @@ from tests.realnode.dns import ClusterDNS
 from tests.realnode.node import HOST_TOOLS, NODE_BINARIES, RealNode, host_address
 
 CACHE = Path(os.environ.get("MC_REALNODE_CACHE", "/var/cache/minicluster/realnode"))
+NODE_NAME = "realnode"
 DNS_ADDRESS = "10.96.0.10"  # in the Service range, where clusters usually put their DNS Service
 
 
@@ -98,7 +99,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEnv]:
         stops.append(standins.start())
         images = _images()
         node = RealNode(cluster, find_binaries(), workdir / "node", CACHE, DNS_ADDRESS,  # type: ignore[arg-type]
-                        images["pause"]["image"], REPO / ".ci" / "realnode.sh")
+                        images["pause"]["image"], REPO / ".ci" / "realnode.sh", NODE_NAME)
         node.run_dir.mkdir()
         stops.append(node.stop)
         node.start()
@@ -153,7 +154,7 @@ class _StandIns:
 
         async def main() -> None:
             kube = Kube(_login(self.cluster, ADMIN_TOKEN))
-            judge = indexed.JobJudge(kube)
+            judge = indexed.JobJudge(kube, node=NODE_NAME)
             provisioner = LocalPathProvisioner(kube, self.run_id, self.workdir / "volumes")
             runner, self.port = await indexed.serve(kube, cert, key, judge=judge)
             self.loop = asyncio.get_running_loop()

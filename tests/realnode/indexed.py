@@ -8,8 +8,11 @@ by a mutating admission webhook (1.20 has them), as a 1.33 Job controller names 
   as the annotation and label `batch.kubernetes.io/job-completion-index`, `spec.hostname` JOB-INDEX (the
   template's subdomain kept), `JOB_COMPLETION_INDEX` on every container and init container (from the label,
   as with 1.28+'s PodIndexLabel), and the generated name JOB-INDEX-xxxxx;
-* while no index is free (or a NonIndexed Job has no room), the create is denied: 1.20's Job controller tries
-  again later, so a replacement starts only once its predecessor is gone;
+* a replacement created while its predecessor still terminates (1.20's Job controller does not wait) takes
+  the predecessor's index but is held: its schedulerName is one no scheduler serves, and JobJudge binds it to
+  the node once the predecessor is gone.  So a replacement starts only once its predecessor is gone, without
+  the denials that would put 1.20's Job controller into its backoff (10 s, doubling to 6 minutes); a create
+  is denied only when every index is held by a live pod;
 * an index given is held until the API server lists its pod (which carries ADMISSION_KEY to say so) or
   RESERVATION_SECONDS pass (the create failed after admission), so two quick creates never share an index.
 `JobJudge` gives the verdicts 1.20 cannot (successPolicy, FailJob) with the same rules as the emulated node.
@@ -34,12 +37,13 @@ from aiohttp import web
 from minicluster.operator.kube import Kube
 from minicluster.operator.spec import INDEX_KEY, NAME_LABEL
 from tests.e2e import endpoints
-from tests.e2e.jobs import JobRules, Obj, by_job, has_room, lowest_free, owner
+from tests.e2e.jobs import TERMINAL, JobRules, Obj, by_job, has_room, index_of, lowest_free, owner, phase, pod_path
 
 log = logging.getLogger("realnode.indexed")
 INDEX_ENV = "JOB_COMPLETION_INDEX"
 ADMISSION_KEY = "realnode.minicluster.dev/admission"  # the admission request that gave the pod its index
 RESERVATION_SECONDS = 10.0
+HELD_SCHEDULER = "realnode-held-until-predecessor-gone"  # no scheduler serves it: JobJudge binds such pods
 MAX_GENERATED_PREFIX = 58  # a generated name adds 5 characters to at most 58 (63 in all)
 
 
@@ -73,18 +77,30 @@ class Indexer:
         async with self._lock:
             siblings = await self._siblings(namespace, ref["uid"])
             reserved = [index for job_uid, index, _ in self._given.values() if job_uid == ref["uid"]]
+            # A predecessor still terminating: the new pod takes its index but is held (HELD_SCHEDULER) until it
+            # is gone.  A denial instead would put 1.20's Job controller into its backoff, minutes after a few.
+            leaving = [p for p in siblings if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL]
+            held = False
             if intended["spec"].get("completionMode") == "Indexed":
                 index = lowest_free(intended, siblings, [i for i in reserved if i is not None])
+                if index is None:
+                    index = lowest_free(intended, [p for p in siblings if p not in leaving],
+                                        [i for i in reserved if i is not None])
+                    held = True
                 if index is None:
                     return _deny(allow, f"no free completion index for {where}: each of its "
                                         f"{intended['spec']['completions']} is held by a pod not yet gone")
             else:
                 index = None
                 if not has_room(intended, siblings, len(reserved)):
-                    return _deny(allow, f"{where} has {intended['spec'].get('parallelism', 1)} pods not yet gone")
+                    if not has_room(intended, [p for p in siblings if p not in leaving], len(reserved)):
+                        return _deny(allow, f"{where} has {intended['spec'].get('parallelism', 1)} pods not yet gone")
+                    held = True
             if not request.get("dryRun"):
                 self._given[request["uid"]] = (ref["uid"], index, time.monotonic() + RESERVATION_SECONDS)
         patch = _patch(pod, ref["name"], index, request["uid"])
+        if held:
+            patch.append({"op": "add", "path": "/spec/schedulerName", "value": HELD_SCHEDULER})
         return {**allow, "patchType": "JSONPatch", "patch": base64.b64encode(json.dumps(patch).encode()).decode()}
 
     async def _siblings(self, namespace: str, job_uid: str) -> list[Obj]:
@@ -141,11 +157,13 @@ def _patch(pod: Mapping[str, Any], job_name: str, index: int | None, admission: 
 
 class JobJudge:
     """Every `period` seconds, every Job's verdict (successPolicy, FailJob) from its pods, as the emulated node
-    gives it (tests/e2e/jobs.py); the Job's other pods are then deleted, gracefully."""
+    gives it (tests/e2e/jobs.py); the Job's other pods are then deleted, gracefully.  With `node`, it also binds
+    the pods the webhook held there once their predecessors are gone."""
 
-    def __init__(self, kube: Kube, period: float = 0.3) -> None:
+    def __init__(self, kube: Kube, period: float = 0.3, node: str | None = None) -> None:
         self.rules = JobRules(kube)
         self.period = period
+        self.node = node
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -159,7 +177,25 @@ class JobJudge:
     async def judge_all(self) -> None:
         pods = by_job((await self.rules.kube.get("/api/v1/pods"))["items"])
         for job in (await self.rules.kube.get("/apis/batch/v1/jobs"))["items"]:
-            await self.rules.judge(job, pods.get(job["metadata"]["uid"], []))
+            siblings = pods.get(job["metadata"]["uid"], [])
+            await self.rules.judge(job, siblings)
+            if self.node is not None:
+                await self._release(siblings)
+
+    async def _release(self, siblings: list[Obj]) -> None:
+        for pod in siblings:
+            spec = pod["spec"]
+            if spec.get("schedulerName") != HELD_SCHEDULER or spec.get("nodeName") or phase(pod) in TERMINAL:
+                continue
+            others = [p for p in siblings if p is not pod and phase(p) not in TERMINAL]
+            if index_of(pod) is None:  # NonIndexed: held while any predecessor is still terminating
+                before = [p for p in others if p["metadata"].get("deletionTimestamp")]
+            else:
+                before = [p for p in others if index_of(p) == index_of(pod)]
+            if not before:
+                binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
+                           "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}}
+                await self.rules.kube.create(f"{pod_path(pod)}/binding", binding)
 
 
 def app(indexer: Indexer) -> web.Application:
@@ -184,7 +220,7 @@ async def serve(kube: Kube, cert: Path, key: Path, host: str = "127.0.0.1",
     context.load_cert_chain(cert, key)
     # No keep-alive: a connection the API server left open would outlive the server's loop (tests end theirs).
     runner = web.AppRunner(app(Indexer(judge.rules if judge else JobRules(kube))), access_log=None,
-                           keepalive_timeout=0)
+                           keepalive_timeout=3600)
     await runner.setup()
     site = web.TCPSite(runner, host, 0, ssl_context=context)
     await site.start()

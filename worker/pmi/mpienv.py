@@ -14,6 +14,14 @@ _DEFAULTS: dict[str, str] = {
     # TCP endpoint between ranks of one host may wait there for a peer already blocked in that barrier
     # (6 ranks on 3 workers hung in 12 of 30 runs with "tcp,self", docs/mpi.md "Containers").
     "UCX_TLS": "^cma",
+    # The same for MPICH's own intra-node copies: with no Yama ptrace_scope to read, MPICH turns CMA on, and a
+    # container runtime's default seccomp profile refuses process_vm_readv (MPI_Init aborts in
+    # MPIDI_CMA_copy_data; found on a real kubelet, docs/mpi.md "Containers").
+    "MPIR_CVAR_CH4_CMA_ENABLE": "0",
+    # UCX's posix shared memory reaches a peer's segment through /proc/PID/fd, which a restricted pod may not
+    # open ("open(file_name=/proc/12/fd/13) failed: Permission denied"); named files in /dev/shm work wherever
+    # the ranks of one node share it.
+    "UCX_POSIX_USE_PROC_LINK": "n",
 }
 
 
