@@ -12,7 +12,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from tests.e2e.node import FAMILY_LABEL, Node
 from tests.e2e.podsecurity import ENFORCE_LABEL
 from tests.e2e.polling import until
 from tests.operator.k8s_control_plane import (
-    ADMIN_TOKEN, Cluster, collection_path, find_binaries, serving_certificate,
+    ADMIN_TOKEN, Cluster, collection_path, find_binaries, serving_certificate, skip_unless_ready,
 )
 import contextlib
 
@@ -78,6 +78,30 @@ class Env:
     def namespace(self, suffix: str) -> str:
         return f"e2e-{self.run_id}-{suffix}"
 
+    def watch_exit_code(self, ns: str, pod: dict[str, Any]) -> asyncio.Future[int | None]:
+        """Start watching `pod` (from the version seen) for the exit code its node reports; a deleted pod's final
+        status lives only for an instant, which polling would miss.  Start it before ending the pod."""
+        def watch() -> int | None:
+            from kubernetes import client, config
+            from kubernetes import watch as k8s_watch
+
+            api = config.new_client_from_config(str(self.kubeconfig))
+            try:
+                stream = k8s_watch.Watch().stream(
+                    client.CoreV1Api(api).list_namespaced_pod, ns,
+                    field_selector=f"metadata.name={pod['metadata']['name']}",
+                    resource_version=pod["metadata"]["resourceVersion"], timeout_seconds=90)
+                for event in stream:
+                    for status in event["object"].status.container_statuses or []:
+                        if status.state.terminated is not None:
+                            return int(status.state.terminated.exit_code)
+                    if event["type"] == "DELETED":
+                        return None
+                return None
+            finally:
+                api.close()
+        return asyncio.ensure_future(asyncio.to_thread(watch))
+
     def on_node(self, fn: Callable[[], Any]) -> Any:
         async def call() -> Any:
             return fn()
@@ -86,11 +110,7 @@ class Env:
 
 @pytest.fixture(scope="session")
 def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    reason = _unavailable()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+    skip_unless_ready(_unavailable())
     run_id = secrets.token_hex(3)[:5]
     workdir = tmp_path_factory.mktemp("e2e")
     t0 = time.monotonic()
@@ -115,18 +135,60 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                   {"image_build_or_cache_s": image_seconds, "operator_install_to_ready_s": time.monotonic() - t1,
                    "setup_s": time.monotonic() - t0})
         yield env
-        env.timings["session_s"] = time.monotonic() - t0
-        (workdir / "timings.json").write_text(json.dumps(env.timings, indent=1))
-        print(f"\ne2e timings ({workdir / 'timings.json'}):",
-              json.dumps({k: round(v, 1) for k, v in env.timings.items()}))
+        report_timings("e2e", workdir, env.timings, t0)
     finally:
-        for stop in reversed(stops):
-            try:
-                stop()
-            except Exception as exc:  # one failed step must not leave the rest behind
-                print(f"e2e teardown: {stop}: {exc}")
+        unwind("e2e", stops)
         for controller in ("cpu", "memory"):
             _rmdir_tree(Path(f"/sys/fs/cgroup/{controller}/mce-{run_id}"))
+
+
+def loop_in_thread(name: str, main: Callable[[asyncio.Event, Callable[[], None]], Awaitable[None]],
+                   ) -> tuple[asyncio.AbstractEventLoop, Callable[[], None]]:
+    """Run `main(stop, started)` on an event loop of its own in a daemon thread: returns that loop once `main`
+    has called `started()`, and the function that sets `stop` and joins the thread."""
+    stop = threading.Event()
+    started = threading.Event()
+    state: dict[str, Any] = {}
+
+    async def run() -> None:
+        flag = asyncio.Event()
+        watcher = asyncio.ensure_future(asyncio.to_thread(stop.wait))
+        watcher.add_done_callback(lambda _f: flag.set())
+
+        def ready() -> None:
+            state["loop"] = asyncio.get_running_loop()
+            started.set()
+        await main(flag, ready)
+
+    def body() -> None:
+        try:
+            asyncio.run(run())
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=body, name=name, daemon=True)
+    thread.start()
+    assert started.wait(60) and "loop" in state, f"{name} did not start"
+
+    def halt() -> None:
+        stop.set()
+        thread.join(60)
+    return state["loop"], halt
+
+
+def report_timings(tier: str, workdir: Path, timings: dict[str, float], t0: float) -> None:
+    timings["session_s"] = time.monotonic() - t0
+    (workdir / "timings.json").write_text(json.dumps(timings, indent=1))
+    print(f"\n{tier} timings ({workdir / 'timings.json'}):", json.dumps({k: round(v, 1) for k, v in timings.items()}))
+
+
+def unwind(tier: str, stops: list[Callable[[], None]]) -> None:
+    """Undo the session's setup steps, last first; one failed step must not leave the rest behind."""
+    for stop in reversed(stops):
+        try:
+            stop()
+        except Exception as exc:
+            print(f"{tier} teardown: {stop}: {exc}")
 
 
 def _rmdir_tree(root: Path) -> None:
@@ -161,39 +223,19 @@ def _start_node(cluster: Cluster, run_id: str, workdir: Path, images: dict[str, 
     ca, cert, key = serving_certificate(workdir, "e2e-node")
     kube = Kube(_login(cluster, ADMIN_TOKEN))
     node = Node(kube, run_id, workdir, images, REPO, bridge, (cluster.address, cluster.port))
-    stop = threading.Event()
-    ready: dict[str, Any] = {}
-    started = threading.Event()
-
-    async def main() -> None:
+    async def main(stop: asyncio.Event, started: Callable[[], None]) -> None:
         runner, port = await endpoints.serve(node.find, cert, key)
         await node.register(port)
-        ready["loop"] = asyncio.get_running_loop()
-        started.set()
-        flag = asyncio.Event()
-        watcher = asyncio.ensure_future(asyncio.to_thread(stop.wait))
-        watcher.add_done_callback(lambda _f: flag.set())
+        started()
         try:
-            await node.run(flag)
+            await node.run(stop)
         finally:
             await runner.cleanup()
             await kube.close()
 
-    def body() -> None:
-        try:
-            asyncio.run(main())
-        finally:
-            started.set()
-
-    thread = threading.Thread(target=body, name="e2e-node", daemon=True)
-    thread.start()
-    assert started.wait(60) and "loop" in ready, "the emulated node did not start"
-
-    def halt() -> None:
-        stop.set()
-        thread.join(60)
+    loop, halt = loop_in_thread("e2e-node", main)
     stops.append(halt)
-    return _NodeThread(node, ready["loop"], ca.read_bytes())
+    return _NodeThread(node, loop, ca.read_bytes())
 
 
 async def _install(cluster: Cluster, node_env: _NodeThread) -> None:

@@ -58,10 +58,15 @@ async def pods(admin: Kube, ns: str, name: str) -> list[dict[str, Any]]:
     return (await admin.get(f"/api/v1/namespaces/{ns}/pods?labelSelector=minicluster.dev/name={name}"))["items"]
 
 
-async def running_pod(admin: Kube, ns: str, name: str, index: int, role: str | None = None) -> dict[str, Any]:
+async def running_pod(admin: Kube, ns: str, name: str, index: int, role: str | None = None,
+                      other_than: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The running pod of rank `index` (or `role`): not terminating, and not `other_than`, an ended one whose
+    status the node may not have written yet."""
     async def check() -> dict[str, Any] | None:
         for pod in await pods(admin, ns, name):
             meta = pod["metadata"]
+            if other_than is not None and meta["uid"] == other_than["metadata"]["uid"]:
+                continue
             mine = ((meta.get("labels") or {}).get("minicluster.dev/role") == role if role
                     else (meta.get("annotations") or {}).get(INDEX) == str(index))
             if mine and pod["status"].get("phase") == "Running" and not meta.get("deletionTimestamp"):
@@ -80,31 +85,6 @@ def exit_code_of(pod: dict[str, Any]) -> int | None:
         if ended:
             return int(ended["exitCode"])
     return None
-
-
-def watch_exit_code(e2e: Env, ns: str, pod: dict[str, Any]) -> asyncio.Future[int | None]:
-    """Start watching `pod` (from the version seen) for the exit code its node reports; a deleted pod's final
-    status lives only for an instant, which polling would miss.  Start it before ending the pod."""
-    def watch() -> int | None:
-        from kubernetes import client, config
-        from kubernetes import watch as k8s_watch
-
-        api = config.new_client_from_config(str(e2e.kubeconfig))
-        try:
-            stream = k8s_watch.Watch().stream(
-                client.CoreV1Api(api).list_namespaced_pod, ns,
-                field_selector=f"metadata.name={pod['metadata']['name']}",
-                resource_version=pod["metadata"]["resourceVersion"], timeout_seconds=90)
-            for event in stream:
-                for status in event["object"].status.container_statuses or []:
-                    if status.state.terminated is not None:
-                        return int(status.state.terminated.exit_code)
-                if event["type"] == "DELETED":
-                    return None
-            return None
-        finally:
-            api.close()
-    return asyncio.ensure_future(asyncio.to_thread(watch))
 
 
 def kubectl_mc(e2e: Env, ns: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -230,11 +210,10 @@ async def test_pid_1_reaps_orphans_in_every_pod(e2e: Env, admin: Kube, demo: str
 async def test_a_crashed_worker_comes_back_at_its_rank(e2e: Env, admin: Kube, demo: str) -> None:
     worker = await running_pod(admin, demo, "demo", 2)
     t0 = time.monotonic()
-    ended = watch_exit_code(e2e, demo, worker)
+    ended = e2e.watch_exit_code(demo, worker)
     e2e.on_node(lambda: e2e.node.kill(demo, worker["metadata"]["name"]))
     assert await ended == 137  # killed: counts against backoffLimit, retried
-    replacement = await running_pod(admin, demo, "demo", 2)
-    assert replacement["metadata"]["uid"] != worker["metadata"]["uid"]
+    await running_pod(admin, demo, "demo", 2, other_than=worker)
     e2e.timings["crashed_worker_replaced_s"] = time.monotonic() - t0
     await wait_condition(admin, demo, "demo", "Ready")
     run = await asyncio.to_thread(kubectl_mc, e2e, demo, "run", "demo", "-N", "3", "hostname")
@@ -249,7 +228,7 @@ async def test_an_evicted_worker_exits_as_a_disruption_and_rejoins(e2e: Env, adm
                                              "reason": "EvictionByEvictionAPI"}]}}
     await admin.request("PATCH", f"/api/v1/namespaces/{demo}/pods/{name}/status", disruption,
                         "application/strategic-merge-patch+json")
-    ended = watch_exit_code(e2e, demo, worker)
+    ended = e2e.watch_exit_code(demo, worker)
     await admin.create(f"/api/v1/namespaces/{demo}/pods/{name}/eviction",
                        {"apiVersion": "policy/v1beta1", "kind": "Eviction",
                         "metadata": {"name": name, "namespace": demo}})
@@ -270,12 +249,12 @@ async def test_deleting_the_broker_is_a_disruption_and_without_storage_its_state
     workers = {p["metadata"]["uid"] for p in await pods(admin, demo, "demo")
                if p["status"].get("phase") == "Running" and p["metadata"]["uid"] != broker["metadata"]["uid"]}
     t0 = time.monotonic()
-    ended = watch_exit_code(e2e, demo, broker)
+    ended = e2e.watch_exit_code(demo, broker)
     await admin.request("DELETE", f"/api/v1/namespaces/{demo}/pods/{broker['metadata']['name']}")
     assert await ended == exitcodes.DISRUPTED
     job = await admin.get(f"/apis/batch/v1/namespaces/{demo}/jobs/demo")
     assert not any(c["type"] == "Complete" for c in job["status"].get("conditions") or [])
-    new_broker = await running_pod(admin, demo, "demo", 0)
+    new_broker = await running_pod(admin, demo, "demo", 0, other_than=broker)
     e2e.timings["broker_deleted_to_new_pod_running_s"] = time.monotonic() - t0
     # Bounded: the in-cluster operator noticed the new broker 3.4–7.6 s after the deletion in most runs here, but
     # 56.9 s in one of six full-tier runs (not understood yet: issue 9 note); a pooled connection or a cached
@@ -343,11 +322,10 @@ async def test_with_storage_a_new_broker_pod_resumes_the_queue_and_running_jobs(
     assert code == 0, err
     code, long_id, err = await exec_in(e2e, ns, broker, "mc-submit", "sleep", "300")
     assert code == 0, err
-    ended = watch_exit_code(e2e, ns, broker)
+    ended = e2e.watch_exit_code(ns, broker)
     await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{broker['metadata']['name']}")
     assert await ended == exitcodes.DISRUPTED
-    new_broker = await running_pod(admin, ns, "keep", 0, role="broker")
-    assert new_broker["metadata"]["uid"] != broker["metadata"]["uid"]
+    new_broker = await running_pod(admin, ns, "keep", 0, role="broker", other_than=broker)
     resumed = await wait_condition(admin, ns, "keep", "StateDurable", reason="Resumed")
     assert "epoch 2" in resumed["message"]
     code, out, err = await exec_in(e2e, ns, new_broker, "mc", "jobs", "-a", "--json")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -40,6 +41,23 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first of SERVICE_CIDR: pods behind a 
 def find_binaries() -> Path | None:
     path = Path(os.environ.get("MC_K8S_BIN", DEFAULT_BIN))
     return path if all(os.access(path / b, os.X_OK) for b in BINARIES) else None
+
+
+def skip_unless_ready(reason: str | None) -> None:
+    """With a `reason` the tier cannot run: skip the test, or fail it when CI is set (CI must run every tier)."""
+    if reason and os.environ.get("CI"):
+        pytest.fail(reason)
+    if reason:
+        pytest.skip(reason)
+
+
+def binaries_or_skip() -> Path:
+    """The binaries' directory; without them the test is skipped with how to get them."""
+    path = find_binaries()
+    skip_unless_ready(None if path else
+                      "no kube-apiserver/etcd/kube-controller-manager: run .ci/kubernetes.sh or set MC_K8S_BIN")
+    assert path is not None
+    return path
 
 
 def free_port() -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +21,7 @@ import kopf
 import pytest
 import yaml
 
-from k8s_control_plane import ADMIN_TOKEN, Cluster, collection_path, find_binaries, operator_token
+from k8s_control_plane import ADMIN_TOKEN, Cluster, collection_path, binaries_or_skip, operator_token
 from minicluster.operator import operate
 from minicluster.operator.runner import service_account_login
 from minicluster.operator.kube import ApiError, Kube
@@ -39,13 +38,7 @@ REPORTS: dict[str, dict[str, Any]] = {}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    bin_dir = find_binaries()
-    if bin_dir is None:
-        reason = "no kube-apiserver/etcd/kube-controller-manager: run .ci/kubernetes.sh or set MC_K8S_BIN"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    control_plane = Cluster(tmp_path_factory.mktemp("k8s"), bin_dir)
+    control_plane = Cluster(tmp_path_factory.mktemp("k8s"), binaries_or_skip())
     control_plane.start()
     yield control_plane
     control_plane.stop()

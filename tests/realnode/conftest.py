@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -28,11 +27,11 @@ import yaml
 
 from minicluster.operator.kube import Kube
 from tests.e2e import endpoints, install
-from tests.e2e.conftest import REPO, Env, _established, _login
+from tests.e2e.conftest import REPO, Env, _established, _login, loop_in_thread, report_timings, unwind
 from tests.e2e.polling import until
 from tests.e2e.provisioner import LocalPathProvisioner
 from tests.operator.k8s_control_plane import (
-    ADMIN_TOKEN, KUBERNETES_SERVICE_IP, Cluster, collection_path, find_binaries, serving_certificate,
+    ADMIN_TOKEN, KUBERNETES_SERVICE_IP, Cluster, collection_path, find_binaries, serving_certificate, skip_unless_ready,
 )
 from tests.realnode import indexed
 from tests.realnode.dns import ClusterDNS
@@ -76,14 +75,17 @@ class RealEnv(Env):
     def on_node(self, fn: Callable[[], Any]) -> Any:
         return fn()
 
+    def watch_exit_code(self, ns: str, pod: dict[str, Any]) -> asyncio.Future[int | None]:
+        """The exit status of the pod's container as containerd reports its task's exit: a real kubelet may
+        delete a deleted pod before its last status, with the exit code, reaches the API server."""
+        [status] = [c for c in pod["status"]["containerStatuses"] if c["name"] == "minicluster"]
+        container = status["containerID"].removeprefix("containerd://")
+        return asyncio.ensure_future(asyncio.to_thread(self.node.exit_waiter(container)))
+
 
 @pytest.fixture(scope="session")
 def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEnv]:
-    reason = _unavailable()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+    skip_unless_ready(_unavailable())
     run_id = secrets.token_hex(3)[:5]
     workdir = tmp_path_factory.mktemp("realnode")
     t0 = time.monotonic()
@@ -109,16 +111,9 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEnv]:
                       {"node_ready_s": t1 - t0, "operator_install_to_ready_s": time.monotonic() - t1},
                       image=images["runtime"]["image"])
         yield env
-        env.timings["session_s"] = time.monotonic() - t0
-        (workdir / "timings.json").write_text(json.dumps(env.timings, indent=1))
-        print(f"\nrealnode timings ({workdir / 'timings.json'}):",
-              json.dumps({k: round(v, 1) for k, v in env.timings.items()}))
+        report_timings("realnode", workdir, env.timings, t0)
     finally:
-        for stop in reversed(stops):
-            try:
-                stop()
-            except Exception as exc:  # one failed step must not leave the rest behind
-                print(f"realnode teardown: {stop}: {exc}")
+        unwind("realnode", stops)
 
 
 def _dns(cluster: Cluster) -> Callable[[], None]:
@@ -149,40 +144,22 @@ class _StandIns:
     def start(self) -> Callable[[], None]:
         ca, cert, key = serving_certificate(self.workdir, "realnode-standins")
         self.ca_pem = ca.read_bytes()
-        stop = threading.Event()
-        started = threading.Event()
 
-        async def main() -> None:
+        async def main(stop: asyncio.Event, started: Callable[[], None]) -> None:
             kube = Kube(_login(self.cluster, ADMIN_TOKEN))
             judge = indexed.JobJudge(kube, node=NODE_NAME)
             provisioner = LocalPathProvisioner(kube, self.run_id, self.workdir / "volumes")
             runner, self.port = await indexed.serve(kube, cert, key, judge=judge)
-            self.loop = asyncio.get_running_loop()
-            started.set()
-            flag = asyncio.Event()
-            watcher = asyncio.ensure_future(asyncio.to_thread(stop.wait))
-            watcher.add_done_callback(lambda _f: flag.set())
-            provisioning = asyncio.ensure_future(_every(0.5, provisioner.sync, flag))
+            started()
+            provisioning = asyncio.ensure_future(_every(0.5, provisioner.sync, stop))
             try:
-                await judge.run(flag)
+                await judge.run(stop)
             finally:
                 await provisioning
                 await runner.cleanup()
                 await kube.close()
 
-        def body() -> None:
-            try:
-                asyncio.run(main())
-            finally:
-                started.set()
-
-        thread = threading.Thread(target=body, name="realnode-standins", daemon=True)
-        thread.start()
-        assert started.wait(60) and self.loop is not None, "the stand-ins did not start"
-
-        def halt() -> None:
-            stop.set()
-            thread.join(60)
+        self.loop, halt = loop_in_thread("realnode-standins", main)
         return halt
 
 

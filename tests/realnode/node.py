@@ -17,12 +17,14 @@ import json
 import socket
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 from tests.operator.k8s_control_plane import ADMIN_TOKEN, Cluster, free_port
 
@@ -119,6 +121,33 @@ class RealNode:
         running = set(self.ctr("tasks", "ls", "-q").split())
         [target] = [c for c in listed if c in running]
         self.ctr("tasks", "kill", "-s", "SIGKILL", target)
+
+    def exit_waiter(self, container: str, timeout: float = 90) -> Callable[[], int | None]:
+        """Subscribe to containerd's events now, and return the wait for the exit of `container`'s task (its
+        PID 1) with its status; None if it did not exit within `timeout`.  The subscription is certain once this
+        returns: a namespace label change is made and seen through it first."""
+        events = subprocess.Popen(["ctr", "--address", str(self.socket), "events"], stdout=subprocess.PIPE, text=True)
+        timer = threading.Timer(timeout, events.kill)
+        timer.start()
+        lines = iter(events.stdout or ())
+        self.ctr("namespaces", "label", "k8s.io", f"minicluster.dev/probe={time.monotonic_ns()}")
+        if not any(" /namespaces/update " in line for line in lines):
+            events.communicate()
+            raise RuntimeError("ctr events ended before it showed the probe")
+
+        def wait() -> int | None:
+            try:
+                for line in lines:
+                    _, _, payload = line.partition(" /tasks/exit ")
+                    exited = json.loads(payload) if payload else {}
+                    if exited.get("container_id") == container and exited.get("id") == container:
+                        return int(exited.get("exit_status", 0))  # zero is left out of the event
+                return None
+            finally:
+                timer.cancel()
+                events.kill()
+                events.communicate()  # and closes its stdout
+        return wait
 
     def logs(self, namespace: str, pod: str, container: str = "minicluster") -> str:
         """The container's log as `kubectl logs` reads it: the kubelet's, through the API server."""

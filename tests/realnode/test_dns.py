@@ -4,7 +4,6 @@ controller would for a headless Service with publishNotReadyAddresses."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import ssl
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 from dnslib import QTYPE, RCODE, DNSRecord
 
-from tests.operator.k8s_control_plane import ADMIN_TOKEN, Cluster, find_binaries, free_port
+from tests.operator.k8s_control_plane import ADMIN_TOKEN, Cluster, binaries_or_skip, free_port
 from tests.realnode.dns import ClusterDNS, build_table
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
@@ -45,13 +44,7 @@ def demo_endpoints(ready_ip: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    bin_dir = find_binaries()
-    if bin_dir is None:
-        reason = "no kube-apiserver/etcd/kube-controller-manager: run .ci/apiserver.sh or set MC_K8S_BIN"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    control_plane = Cluster(tmp_path_factory.mktemp("k8s"), bin_dir)
+    control_plane = Cluster(tmp_path_factory.mktemp("k8s"), binaries_or_skip())
     control_plane.start()
     api(control_plane, "POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
     services = f"/api/v1/namespaces/{NS}/services"

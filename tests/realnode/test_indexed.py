@@ -7,7 +7,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from tests.e2e import endpoints
 from tests.e2e.jobs import JobRules, by_job, index_of, phase
 from tests.e2e.podsecurity import ENFORCE_LABEL
 from tests.e2e.polling import until
-from tests.operator.k8s_control_plane import ADMIN_TOKEN, Cluster, find_binaries, serving_certificate
+from tests.operator.k8s_control_plane import ADMIN_TOKEN, Cluster, binaries_or_skip, serving_certificate
 from tests.realnode import indexed
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
@@ -41,13 +40,7 @@ NODE = "nowhere"  # bindings name it; no node exists, and none needs to for the 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    bin_dir = find_binaries()
-    if bin_dir is None:
-        reason = "no kube-apiserver/etcd/kube-controller-manager: run .ci/kubernetes.sh or set MC_K8S_BIN"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    control_plane = Cluster(tmp_path_factory.mktemp("k8s"), bin_dir)
+    control_plane = Cluster(tmp_path_factory.mktemp("k8s"), binaries_or_skip())
     control_plane.start()
     try:
         asyncio.run(_install_crd(control_plane))
