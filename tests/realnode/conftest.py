@@ -157,6 +157,7 @@ class _StandIns:
             finally:
                 await provisioning
                 await runner.cleanup()
+                await asyncio.sleep(0.1)  # the API server's keep-alive connections, closed by cleanup, finish closing
                 await kube.close()
 
         self.loop, halt = loop_in_thread("realnode-standins", main)

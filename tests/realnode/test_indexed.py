@@ -101,6 +101,7 @@ async def stand_in(cluster: Cluster, admin: Kube, tmp_path: Path) -> AsyncIterat
         stop.set()
         await judging
         await runner.cleanup()
+        await asyncio.sleep(0.1)  # the API server's keep-alive connections, closed by cleanup, finish closing
         await judge.rules.kube.close()
 
 
