@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,11 +14,49 @@ import pytest
 # Let tests import helpers as `tests.integration.conftest` etc.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests import host  # noqa: E402  (needs the path above)
+
+# Every process this session starts inherits the mark, so the session-end check finds the ones that outlived
+# their test even when they left our process tree (daemonized, orphaned to PID 1) or run as a guest user.
+SESSION_MARK = f"MC_TEST_SESSION={os.getpid()}"
+os.environ["MC_TEST_SESSION"] = str(os.getpid())
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-asyncio 1.x on Python 3.11: a sync test that touches asyncio before the first async test leaves a
     # default loop behind, which `filterwarnings = error` turns into an "unclosed event loop" failure.
     asyncio.set_event_loop(None)
+    config.addinivalue_line("markers", "needs(*tools, root=False): host commands (and root) the test needs; without"
+                                       " them it is skipped, or fails when CI is set (tests/host.py)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs"):
+        host.need(*mark.args, **mark.kwargs)
+
+
+def _leftovers() -> set[int]:
+    """The live processes this session started, but none of pytest's own."""
+    return (host.descendants(os.getpid()) | host.with_environ(SESSION_MARK)) - {os.getpid()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_running() -> Iterator[None]:
+    """After the last test (and every other session fixture's teardown: this one is set up first), no process
+    that the suite started may still run. Those that do are named, killed, and fail the run."""
+    yield
+    deadline = time.monotonic() + 5  # a process just signalled by a teardown may need a moment to exit
+    while (left := _leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not left:
+        return
+    named = [f"{pid} {host.cmdline(pid)}" for pid in sorted(left)]
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    pytest.fail("the test session left processes running (now killed):\n  " + "\n  ".join(named), pytrace=False)
 
 
 # The tiers (CONTRIBUTING.md#tiers). The fast tier, `-m 'not slow and not apiserver'`, is the unit tests plus the

@@ -7,20 +7,47 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from minicluster import Client, ClientError, config
+from tests.host import children, descendants, with_cmdline as leftovers
+
+_instances: list[subprocess.Popen[str]] = []
+
+
+def launch(*argv: str, **streams: Any) -> subprocess.Popen[str]:
+    """`mc start` in a process group of its own, which the test's teardown ends."""
+    proc = subprocess.Popen(["mc", "start", *argv], start_new_session=True, text=True, **streams)
+    _instances.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def end_instances() -> Iterator[None]:
+    """Each `mc start` of a test is gone after it, whether it passed or failed (the session check would fail the
+    run otherwise): its process tree and group are killed."""
+    yield
+    while _instances:
+        proc = _instances.pop()
+        for kill, pid in [(os.kill, pid) for pid in descendants(proc.pid)] + [(os.killpg, proc.pid)]:
+            try:
+                kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        proc.wait(timeout=10)
 
 
 def mc_start(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["mc", "start", *argv], capture_output=True, text=True, timeout=timeout)
-
-
-def leftovers(marker: str) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
+    proc = launch(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_main_command_runs_across_ranks_and_leaves_nothing(tmp_path: Path) -> None:
@@ -81,8 +108,7 @@ def test_configuration_errors_are_one_line(argv: list[str], message: str) -> Non
 
 def start_interactive(*argv: str) -> tuple[subprocess.Popen[str], Path]:
     """An interactive `mc start` (no command) and its state dir, once every rank is up."""
-    proc = subprocess.Popen(["mc", "start", "--size", "3", *argv], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = launch("--size", "3", *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     first = proc.stderr.readline()  # type: ignore[union-attr]
     state = Path(first.rstrip().rsplit("state in ", 1)[1])
     deadline = time.time() + 30
@@ -100,7 +126,7 @@ def start_interactive(*argv: str) -> tuple[subprocess.Popen[str], Path]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_signals_stop_it_cleanly_and_remove_temporary_state(sig: signal.Signals) -> None:
     proc, state = start_interactive()
-    ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    ranks = children(proc.pid)
     assert len(ranks) == 3
     proc.send_signal(sig)
     proc.communicate(timeout=15)
@@ -113,8 +139,7 @@ def test_signals_stop_it_cleanly_and_remove_temporary_state(sig: signal.Signals)
 def test_sigterm_stops_the_command_too(tmp_path: Path) -> None:
     started, marker = tmp_path / "started", tmp_path / "still-here"
     script = f"touch {started}; sleep 60; touch {marker}"
-    proc = subprocess.Popen(["mc", "start", "--size", "2", "--", "sh", "-c", script],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = launch("--size", "2", "--", "sh", "-c", script, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 30
     while not started.exists():
         assert time.time() < deadline
@@ -128,11 +153,11 @@ def test_sigterm_stops_the_command_too(tmp_path: Path) -> None:
 
 def test_broker_killed_stops_the_instance_and_says_so(tmp_path: Path) -> None:
     proc, _state = start_interactive("--state-dir", str(tmp_path / "state"))
-    broker = int(subprocess.run(["pgrep", "-o", "-P", str(proc.pid)], capture_output=True, text=True).stdout)
+    broker = children(proc.pid)[0]  # the oldest: rank 0 starts first
     started = time.time()
     os.kill(broker, signal.SIGKILL)
     _out, err = proc.communicate(timeout=15)
     assert proc.returncode == 128 + signal.SIGKILL
     assert time.time() - started < 5  # the workers are stopped, not left to time out
     assert "the broker (rank 0) was killed by SIGKILL; a local instance does not restart its broker" in err
-    assert subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True).stdout == b""
+    assert children(proc.pid) == []
