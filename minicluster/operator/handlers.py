@@ -6,6 +6,7 @@ its own dependencies.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 from collections.abc import Callable, Mapping
@@ -64,9 +65,14 @@ def register(registry: kopf.OperatorRegistry, deps: Deps) -> None:
 async def _reconcile(deps: Deps, body: kopf.Body) -> None:
     found = problems(body)
     if found:
-        await _refuse(deps, body, "InvalidSpec", "; ".join(found), phase="Invalid")
+        # A refused edit changes nothing that runs: the poller goes on reporting the children as they are.
+        made = await _has_jobs(deps.kube, MiniCluster.from_body(body))
+        await _refuse(deps, body, "InvalidSpec", "; ".join(found), phase=None if made else "Invalid")
         return
     mc = MiniCluster.from_body(body)
+    if _finished(body):
+        await _say_finished(deps, body, "its children are left as they are")
+        return
     try:
         await reconcile.ensure(deps.kube, mc, deps.cluster_domain, deps.check_jobs)
     except reconcile.Unsupported as exc:
@@ -128,19 +134,23 @@ async def _refuse(deps: Deps, body: kopf.Body, reason: str, message: str,
 
 
 async def _poll(deps: Deps, body: kopf.Body) -> None:
-    if problems(body):
-        return  # the reconcile handler has already said why
-    mc = MiniCluster.from_body(body)
+    # With a refused edit (the reconcile handler said why) the children still run as last accepted.
+    invalid = bool(problems(body))
+    mc = _last_accepted(body) if invalid else MiniCluster.from_body(body)
     job = await deps.kube.get(path_of("Job", mc.namespace, mc.broker_job_name))
     if job is None:
-        # Deleted behind our back (or never created): rebuild, report next time.
-        await _reconcile(deps, body)
+        if _finished(body):
+            # Deleted after the end (a TTL, an admin): making it again would run the batch command twice.
+            await _say_finished(deps, body, "its Jobs are gone and are not made again")
+        elif not invalid:
+            # Deleted behind our back (or never created): rebuild, report next time.
+            await _reconcile(deps, body)
         return
     if not reconcile.is_owned(job, mc):
         return  # someone else's Job: the reconcile handler has reported it
     workers = await deps.kube.get(path_of("Job", mc.namespace, mc.name)) if mc.storage else None
     # Without storage both names are the same Job (and workers is None).
-    if deps.check_jobs and reconcile.lacks_fields(mc, {mc.name: workers, mc.broker_job_name: job}):
+    if deps.check_jobs and not invalid and reconcile.lacks_fields(mc, {mc.name: workers, mc.broker_job_name: job}):
         # The reconcile handler stops the Job and says why; again here only if that has not been done yet.
         if (body.get("status") or {}).get("phase") != "Unsupported":
             await _reconcile(deps, body)
@@ -170,6 +180,34 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
         kopf.warn(body, reason="StateLost", message=lost[0])
     if workers is not None and status.job_finished(job):
         await _stop_workers(deps.kube, mc, job, workers)
+
+
+def _finished(body: kopf.Body) -> bool:
+    return (body.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+async def _say_finished(deps: Deps, body: kopf.Body, what: str) -> None:
+    message = f"the MiniCluster has finished: {what} (a batch command runs once)"
+
+    def finished(old: Mapping[str, Any]) -> dict[str, Any]:
+        conditions = status.set_condition(old.get("conditions") or [], "Reconciled", True, "Finished", message, _now())
+        return {"observedGeneration": body["metadata"].get("generation", 0), "conditions": conditions}
+    await _write_status(deps, body, finished)
+
+
+def _last_accepted(body: kopf.Body) -> MiniCluster:
+    """The MiniCluster as its children were made: the size last applied, not a refused one."""
+    mc = MiniCluster.from_body(body)
+    applied = (body.get("status") or {}).get("size")
+    return dataclasses.replace(mc, size=int(applied)) if applied else mc
+
+
+async def _has_jobs(kube: Kube, mc: MiniCluster) -> bool:
+    for name in {mc.name, f"{mc.name}-broker"}:
+        job = await kube.get(path_of("Job", mc.namespace, name))
+        if job is not None and reconcile.is_owned(job, mc):
+            return True
+    return False
 
 
 async def _pods_and_events(kube: Kube, mc: MiniCluster) -> tuple[list[Any], list[Any]]:

@@ -33,7 +33,11 @@ BROKER_URI = f"unix://{InstanceConfig(state_dir=STATE_DIR).socket_path}"
 # index is retried (minicluster/exitcodes.py).
 PROGRAM_FAILURE_CODES = list(exitcodes.PROGRAM_FAILURE)
 BACKOFF_LIMIT = 10
-TEMPLATE_HASH = "minicluster.dev/template-hash"
+# What the user asked of a Job's pods (template_inputs), hashed: a Job's pod template is immutable, so a change
+# is reported. The rendered template is not hashed, or a new operator version would flag every MiniCluster.
+SPEC_HASH = "minicluster.dev/spec-hash"
+# The rendered template's hash, set by operator versions before SPEC_HASH; adopted (replaced) when found.
+OLD_TEMPLATE_HASH = "minicluster.dev/template-hash"
 # The Job fields a MiniCluster depends on, with the Kubernetes release that turned each on by default. An API
 # server that does not know a field drops it silently on create, so the operator compares what it kept.
 JOB_FIELDS = {"completionMode": "1.22", "suspend": "1.22", "podFailurePolicy": "1.26", "successPolicy": "1.31"}
@@ -172,7 +176,8 @@ def job(mc: MiniCluster) -> Manifest:
 
 def broker_job(mc: MiniCluster) -> Manifest:
     """With `spec.storage`: rank 0 alone, with the PersistentVolumeClaim as its state dir."""
-    return _job_manifest(mc, mc.broker_job_name, _job_spec(mc, completions=1, template=pod_template(mc, "broker")))
+    spec = _job_spec(mc, completions=1, template=pod_template(mc, "broker"))
+    return _job_manifest(mc, mc.broker_job_name, spec, role="broker")
 
 
 def jobs(mc: MiniCluster) -> list[Manifest]:
@@ -196,10 +201,10 @@ def _job_spec(mc: MiniCluster, completions: int, template: Manifest) -> dict[str
     return spec
 
 
-def _job_manifest(mc: MiniCluster, name: str, spec: dict[str, Any]) -> Manifest:
+def _job_manifest(mc: MiniCluster, name: str, spec: dict[str, Any], role: str = "ranks") -> Manifest:
     extra = {QUEUE_LABEL: mc.queue_name} if mc.queue_name else {}
     metadata = _metadata(mc, name, **extra)
-    metadata["annotations"] = {TEMPLATE_HASH: _hash(spec["template"])}
+    metadata["annotations"] = {SPEC_HASH: spec_hash(mc, role)}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
@@ -209,13 +214,20 @@ def dropped_fields(wanted: Manifest, kept: Manifest) -> list[str]:
     return [field for field in JOB_FIELDS if field in wanted["spec"] and field not in have]
 
 
-def template_hash(mc: MiniCluster, role: str = "ranks") -> str:
-    """Fingerprint of a Job's pod template, which a Job never lets us change."""
-    return _hash(pod_template(mc, role))
+def template_inputs(mc: MiniCluster, role: str = "ranks") -> Manifest:
+    """The spec fields (TEMPLATE_FIELDS, defaulted) that a Job's pod template is rendered from."""
+    return {
+        "role": role, "storage": mc.storage is not None, "image": mc.image, "command": list(mc.command),
+        "env": list(mc.env), "resources": dict(mc.resources), "volumes": list(mc.volumes),
+        "volumeMounts": list(mc.volume_mounts), "nodeSelector": dict(mc.node_selector),
+        "tolerations": list(mc.tolerations), "affinity": dict(mc.affinity),
+        "serviceAccountName": mc.service_account_name, "topology": mc.topology, "logging": mc.log_level,
+    }
 
 
-def _hash(template: Manifest) -> str:
-    text = json.dumps(template, sort_keys=True)
+def spec_hash(mc: MiniCluster, role: str = "ranks") -> str:
+    """Fingerprint of what the user asked of a Job's pods, canonical JSON: independent of how a version renders."""
+    text = json.dumps(template_inputs(mc, role), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

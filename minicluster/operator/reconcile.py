@@ -58,7 +58,7 @@ async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.loc
     for wanted in wanted_jobs:
         current = existing.get(("Job", wanted["metadata"]["name"]))
         if current is not None:
-            _check_template(wanted, current)
+            await _check_template(kube, mc, wanted, current)
 
 
 async def _check_storage_unchanged(kube: Kube, mc: MiniCluster, existing: Mapping[tuple[str, str], Any]) -> None:
@@ -73,9 +73,17 @@ async def _check_storage_unchanged(kube: Kube, mc: MiniCluster, existing: Mappin
         raise TemplateChanged("spec.storage cannot be removed from a running MiniCluster; recreate it")
 
 
-def _check_template(wanted: Mapping[str, Any], job: Mapping[str, Any]) -> None:
-    recorded = ((job.get("metadata") or {}).get("annotations") or {}).get(manifests.TEMPLATE_HASH)
-    if recorded and recorded != wanted["metadata"]["annotations"][manifests.TEMPLATE_HASH]:
+async def _check_template(kube: Kube, mc: MiniCluster, wanted: Mapping[str, Any], job: Mapping[str, Any]) -> None:
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    recorded, asked = annotations.get(manifests.SPEC_HASH), wanted["metadata"]["annotations"][manifests.SPEC_HASH]
+    if recorded is None:
+        # Made by an operator version that hashed the rendered template, which says nothing about what the user
+        # asked: adopt the current spec as the one the Job was made from.
+        path = path_of("Job", mc.namespace, wanted["metadata"]["name"])
+        await kube.merge_patch(path, {"metadata": {"annotations": {
+            manifests.SPEC_HASH: asked, manifests.OLD_TEMPLATE_HASH: None}}})
+        return
+    if recorded != asked:
         raise TemplateChanged(
             "changes to image, command, env, resources, volumes or placement do not reach "
             "running pods (a Job's pod template is immutable); size and suspend were applied. "

@@ -39,6 +39,10 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 # 50 leaves room for any index below the schema's maxSize limit.
 MAX_NAME_LENGTH = 50
 MAX_RANKS = 10000
+# The spec fields a Job's pod template is rendered from: a Job never lets them change, so neither does the CRD
+# (transition rules) nor, on servers without CEL, the operator (TemplateImmutable).
+TEMPLATE_FIELDS = ("image", "command", "env", "resources", "volumes", "volumeMounts", "nodeSelector", "tolerations",
+                   "affinity", "serviceAccountName", "topology", "logging")
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -222,5 +226,5 @@ def _config_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
 
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "NAME_LABEL", "QUEUE_LABEL",
-    "POLICIES", "LOG_LEVELS", "MiniCluster", "Storage", "effective_max_size", "problems",
+    "POLICIES", "LOG_LEVELS", "TEMPLATE_FIELDS", "MiniCluster", "Storage", "effective_max_size", "problems",
 ]

@@ -15,7 +15,8 @@ import kmock as kmocklib
 import kopf
 import pytest
 
-from minicluster.operator import operate
+from minicluster.operator import manifests, operate
+from minicluster.operator.spec import MiniCluster
 from minicluster.operator.status import HttpStatusFetcher
 
 MC = "minicluster.dev/v1alpha1/miniclusters"
@@ -345,3 +346,54 @@ async def test_pods_own_reasons_reach_the_ready_condition(
     ready = await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Ready")["reason"] == "ErrImagePull"
                              and condition(obj(kmock, MC, "demo")["status"], "Ready"))
     assert ready["message"] == "rank 3 (pod demo-3-abcde): pull access denied for nope"
+
+
+async def test_a_refused_edit_does_not_freeze_the_status(
+    operator: None, kmock: Kmock, make_body: Make, broker: dict[str, Any],
+) -> None:
+    await create(kmock, make_body())
+    await eventually(lambda: obj(kmock, MC, "demo").get("status", {}).get("maxSize"))
+    await patch(kmock, "demo", {"spec": {"size": 9}})  # beyond maxSize 8: refused, the pods run on
+    await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled")["reason"] == "InvalidSpec")
+    broker["ranks"]["up"], broker["ready"] = 4, True
+    status = await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Running"
+                              and obj(kmock, MC, "demo")["status"])
+    assert condition(status, "Ready")["status"] == "True" and status["ranks"]["joined"] == 4
+    assert condition(status, "Reconciled")["status"] == "False" and status["size"] == 4
+    assert obj(kmock, JOB, "demo")["spec"]["parallelism"] == 4
+
+
+async def test_a_job_from_an_older_operator_version_is_adopted_not_flagged(
+    operator: None, kmock: Kmock, make_body: Make,
+) -> None:
+    # An older operator recorded the hash of the pod template it rendered, which this version renders otherwise.
+    old = manifests.job(MiniCluster.from_body(make_body()))
+    old["metadata"]["annotations"] = {"minicluster.dev/template-hash": "0123456789abcdef"}
+    async with kmock.post("/apis/batch/v1/namespaces/default/jobs", json=old) as resp:
+        assert resp.status < 300, await resp.text()
+    await create(kmock, make_body())
+    reconciled = await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
+    assert reconciled["reason"] == "ChildrenUpToDate"
+    annotations = obj(kmock, JOB, "demo")["metadata"]["annotations"]
+    assert annotations == {manifests.SPEC_HASH: manifests.spec_hash(MiniCluster.from_body(make_body()))}
+    await patch(kmock, "demo", {"spec": {"image": "example.org/other:2"}})
+    await eventually(
+        lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled")["reason"] == "TemplateImmutable")
+
+
+async def test_a_finished_minicluster_never_runs_again(operator: None, kmock: Kmock, make_body: Make) -> None:
+    await create(kmock, make_body(command=["true"]))
+    await eventually(lambda: obj(kmock, JOB, "demo"))
+    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    async with kmock.patch("/apis/batch/v1/namespaces/default/jobs/demo/status", json=done) as resp:
+        assert resp.status < 300
+    await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Succeeded")
+    async with kmock.delete("/apis/batch/v1/namespaces/default/jobs/demo") as resp:  # a TTL controller's
+        assert resp.status < 300
+    reconciled = await eventually(
+        lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled")["reason"] == "Finished"
+        and condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
+    assert "not made again" in reconciled["message"]
+    await asyncio.sleep(1)  # several polls
+    assert (JOB, "default", "demo") not in kmock.objects
+    assert obj(kmock, MC, "demo")["status"]["phase"] == "Succeeded"

@@ -15,7 +15,7 @@ import zmq.auth
 
 from minicluster.config import from_mapping
 from minicluster.operator import manifests, reconcile
-from minicluster.operator.spec import MiniCluster, problems
+from minicluster.operator.spec import TEMPLATE_FIELDS, MiniCluster, problems
 from tests.e2e.podsecurity import restricted_violations
 
 # Indexed Job successPolicy and podFailurePolicy are GA only in recent releases.
@@ -261,9 +261,27 @@ def test_failed_ranks_leave_their_log_tail_as_termination_message(body: dict[str
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
-def test_template_hash_tracks_pod_fields_only(make_body: Any) -> None:
-    base = manifests.template_hash(MiniCluster.from_body(make_body()))
-    assert manifests.job(MiniCluster.from_body(make_body()))["metadata"]["annotations"][manifests.TEMPLATE_HASH] == base
-    assert manifests.template_hash(MiniCluster.from_body(make_body(size=6))) == base
-    assert manifests.template_hash(MiniCluster.from_body(make_body(suspend=True))) == base
-    assert manifests.template_hash(MiniCluster.from_body(make_body(image="other:1"))) != base
+def test_spec_hash_tracks_pod_fields_only(make_body: Any) -> None:
+    base = manifests.spec_hash(MiniCluster.from_body(make_body()))
+    assert manifests.job(MiniCluster.from_body(make_body()))["metadata"]["annotations"][manifests.SPEC_HASH] == base
+    assert manifests.spec_hash(MiniCluster.from_body(make_body(size=6))) == base
+    assert manifests.spec_hash(MiniCluster.from_body(make_body(suspend=True))) == base
+    assert manifests.spec_hash(MiniCluster.from_body(make_body(image="other:1"))) != base
+    # Canonical: a default spelled out is what was asked for anyway.
+    assert manifests.spec_hash(MiniCluster.from_body(make_body(logging={"level": "info"}, env=[]))) == base
+
+
+def test_spec_hash_covers_exactly_the_template_fields(make_body: Any) -> None:
+    inputs = manifests.template_inputs(MiniCluster.from_body(make_body()))
+    assert set(inputs) - {"role", "storage"} == set(TEMPLATE_FIELDS)
+
+
+def test_spec_hash_is_what_was_asked_not_how_it_was_rendered(
+    make_body: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An operator upgrade that renders pods differently must not flag every existing MiniCluster TemplateImmutable.
+    before = manifests.job(MiniCluster.from_body(make_body()))
+    monkeypatch.setattr(manifests, "pod_security_context", lambda: {"runAsNonRoot": True, "runAsUser": 4242})
+    after = manifests.job(MiniCluster.from_body(make_body()))
+    assert before["spec"]["template"] != after["spec"]["template"]
+    assert before["metadata"]["annotations"] == after["metadata"]["annotations"]
