@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -14,7 +15,7 @@ import pytest
 # Let tests import helpers as `tests.integration.conftest` etc.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import host  # noqa: E402  (needs the path above)
+from tests import host
 
 # Every process this session starts inherits the mark, so the session-end check finds the ones that outlived
 # their test even when they left our process tree (daemonized, orphaned to PID 1) or run as a guest user.
@@ -30,6 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                        " them it is skipped, or fails when CI is set (tests/host.py)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures start anything
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("needs"):
         host.need(*mark.args, **mark.kwargs)
@@ -52,10 +54,8 @@ def nothing_left_running() -> Iterator[None]:
         return
     named = [f"{pid} {host.cmdline(pid)}" for pid in sorted(left)]
     for pid in left:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
     pytest.fail("the test session left processes running (now killed):\n  " + "\n  ".join(named), pytrace=False)
 
 

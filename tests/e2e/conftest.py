@@ -26,8 +26,9 @@ from tests.e2e.network import Bridge
 from tests.e2e.node import FAMILY_LABEL, Node
 from tests.e2e.podsecurity import ENFORCE_LABEL
 from tests.e2e.polling import until
+from tests.host import skip_unless_ready
 from tests.operator.k8s_control_plane import (
-    ADMIN_TOKEN, Cluster, collection_path, find_binaries, serving_certificate, skip_unless_ready,
+    ADMIN_TOKEN, Cluster, collection_path, find_binaries, serving_certificate,
 )
 import contextlib
 

@@ -21,7 +21,7 @@ from tests.integration.conftest import job, output_of, wait_for
 GUEST, OTHER_GUEST, OUTSIDER = 65533, 65532, 65531
 NOGROUP = 65534
 
-pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="switching uids needs root (CI runs as root)")
+pytestmark = pytest.mark.needs(root=True)  # switching uids
 
 
 def as_user(uid: int, gid: int, fn: Callable[[], Any], groups: Sequence[int] = ()) -> Any:

@@ -3,7 +3,6 @@ SIGTERM on to the rank, which leaves as a disruption.  Needs root for the PID na
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +15,7 @@ from minicluster import exitcodes
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, wait_for
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
-                                reason="a PID namespace needs root and util-linux unshare")
+pytestmark = pytest.mark.needs("unshare", root=True)  # a PID namespace
 
 
 def _children(pid: int) -> list[int]:

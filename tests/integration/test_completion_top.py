@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -46,7 +45,7 @@ def test_bash_completes_subcommands_options_values_and_job_ids() -> None:
         mc("cancel", str(running))
 
 
-@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+@pytest.mark.needs("zsh")
 def test_zsh_script_offers_the_same() -> None:
     # compadd and _files are zsh's completion builtins; outside a completion widget they are stood in for.
     script = ('compadd() { shift ${@[(i)--]}; print -l -- "$@" }\n'

@@ -23,7 +23,7 @@ from tests.integration.conftest import job, output_of, started, wait_for
 from tests.integration.test_restart_output import assert_gapless
 from tests.integration.test_window import appending, each_once, lines, progressed
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+pytestmark = pytest.mark.needs("mount", "umount", root=True)  # a tmpfs
 
 
 @contextlib.contextmanager

@@ -21,10 +21,11 @@ from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from worker.asuser import acting_as
 from worker.helpers import LARGEST_ORDER
+from tests.host import need
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.test_access import GUEST, NOGROUP, as_user, shared  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="switching uids needs root (CI runs as root)")
+pytestmark = pytest.mark.needs(root=True)  # switching uids
 
 
 @pytest.fixture
@@ -170,9 +171,9 @@ def planted() -> Iterator[tuple[Path, dict[str, str]]]:
     """The guest's own libraries, built here, and the environment that makes every process of its job load them:
     LD_PRELOAD, LD_AUDIT, GCONV_PATH, and on LD_LIBRARY_PATH a library the task's program links and a stand-in
     for one setpriv links.  Yields the directory their records go to, and that environment."""
+    need("cc")  # builds the preload libraries
     cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler (cc) to build the preload libraries")
+    assert cc is not None
     with tempfile.TemporaryDirectory(prefix="mc-planted-") as d:
         top = Path(d)
         os.chmod(top, 0o755)
@@ -300,6 +301,7 @@ def test_a_guests_command_is_looked_up_and_refused_as_the_guest(request: pytest.
 def member() -> Iterator[tuple[int, int]]:
     """A real user (useradd) with a group of its own and, as a supplementary group, the instance's access group:
     its (uid, gid).  Removed after the test."""
+    need("useradd", "userdel", "groupdel")
     name = f"mc-member-{os.getpid()}"
     subprocess.run(["useradd", "-M", "-U", "-G", "nogroup", "-s", "/usr/sbin/nologin", name], check=True,
                    timeout=30, capture_output=True)

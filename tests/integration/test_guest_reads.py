@@ -3,7 +3,6 @@ task results, attempts, usage and details; the instance owner reads everything; 
 but hides another user's `reason`. Guests are real second uids (forked children of the root test)."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +12,7 @@ from minicluster.client import Client
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.test_access import GUEST, NOGROUP, OTHER_GUEST, as_user, shared  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="switching uids needs root (CI runs as root)")
+pytestmark = pytest.mark.needs(root=True)  # switching uids
 
 # Every read of one job, as the client library calls it, reduced to something JSON can carry.
 READS: dict[str, Callable[[Client, int], Any]] = {

@@ -2,6 +2,7 @@
 leaves no process behind."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -34,10 +35,8 @@ def end_instances() -> Iterator[None]:
     while _instances:
         proc = _instances.pop()
         for kill, pid in [(os.kill, pid) for pid in descendants(proc.pid)] + [(os.killpg, proc.pid)]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
-import shutil
 import subprocess
 import time
 from collections import Counter
@@ -23,8 +22,7 @@ from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.test_window import appending, each_once, lines, progressed
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                                reason="needs root and iproute2 (network namespaces, veth pairs)")
+pytestmark = pytest.mark.needs("ip", root=True)  # iproute2: network namespaces, veth pairs
 
 
 def ip(*args: str) -> None:

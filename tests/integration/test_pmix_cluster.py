@@ -236,7 +236,7 @@ def test_auto_serves_both_when_the_program_does_not_tell(client4: Client) -> Non
     assert all(r["vars"] == ["PMIX_NAMESPACE", "PMIX_SERVER_URI41", "PMI_FD"] and r["lib"] == "MPICH" for r in recs)
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="a guest's job needs a root instance")
+@pytest.mark.needs(root=True)  # a guest's job needs a root instance
 def test_guest_open_mpi_job_prints_no_pmix_error(shared: LocalCluster, debian_c: str,  # noqa: F811
                                                  tmp_path: Path) -> None:
     # The server's shared key store (pmix_dstor_*) is root's: a guest's ranks read their job's keys from the

@@ -23,6 +23,7 @@ import pytest
 
 from minicluster import config
 from minicluster.client import Client, ClientError
+from tests.host import need
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.test_access import GUEST, NOGROUP
 from tests.integration.test_guest_privileges import guest_submit
@@ -38,9 +39,9 @@ PROBE = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True);"
 @pytest.fixture(scope="module")
 def nounshare(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The launcher; checked to refuse unshare(CLONE_FS) to what it runs, as RuntimeDefault does."""
+    need("cc")  # builds the seccomp launcher
     cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler (cc) to build the seccomp launcher")
+    assert cc is not None
     build = tmp_path_factory.mktemp("seccomp")
     subprocess.run([cc, "-O", "-o", str(build / "nounshare"), str(LAUNCHER)], check=True, timeout=60)
     probe = subprocess.run([str(build / "nounshare"), "python3", "-c", PROBE], capture_output=True, text=True,
@@ -112,7 +113,7 @@ def instance(nounshare: str) -> Iterator[tuple[Client, str]]:
     assert "unshare" not in rest
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="switching uids needs root (CI runs as root)")
+@pytest.mark.needs(root=True)  # switching uids
 def test_a_guests_task_enters_its_cwd_as_the_guest(instance: tuple[Client, str]) -> None:
     owner, uri = instance
     with tempfile.TemporaryDirectory(prefix="mc-seccomp-guest-") as d:

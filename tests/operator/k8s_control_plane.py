@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
+
+from tests.host import skip_unless_ready
 
 DEFAULT_BIN = "/var/cache/minicluster/k8s-v1.20.2/bin"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
@@ -41,14 +42,6 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first of SERVICE_CIDR: pods behind a 
 def find_binaries() -> Path | None:
     path = Path(os.environ.get("MC_K8S_BIN", DEFAULT_BIN))
     return path if all(os.access(path / b, os.X_OK) for b in BINARIES) else None
-
-
-def skip_unless_ready(reason: str | None) -> None:
-    """With a `reason` the tier cannot run: skip the test, or fail it when CI is set (CI must run every tier)."""
-    if reason and os.environ.get("CI"):
-        pytest.fail(reason)
-    if reason:
-        pytest.skip(reason)
 
 
 def binaries_or_skip() -> Path:

@@ -30,8 +30,9 @@ from tests.e2e import endpoints, install
 from tests.e2e.conftest import REPO, Env, _established, _login, loop_in_thread, report_timings, unwind
 from tests.e2e.polling import until
 from tests.e2e.provisioner import LocalPathProvisioner
+from tests.host import skip_unless_ready
 from tests.operator.k8s_control_plane import (
-    ADMIN_TOKEN, KUBERNETES_SERVICE_IP, Cluster, collection_path, find_binaries, serving_certificate, skip_unless_ready,
+    ADMIN_TOKEN, KUBERNETES_SERVICE_IP, Cluster, collection_path, find_binaries, serving_certificate,
 )
 from tests.realnode import indexed
 from tests.realnode.dns import ClusterDNS

@@ -8,7 +8,6 @@ useradd and groupadd commands also run for real on a copy of them (`--prefix`).
 """
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import subprocess
@@ -108,7 +107,7 @@ def test_commands_are_parsed_across_continuations(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # runs useradd and groupadd
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"), reason="useradd needs root and shadow's tools")
+@pytest.mark.needs("useradd", "groupadd", root=True)
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_user_commands_succeed_on_a_copy_of_debians_base_passwd(dockerfile: Path, tmp_path: Path) -> None:
     """The file's groupadd and useradd commands, run with --prefix on an /etc made from base-passwd's masters, as
