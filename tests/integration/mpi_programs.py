@@ -5,7 +5,7 @@ import subprocess
 import sysconfig
 from pathlib import Path
 
-import pytest
+from tests.host import skip_unless_ready
 
 # Every rank prints one JSON line: the results of seven collectives and what it knows of its node.
 COLLECTIVES = """
@@ -59,7 +59,7 @@ def build_c(mpi: str, source: str, workdir: Path, name: str = "prog") -> str:
     """Compile `source` with the compiler driver of `mpi` (a key of MPICH_BUILDS); skip when it is missing."""
     mpicc = MPICH_BUILDS[mpi]
     if not os.access(mpicc, os.X_OK) or shutil.which("cc") is None:
-        pytest.skip(f"{mpi}: {mpicc} or a C compiler is missing (.ci/run installs them)")
+        skip_unless_ready(f"{mpi}: {mpicc} or a C compiler is missing (.ci/run installs them)")
     (workdir / f"{name}.c").write_text(source)
     subprocess.run([mpicc, "-O2", "-o", str(workdir / name), str(workdir / f"{name}.c")], check=True,
                    timeout=120)

