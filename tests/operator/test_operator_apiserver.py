@@ -313,20 +313,76 @@ async def _cond(admin: Kube, path: str, type_: str) -> dict[str, Any]:
 
 async def test_job_completion_from_pod_phases(operator: None, admin: Kube) -> None:
     await admin.create(MC_PATH.format(ns="default"), body("batchy", size=1, command=["true"]))
-    selector = "minicluster.dev/name=batchy"
-
-    async def pods() -> list[dict[str, Any]]:
-        return (await admin.get(f"/api/v1/namespaces/default/pods?labelSelector={selector}"))["items"]
-    [pod] = await until(pods)
-    # No kubelet: play its part and report the broker's container as done.
-    pod["status"] = {"phase": "Succeeded", "containerStatuses": [{
-        "name": "minicluster", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
-        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}
-    await admin.request("PUT", f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}/status", pod)
+    await _finish_the_broker(admin, "batchy")
     path = f"{MC_PATH.format(ns='default')}/batchy"
     cond = await until(lambda: _when(lambda: _cond(admin, path, "Succeeded"),
                                      lambda c: c.get("status") == "True"))
     assert cond["reason"] == "BrokerSucceeded"
+
+
+async def _finish_the_broker(admin: Kube, name: str) -> None:
+    """No kubelet: play its part and report rank 0's container as done (size 1: the Job completes)."""
+    selector = f"minicluster.dev/name={name}"
+
+    async def pods() -> list[dict[str, Any]]:
+        return (await admin.get(f"/api/v1/namespaces/default/pods?labelSelector={selector}"))["items"]
+    [pod] = await until(pods)
+    pod["status"] = {"phase": "Succeeded", "containerStatuses": [{
+        "name": "minicluster", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}
+    await admin.request("PUT", f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}/status", pod)
+
+
+async def _phase(admin: Kube, path: str, phase: str) -> dict[str, Any] | None:
+    obj = await admin.get(path) or {}
+    return obj if obj.get("status", {}).get("phase") == phase else None
+
+
+async def test_a_refused_scale_leaves_the_status_live(operator: None, admin: Kube) -> None:
+    # Made without maxSize, so its size is fixed; 1.20 ignores the CEL rules that refuse the scale, the operator
+    # refuses it and goes on reporting the MiniCluster as it runs.
+    fixed = body("fixed", size=1, command=["true"])
+    del fixed["spec"]["maxSize"]
+    await admin.create(MC_PATH.format(ns="default"), fixed)
+    path = f"{MC_PATH.format(ns='default')}/fixed"
+    await until(lambda: _when(lambda: admin.get(path), lambda o: (o.get("status") or {}).get("maxSize") == 1))
+    scale = await admin.get(f"{path}/scale")
+    scale["spec"]["replicas"] = 2
+    await admin.request("PUT", f"{path}/scale", scale)
+    cond = await until(lambda: _when(lambda: _cond(admin, path, "Reconciled"),
+                                     lambda c: c.get("reason") == "InvalidSpec"))
+    assert "exceeds maxSize 1" in cond["message"]
+    REPORTS["default/fixed"] = {"ready": True, "ranks": {"up": 1, "expected": 1}, "jobs": {}}
+    running = await until(lambda: _phase(admin, path, "Running"))
+    assert condition(running, "Ready")["status"] == "True" and running["status"]["size"] == 1
+    await _finish_the_broker(admin, "fixed")
+    done = await until(lambda: _phase(admin, path, "Succeeded"))
+    assert condition(done, "Reconciled")["reason"] == "InvalidSpec"
+    assert (await admin.get("/apis/batch/v1/namespaces/default/jobs/fixed"))["spec"]["parallelism"] == 1
+
+
+async def test_a_finished_minicluster_is_not_run_again(operator: None, admin: Kube) -> None:
+    await admin.create(MC_PATH.format(ns="default"), body("once", size=1, command=["true"]))
+    path = f"{MC_PATH.format(ns='default')}/once"
+    job_path = "/apis/batch/v1/namespaces/default/jobs/once"
+    await _finish_the_broker(admin, "once")
+    await until(lambda: _phase(admin, path, "Succeeded"))
+    job = await admin.get(job_path)
+    # As a TTL controller would; the Job's pods go with it (background propagation, the garbage collector).
+    await admin.request("DELETE", f"{job_path}?propagationPolicy=Background")
+
+    async def noticed() -> Any:
+        # Whichever comes first: the operator says it leaves the Jobs gone, or it has made one again.
+        again = await admin.get(job_path)
+        if again is not None and again["metadata"]["uid"] != job["metadata"]["uid"]:
+            return again
+        return await _when(lambda: _cond(admin, path, "Reconciled"), lambda c: c.get("reason") == "Finished")
+    await until(noticed)
+    await asyncio.sleep(2)  # several more polls
+    again = await admin.get(job_path)
+    assert again is None, f"the Job was made again (uid {again['metadata']['uid']}, was {job['metadata']['uid']})"
+    assert "not made again" in condition(await admin.get(path), "Reconciled")["message"]
+    assert (await admin.get(path))["status"]["phase"] == "Succeeded"
 
 
 async def test_delete_garbage_collects_children(operator: None, admin: Kube) -> None:

@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from minicluster.operator.spec import problems
+from minicluster.operator.spec import TEMPLATE_FIELDS, problems
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = kubernetes_validate.latest_version()
@@ -47,6 +47,22 @@ def _walk(schema: dict[str, Any], path: str = "") -> list[str]:
 
 def test_crd_schema_is_structural(cr_schema: dict[str, Any]) -> None:
     assert _walk(cr_schema) == []
+
+
+def _rules(schema: dict[str, Any]) -> list[str]:
+    return [v["rule"] for v in schema.get("x-kubernetes-validations") or []]
+
+
+def test_what_shapes_the_pods_cannot_change_at_the_api_server(cr_schema: dict[str, Any]) -> None:
+    # CEL transition rules (Kubernetes 1.25+; not executed here: the API server tier runs 1.20, which ignores
+    # them, and no CEL evaluator is installed). Where they are ignored the operator's spec hash reports the
+    # same fields TemplateImmutable (test_operator_manifests).
+    spec = cr_schema["properties"]["spec"]
+    for field in TEMPLATE_FIELDS:
+        assert "self == oldSelf" in _rules(spec["properties"][field]), field
+        assert f"has(self.{field}) == has(oldSelf.{field})" in " ".join(_rules(spec)), field
+    # A MiniCluster made without maxSize has a fixed size: `kubectl scale` is refused, not left to the operator.
+    assert "self.size == oldSelf.size || (has(self.maxSize) && has(oldSelf.maxSize))" in _rules(spec)
 
 
 def test_scale_and_printer_paths_exist_in_the_schema(crd: dict[str, Any], cr_schema: dict[str, Any]) -> None:
@@ -86,8 +102,12 @@ def test_cel_rules_match_the_operators_own_checks(cr_schema: dict[str, Any], mak
     # The same rule is enforced twice: by CEL on >= 1.25 and by the operator
     # everywhere, so they must agree.
     rules = [r["rule"] for r in cr_schema["properties"]["spec"]["x-kubernetes-validations"]]
-    assert rules == ["!has(self.maxSize) || self.size <= self.maxSize"]
+    assert rules[0] == "!has(self.maxSize) || self.size <= self.maxSize"
     assert problems(make_body(size=9, maxSize=8)) and not problems(make_body(size=8, maxSize=8))
+    # The transition rule on size: a MiniCluster made without maxSize keeps its size (status.maxSize records it).
+    scaled = {**make_body(size=5, maxSize=None), "status": {"maxSize": 4}}
+    del scaled["spec"]["maxSize"]
+    assert "self.size == oldSelf.size || (has(self.maxSize) && has(oldSelf.maxSize))" in rules and problems(scaled)
     name_rule = cr_schema["x-kubernetes-validations"][0]["rule"]
     assert "<= 50" in name_rule and problems(make_body(name="x" * 51))
 
