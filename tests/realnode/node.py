@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
 import socket
 import ssl
 import subprocess
@@ -125,29 +126,54 @@ class RealNode:
     def exit_waiter(self, container: str, timeout: float = 90) -> Callable[[], int | None]:
         """Subscribe to containerd's events now, and return the wait for the exit of `container`'s task (its
         PID 1) with its status; None if it did not exit within `timeout`.  The subscription is certain once this
-        returns: a namespace label change is made and seen through it first."""
+        returns: a namespace label change, made until it shows, has been seen through it."""
         events = subprocess.Popen(["ctr", "--address", str(self.socket), "events"], stdout=subprocess.PIPE, text=True)
-        timer = threading.Timer(timeout, events.kill)
-        timer.start()
-        lines = iter(events.stdout or ())
-        self.ctr("namespaces", "label", "k8s.io", f"minicluster.dev/probe={time.monotonic_ns()}")
-        if not any(" /namespaces/update " in line for line in lines):
-            events.communicate()
-            raise RuntimeError("ctr events ended before it showed the probe")
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read() -> None:
+            for line in events.stdout or ():
+                lines.put(line)
+            lines.put(None)
+        threading.Thread(target=read, daemon=True).start()
+
+        def finish() -> None:
+            events.kill()
+            events.communicate()  # and closes its stdout
+
+        deadline = time.monotonic() + 30
+        while not self._probe_seen(lines):
+            if time.monotonic() > deadline or events.poll() is not None:
+                finish()
+                raise RuntimeError("ctr events did not show the probe")
 
         def wait() -> int | None:
             try:
-                for line in lines:
+                end = time.monotonic() + timeout
+                while (left := end - time.monotonic()) > 0:
+                    try:
+                        line = lines.get(timeout=left)
+                    except queue.Empty:
+                        break
+                    if line is None:
+                        break
                     _, _, payload = line.partition(" /tasks/exit ")
                     exited = json.loads(payload) if payload else {}
                     if exited.get("container_id") == container and exited.get("id") == container:
                         return int(exited.get("exit_status", 0))  # zero is left out of the event
                 return None
             finally:
-                timer.cancel()
-                events.kill()
-                events.communicate()  # and closes its stdout
+                finish()
         return wait
+
+    def _probe_seen(self, lines: queue.Queue[str | None]) -> bool:
+        self.ctr("namespaces", "label", "k8s.io", f"minicluster.dev/probe={time.monotonic_ns()}")
+        try:
+            while (line := lines.get(timeout=0.5)) is not None:
+                if " /namespaces/update " in line:
+                    return True
+        except queue.Empty:
+            pass
+        return False
 
     def logs(self, namespace: str, pod: str, container: str = "minicluster") -> str:
         """The container's log as `kubectl logs` reads it: the kubelet's, through the API server."""
