@@ -18,7 +18,8 @@ from dnslib import QTYPE, RCODE, DNSRecord
 from tests.operator.k8s_control_plane import ADMIN_TOKEN, Cluster, binaries_or_skip, free_port
 from tests.realnode.dns import ClusterDNS, build_table
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
+# The real-node tier's stand-in, tested in that tier's step (`pytest -m realnode`), against the API server alone.
+pytestmark = [pytest.mark.realnode, pytest.mark.apiserver, pytest.mark.slow]
 
 NS = "dns-test"
 DEMO = f"demo.{NS}.svc.cluster.local"

@@ -26,7 +26,8 @@ from tests.e2e.polling import until
 from tests.operator.k8s_control_plane import ADMIN_TOKEN, Cluster, binaries_or_skip, serving_certificate
 from tests.realnode import indexed
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
+# The real-node tier's stand-in, tested in that tier's step (`pytest -m realnode`), against the API server alone.
+pytestmark = [pytest.mark.realnode, pytest.mark.apiserver, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 MC_API = "/apis/minicluster.dev/v1alpha1"
