@@ -212,6 +212,19 @@ async def _running(kube: Kube) -> bool:
     return bool(pod and pod["status"].get("phase") == "Running")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed scenario's evidence in its report: every pod's state and log tail, written while they exist."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    env = getattr(item, "funcargs", {}).get("e2e")
+    if report.when == "call" and report.failed and isinstance(env, RealEnv):
+        path = env.node.run_dir / f"pods-{item.name}.txt"
+        with contextlib.suppress(Exception):  # the evidence must not hide the failure
+            env.node.write_diagnostics(path)
+            report.sections.append(("realnode pods", path.read_text()[-20000:]))
+
+
 @pytest.fixture
 async def admin(e2e: RealEnv) -> AsyncIterator[Kube]:
     kube = Kube(_login(e2e.cluster, ADMIN_TOKEN))

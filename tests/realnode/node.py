@@ -96,7 +96,7 @@ class RealNode:
         """Pods first, through the API, so the kubelet itself runs CNI DEL and unmounts volumes; then the
         processes; then whatever a dead kubelet left."""
         with contextlib.suppress(OSError, urllib.error.URLError):
-            self._write_diagnostics(self.run_dir / "pods.txt")
+            self.write_diagnostics(self.run_dir / "pods.txt")
             self._delete_all_pods()
         for name in ("kubelet", "kube-proxy", "kube-scheduler"):
             self._end(name)
@@ -296,7 +296,7 @@ state = "{directory / 'state'}"
             time.sleep(0.5)
         raise RuntimeError(f"node {self.name} not Ready in {timeout}s:\n{self.log('kubelet')}")
 
-    def _write_diagnostics(self, path: Path) -> None:
+    def write_diagnostics(self, path: Path) -> None:
         """Every pod left at the end, its state and its log's tail: a failed CI run's evidence."""
         with path.open("w") as out:
             for pod in self.api("/api/v1/pods")["items"]:
