@@ -28,10 +28,12 @@ STATE_DIR = "/var/lib/minicluster"
 BROKER_URI = f"unix://{InstanceConfig(state_dir=STATE_DIR).socket_path}"
 
 # A rank that exits 1..127 reported a failure itself (for rank 0: the batch
-# command's status), which a restart would not fix.  Exit codes >= 128 mean
+# command's status), which a restart would not fix; so does a container that
+# could not be started at all (128, StartError).  Exit codes > 128 mean
 # "stopped by a signal" (pod deletion or eviction 143, OOM kill 137) and the
 # index is retried (minicluster/exitcodes.py).
 PROGRAM_FAILURE_CODES = list(exitcodes.PROGRAM_FAILURE)
+FAIL_AT_ONCE = [*PROGRAM_FAILURE_CODES, exitcodes.NOT_STARTED]
 BACKOFF_LIMIT = 10
 # What the user asked of a Job's pods (template_inputs), hashed: a Job's pod template is immutable, so a change
 # is reported. The rendered template is not hashed, or a new operator version would flag every MiniCluster.
@@ -193,7 +195,7 @@ def _job_spec(mc: MiniCluster, completions: int, template: Manifest) -> dict[str
         # Kueue admits a queued Job by un-suspending it, so it must start suspended.
         "suspend": mc.suspend or bool(mc.queue_name),
         "backoffLimit": BACKOFF_LIMIT,
-        "podFailurePolicy": {"rules": pod_failure_rules()},
+        "podFailurePolicy": {"rules": pod_failure_rules(template)},
         "template": template,
     }
     if mc.deadline_seconds:
@@ -231,19 +233,18 @@ def spec_hash(mc: MiniCluster, role: str = "ranks") -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def pod_failure_rules() -> list[dict[str, Any]]:
+def pod_failure_rules(template: Manifest | None = None) -> list[dict[str, Any]]:
+    """Disruptions are retried; a program failure, or a container that could not be started at all (128:
+    StartError), fails the Job at once, in the ranks' container and in every init container of `template`
+    (the runtime's copy, the user's init commands): a new pod would fail the same way."""
+    init = [c["name"] for c in ((template or {}).get("spec") or {}).get("initContainers") or []
+            if c.get("restartPolicy") != "Always"]  # not spec.services' sidecars: theirs are not the ranks' codes
     return [
         # Evicted, preempted or on a lost node: recreate at the same index
         # without spending the backoff limit; the rank rejoins the tree.
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {
-            "action": "FailJob",
-            "onExitCodes": {
-                "containerName": CONTAINER,
-                "operator": "In",
-                "values": PROGRAM_FAILURE_CODES,
-            },
-        },
+        *({"action": "FailJob", "onExitCodes": {"containerName": name, "operator": "In", "values": FAIL_AT_ONCE}}
+          for name in [CONTAINER, *init]),
     ]
 
 

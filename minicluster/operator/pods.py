@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from minicluster import exitcodes
 from minicluster.operator.spec import INDEX_KEY, ROLE_LABEL, MiniCluster
 
 Pod = Mapping[str, Any]
@@ -17,6 +18,10 @@ Pod = Mapping[str, Any]
 # Container waiting reasons that mean "this will not start by itself".
 STUCK = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
          "CreateContainerError", "RunContainerError", "CrashLoopBackOff")
+# Terminated reasons of a container that never ran: containerd's StartError, Docker's ContainerCannotRun.
+NEVER_RAN = ("StartError", "ContainerCannotRun")
+# The one line a process whose executable is for another architecture leaves (runc: "exec /path: exec format error").
+WRONG_ARCH = "exec format error"
 MAX_MESSAGE = 600
 
 
@@ -50,7 +55,47 @@ def broker_pod(mc: MiniCluster, pods: Sequence[Pod]) -> Pod | None:
 
 def problem(mc: MiniCluster, pods: Sequence[Pod], events: Sequence[Mapping[str, Any]]) -> Problem | None:
     """The most telling reason why ranks are missing, from the pods' own status and the Jobs' events."""
-    return _refused(pods, events) or _stuck(mc, pods) or _unschedulable(mc, pods) or failing(mc, pods)
+    return (_refused(pods, events) or cannot_start(mc, pods) or _stuck(mc, pods) or _unschedulable(mc, pods)
+            or failing(mc, pods))
+
+
+def cannot_start(mc: MiniCluster, pods: Sequence[Pod]) -> Problem | None:
+    """A container of a rank with no running pod that could not start in its image: never ran (the runtime or
+    command missing), an executable for another architecture, or `mc boot`'s own start checks (exit
+    CANNOT_START). Retrying would fail the same way, so this is the reason, from the first failed pod on."""
+    running = {rank_of(mc, p) for p in pods if live(p)}
+    for pod in sorted(pods, key=lambda p: (rank_of(mc, p) is None, rank_of(mc, p) or 0)):
+        if rank_of(mc, pod) in running and rank_of(mc, pod) is not None:
+            continue
+        for status in _statuses(pod):
+            ended = (status.get("state") or {}).get("terminated") or {}
+            reason = _start_failure(ended)
+            if reason:
+                text = f"{_who(mc, pod)}, container {status.get('name', '?')}: exit code {ended.get('exitCode')}"
+                message = str(ended.get("message") or "").strip()
+                return Problem(reason, _short(f"{text}: {message}" if message else text))
+    return None
+
+
+def _start_failure(ended: Mapping[str, Any]) -> str | None:
+    """Why a terminated container could not start in its image (its Ready reason), or None if it ran."""
+    message = str(ended.get("message") or "")
+    if ended.get("reason") in NEVER_RAN:
+        return str(ended["reason"])
+    if ended.get("exitCode") == exitcodes.NOT_STARTED:
+        return "StartError"
+    if ended.get("exitCode") == exitcodes.CANNOT_START and message.startswith(exitcodes.CANNOT_START_MESSAGE):
+        return "RuntimeCannotStart"
+    if ended.get("exitCode") and message.strip().endswith(WRONG_ARCH):
+        return "ExecFormatError"
+    return None
+
+
+def _statuses(pod: Pod) -> list[Mapping[str, Any]]:
+    """The pod's init containers' statuses, then its containers': an init container that failed explains why the
+    others never started."""
+    status = pod.get("status") or {}
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
 
 
 def _refused(pods: Sequence[Pod], events: Sequence[Mapping[str, Any]]) -> Problem | None:
@@ -65,7 +110,7 @@ def _refused(pods: Sequence[Pod], events: Sequence[Mapping[str, Any]]) -> Proble
 
 def _stuck(mc: MiniCluster, pods: Sequence[Pod]) -> Problem | None:
     for pod in _by_rank(mc, pods):
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        for status in _statuses(pod):
             waiting = (status.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in STUCK:
                 return Problem(waiting["reason"], _short(f"{_who(mc, pod)}: {waiting.get('message', '')}"))
@@ -112,9 +157,9 @@ def _ending(attempts: Sequence[Pod]) -> str:
     """How the newest of `attempts` ended: its container's exit code, reason and termination message."""
     pod = max(attempts, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
     name = (pod.get("metadata") or {}).get("name", "?")
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+    for status in _statuses(pod):
         ended = (status.get("state") or {}).get("terminated")
-        if ended:
+        if ended and ended.get("exitCode"):
             text = f"{name}: exit code {ended.get('exitCode')} ({ended.get('reason', 'Error')})"
             return f"{text}: {ended['message'].strip()}" if ended.get("message") else text
     reason = (pod.get("status") or {}).get("reason")

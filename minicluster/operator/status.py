@@ -182,10 +182,12 @@ def _phase(mc: MiniCluster, seen: Observed) -> tuple[str, str, str]:
         for type_ in ("Failed", "FailureTarget"):
             if type_ in conditions:
                 cond = conditions[type_]
-                # The Job says that it failed (e.g. its backoff limit); the pods say why.
-                ended = pods_mod.failing(mc, seen.pods)
+                # The Job says that it failed (e.g. its backoff limit); the pods say why, and an image the
+                # runtime cannot start in is the reason itself.
+                unfit = pods_mod.cannot_start(mc, seen.pods)
+                ended = unfit or pods_mod.failing(mc, seen.pods)
                 message = "; ".join(filter(None, [cond.get("message", ""), ended.message if ended else ""]))
-                return "Failed", cond.get("reason") or "JobFailed", message
+                return "Failed", unfit.reason if unfit else cond.get("reason") or "JobFailed", message
     command = (seen.broker or {}).get("command") or {}
     if command.get("state") == "exited" and command.get("status") not in (None, 0):
         return "Failed", "CommandFailed", f"the batch command exited with status {command['status']}"

@@ -136,6 +136,83 @@ def test_a_failed_job_says_how_its_pods_ended(mc: MiniCluster) -> None:
                                  f"exit code 2 (Error): {NO_RANK}")
 
 
+# Container statuses as a kubelet (1.30, containerd 1.7) writes them for images the runtime cannot start in.
+CTR = "containerd://4f1e0c3a9b7d"
+NO_RUNTIME = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create '
+              'failed: unable to start container process: exec: "/mnt/minicluster/bin/mc": stat '
+              '/mnt/minicluster/bin/mc: no such file or directory: unknown')
+ROOT_IMAGE = ('container has runAsNonRoot and image will run as root (pod: "demo-0-x7k2p_default('
+              '9d0c4bb5-2f0e-4a61-9a57-2c1b1d7f3e10)", container: minicluster)')
+NOT_WRITABLE = ("mc boot: cannot start in this image: uid 1234 cannot write the state dir /var/lib/minicluster "
+                "(Read-only file system)")
+
+
+def kubelet_status(name: str, state: dict[str, Any], init: bool = False) -> dict[str, Any]:
+    return {"name": name, "state": state, "lastState": {}, "ready": False, "restartCount": 0,
+            "image": "docker.io/library/debian:bookworm", "imageID": "", **({"containerID": CTR} if state.get(
+                "terminated") else {}), **({} if init else {"started": False})}
+
+
+def never_ran(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "reason": reason, "message": message, "startedAt": "1970-01-01T00:00:00Z",
+                           "finishedAt": NOW, "containerID": CTR}}
+
+
+def app(state: dict[str, Any]) -> dict[str, Any]:
+    return {"containerStatuses": [kubelet_status("minicluster", state)]}
+
+
+def init_then_app(init_state: dict[str, Any]) -> dict[str, Any]:
+    return {"initContainerStatuses": [kubelet_status("minicluster-runtime", init_state, init=True)],
+            "containerStatuses": [kubelet_status("minicluster", {"waiting": {"reason": "PodInitializing"}})]}
+
+
+@pytest.mark.parametrize("pods, reason, text", [
+    # The application image has no runtime at the path the pod runs (the emptyDir was not filled, a wrong mode).
+    ([pod("demo-0-a", 0, "Failed", **app(never_ran(128, "StartError", NO_RUNTIME)))],
+     "StartError", "rank 0 (pod demo-0-a), container minicluster: exit code 128: failed to create containerd task"),
+    # The runtime for another architecture: runc's exec fails after the start, the log's one line says so.
+    ([pod("demo-1-a", 1, "Failed", **app(never_ran(1, "Error", "exec /mnt/minicluster/bin/mc: exec format error\n")))],
+     "ExecFormatError", "rank 1 (pod demo-1-a), container minicluster: exit code 1: exec /mnt/minicluster/bin/mc"),
+    # The runtime image itself cannot start its copy (the init container).
+    ([pod("demo-2-a", 2, "Failed", **init_then_app(never_ran(128, "StartError", NO_RUNTIME)))],
+     "StartError", "rank 2 (pod demo-2-a), container minicluster-runtime: exit code 128"),
+    # `mc boot`'s own start checks.
+    ([pod("demo-3-a", 3, "Failed", **app(never_ran(125, "Error", NOT_WRITABLE + "\n")))],
+     "RuntimeCannotStart", "rank 3 (pod demo-3-a), container minicluster: exit code 125: mc boot: cannot start"),
+    # runAsNonRoot with an image whose USER is root: the kubelet never creates the container, the pod waits.
+    ([pod("demo-0-a", 0, **app({"waiting": {"reason": "CreateContainerConfigError", "message": ROOT_IMAGE}}))],
+     "CreateContainerConfigError", "rank 0 (pod demo-0-a): container has runAsNonRoot and image will run as root"),
+    # The runtime image cannot be pulled: only the init container's status says so.
+    ([pod("demo-1-a", 1, **init_then_app({"waiting": {"reason": "ImagePullBackOff",
+                                                      "message": 'Back-off pulling image "ghcr.io/x/runtime:9"'}}))],
+     "ImagePullBackOff", 'rank 1 (pod demo-1-a): Back-off pulling image "ghcr.io/x/runtime:9"'),
+])
+def test_an_image_the_runtime_cannot_start_in_is_the_ready_reason_at_the_first_poll(
+        mc: MiniCluster, pods: list[Any], reason: str, text: str) -> None:
+    fields = derive(mc, {}, Observed(job(), None, pods=pods), NOW)
+    ready = next(c for c in fields["conditions"] if c["type"] == "Ready")
+    assert (fields["phase"], ready["status"], ready["reason"]) == ("Pending", "False", reason)
+    assert text in ready["message"]
+
+
+def test_a_batch_command_that_exits_125_itself_is_no_start_failure(mc: MiniCluster) -> None:
+    pods = [pod("demo-0-a", 0, "Failed", **app(never_ran(125, "Error", "git bisect: skip")))]
+    ready = next(c for c in derive(mc, {}, Observed(job(), None, pods=pods), NOW)["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "PodFailed"
+
+
+def test_a_job_failed_by_its_pod_failure_policy_names_the_start_failure(mc: MiniCluster) -> None:
+    pods = [pod("demo-0-a", 0, "Failed", **app(never_ran(128, "StartError", NO_RUNTIME)))]
+    the_job = job(Failed="PodFailurePolicy")
+    fields = derive(mc, {}, Observed(the_job, None, pods=pods), NOW)
+    states = conditions(fields)
+    assert fields["phase"] == "Failed" and states["Failed"] == ("True", "StartError")
+    assert states["Ready"] == ("False", "StartError")
+    failed = next(c for c in fields["conditions"] if c["type"] == "Failed")
+    assert failed["message"].startswith("Failed because PodFailurePolicy; rank 0 (pod demo-0-a), container minicluster")
+
+
 def durability(fields: dict[str, Any]) -> tuple[str, str]:
     cond = next(c for c in fields["conditions"] if c["type"] == "StateDurable")
     return cond["status"], cond["reason"]
