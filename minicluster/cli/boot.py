@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from minicluster import config as config_mod
+from minicluster import exitcodes
 from minicluster.cli import init
 from minicluster.cli.options import non_negative_int
 from minicluster.overlay import curve
@@ -110,10 +113,36 @@ def worker_main(argv: list[str]) -> int:
     return run_worker(args.config, _rank(args))
 
 
+def _argv_json(text: str) -> list[str]:
+    try:
+        argv = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv) or not argv[0]:
+        raise argparse.ArgumentTypeError("must be a JSON list of strings: the command's argv")
+    return argv
+
+
+def _run_step(what: str, argv: list[str], env: dict[str, str]) -> int:
+    """A commands.pre or commands.post of the operator, run to its end; its status as a rank's would be."""
+    try:
+        code = subprocess.run(argv, env=env, check=False).returncode
+    except OSError as exc:
+        print(f"mc boot: cannot run the {what} command {argv[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+    return code if code >= 0 else exitcodes.stopped_by(-code)
+
+
 def boot_main(argv: list[str]) -> int:
     parser = _parser("mc boot", True)
     parser.add_argument("--broker-elsewhere", action="store_true",
                         help="rank 0 runs in a pod of its own (the operator's spec.storage): as rank 0, exit 0")
+    parser.add_argument("--pre", type=_argv_json, metavar="JSON",
+                        help="run this argv (a JSON list) before the rank starts; if it fails the rank does not "
+                             "start and exits with its status")
+    parser.add_argument("--post", type=_argv_json, metavar="JSON",
+                        help="run this argv after the rank ended, with its status in MC_EXIT_STATUS; it fails the "
+                             "rank only if the rank itself succeeded")
     args = parser.parse_args(argv)
     rank = _rank(args)
     if rank == 0 and args.broker_elsewhere:
@@ -121,6 +150,16 @@ def boot_main(argv: list[str]) -> int:
         return 0
     pid_1 = os.getpid() == 1
     init.fork_rank()  # as a container's PID 1: reap orphans, forward signals (minicluster/cli/init.py)
-    if rank == 0:
-        return run_broker(args.config, _command(args))
-    return run_worker(args.config, rank, guarded=not pid_1)
+    # As in Flux Operator, pre runs on every rank before it starts (so before it joins, and before the batch
+    # command, which waits for every rank), post on every rank after it ended. Not in os.environ: tasks never see it.
+    env = dict(os.environ, MC_RANK=str(rank))
+    if args.pre:
+        status = _run_step("pre", args.pre, env)
+        if status != exitcodes.SUCCESS:
+            print(f"mc boot: the pre command exited {status}; rank {rank} does not start", file=sys.stderr)
+            return status
+    status = run_broker(args.config, _command(args)) if rank == 0 else run_worker(args.config, rank, not pid_1)
+    if args.post:
+        post = _run_step("post", args.post, {**env, "MC_EXIT_STATUS": str(status)})
+        status = status or post
+    return status
