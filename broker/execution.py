@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import secrets
 import signal
 import time
 from collections import defaultdict
@@ -227,13 +228,18 @@ class Execution:
         env = dict(spec.env)
         env["MC_URI"] = self.uri
         mpi = spec.pmi_mode if not job.is_array else None
-        if mpi is not None and spec.mpi is None:  # the program's ELF decides, else the instance's default
-            default = self.config.mpi_default
-            mpi = default if default == "auto" else f"auto:{default}"
+        kvsname = None
+        if mpi is not None:
+            # One name per dispatch, the same on every worker (it is the MPI process group's identity), and new
+            # for each one: MPICH names its shared-memory segments after it (docs/mpi.md, kvsname).
+            kvsname = f"mc-{job.id}-{secrets.token_hex(6)}"
+            if spec.mpi is None:  # the program's ELF decides, else the instance's default
+                default = self.config.mpi_default
+                mpi = default if default == "auto" else f"auto:{default}"
         return messages.JobInfo(
             argv=list(spec.argv), env=env, ntasks=job.total_tasks, layout=layout, uid=job.uid, gid=job.gid,
             cwd=spec.cwd, output=spec.output, mpi=mpi, array=job.is_array, stdin=spec.stdin_tasks,
-            mem_per_task=spec.mem_per_task, umask=spec.umask)
+            mem_per_task=spec.mem_per_task, umask=spec.umask, kvsname=kvsname)
 
     # --- results and output --------------------------------------------------------------------------------
 

@@ -53,16 +53,15 @@ class PMIJobs:
     def __init__(self, rank: int, send: Send) -> None:
         self.rank = rank
         self.send = send
-        # MPICH names its /dev/shm segments after the kvsname, and a job killed in MPI_Init leaves them behind:
-        # a later job with the same name (a new instance counts job ids from the start again) would attach to
-        # them.  A nonce drawn per worker process keeps names unique across instances, restarts and workers
-        # sharing one /dev/shm.
+        # Rank 0 names each dispatch of a job (jobinfo's kvsname); an older rank 0 does not, and then this
+        # worker's own name keeps MPICH's /dev/shm segments of a job apart from those an earlier job of the same
+        # id left behind (docs/mpi.md, kvsname).
         self.nonce = secrets.token_hex(6)
         self._servers: dict[int, tuple[PMIJobServer, _OverlayExchange]] = {}
         self.pmix = PMIxJobs(rank, send)
 
-    def kvsname(self, job: int) -> str:
-        return f"mc-{job}-{self.nonce}"
+    def kvsname(self, job: int, info: messages.JobInfo) -> str:
+        return info.kvsname or f"mc-{job}-{self.nonce}"
 
     def prepare(self, job: int, info: messages.JobInfo, tasks: list[int]) -> TaskEnv:
         """Start serving PMI for this rank's `tasks` of `job`; returns each task's env and fds to pass."""
@@ -80,7 +79,7 @@ class PMIJobs:
         layout = sorted((r, n) for r, n in info.layout)
         exchange = _OverlayExchange(job, self.send, single_node=len(layout) == 1)
         server = PMIJobServer(
-            kvsname=self.kvsname(job), universe_size=info.ntasks, local_ranks=sorted(tasks),
+            kvsname=self.kvsname(job, info), universe_size=info.ntasks, local_ranks=sorted(tasks),
             process_mapping=process_mapping([n for _, n in layout]), exchange=exchange,
             on_abort=lambda task, code, message: messages.send(
                 self.send, 0, messages.Abort(job, task, code, message, time.time())),
@@ -115,7 +114,7 @@ class PMIJobs:
         if entry is None:
             return
         entry[0].close()
-        removed = remove_unmapped_segments(self.kvsname(job))
+        removed = remove_unmapped_segments(entry[0].job.kvsname)
         if removed:
             log.info("job %d: removed %d leftover MPICH segment(s): %s", job, len(removed),
                      " ".join(p.name for p in removed))

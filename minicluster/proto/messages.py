@@ -184,6 +184,7 @@ class JobInfo(WireMessage):
     stdin: list[int] = field(default_factory=list)
     mem_per_task: int = 0
     umask: int | None = None  # nil: the worker's own
+    kvsname: str | None = None  # nil: the worker names it (an older rank 0)
 
     def check(self, kind: str) -> None:
         if not self.argv:

@@ -7,6 +7,7 @@ a rank that silently ran as a singleton would otherwise look like success.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 import os
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from minicluster.client import Client
+from minicluster.proto import messages
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.mpi_programs import COLLECTIVES, MPICH_BUILDS, RING, build_c
@@ -251,12 +253,41 @@ def test_puts_past_the_limit_end_the_job_not_rank0(client4: Client) -> None:
     assert [r["sum"] for r in records(client4, job_id)] == [3, 3]
 
 
-def test_kvsnames_differ_between_worker_processes() -> None:
+# An intercommunicator between the two halves of the world (two workers' ranks), made again from its groups with
+# MPI 4's group constructor, as mpi4py's own test_comm_inter does. The remote group names the other worker's
+# processes by their process group, whose identity is the kvsname: with one kvsname per worker MPICH filed them
+# under a made-up second group and the constructor aborted (allreduce_group.c: cdst != MPI_UNDEFINED).
+INTERCOMM = """
+import json
+from mpi4py import MPI
+world = MPI.COMM_WORLD
+low = world.rank < world.size // 2
+half = world.Split(0 if low else 1, key=0)
+inter = half.Create_intercomm(0, world, world.size // 2 if low else 0)
+local, remote = inter.Get_group(), inter.Get_remote_group()
+again = MPI.Intercomm.Create_from_groups(local, 0, remote, 0)
+print(json.dumps({"rank": world.rank, "size": world.size, "remote_size": again.remote_size,
+                  "congruent": MPI.Comm.Compare(inter, again) == MPI.CONGRUENT,
+                  "peers": again.allgather(world.rank)}), flush=True)
+"""
+
+
+def test_intercommunicator_across_workers(client4: Client) -> None:
+    job_id = client4.submit(python_job(INTERCOMM, nnodes=2, ntasks=4, time_limit=60))
+    assert wait_for(client4, job_id)["status"] == 0
+    recs = records(client4, job_id)
+    assert [r["rank"] for r in recs] == [0, 1, 2, 3] and {r["size"] for r in recs} == {4}
+    assert all(r["remote_size"] == 2 and r["congruent"] for r in recs)
+    assert [r["peers"] for r in recs] == [[2, 3], [2, 3], [0, 1], [0, 1]]
+
+
+def test_kvsname_is_rank_0s_and_a_workers_own_only_for_an_older_rank_0() -> None:
     # Two worker processes (e.g. one before and one after a restart) serving the same job id.
-    names = []
-    for _ in range(2):
-        jobs = PMIJobs(rank=1, send=lambda kind, dest, body: None)
-        names.append(jobs.kvsname(1))
+    named = messages.JobInfo(argv=["a"], env={}, ntasks=2, layout=[[1, 1], [2, 1]], uid=0, gid=0, kvsname="mc-1-ab")
+    unnamed = dataclasses.replace(named, kvsname=None)
+    workers = [PMIJobs(rank=1, send=lambda kind, dest, body: None) for _ in range(2)]
+    assert {w.kvsname(1, named) for w in workers} == {"mc-1-ab"}
+    names = [w.kvsname(1, unnamed) for w in workers]
     assert names[0] != names[1] and all(n.startswith("mc-1-") for n in names)
 
 
