@@ -14,9 +14,10 @@ from typing import Any
 from minicluster.config import InstanceConfig
 from minicluster import exitcodes
 from minicluster.model.restree import parse_levels
+from minicluster.runtime import RUNTIME_ROOT
 from minicluster.operator.spec import (
-    API_VERSION, CONTAINER, KIND, MANAGER, NAME_LABEL, OVERLAY_PORT, QUEUE_LABEL, ROLE_LABEL, RUNTIME_UID,
-    STATUS_PORT, MiniCluster,
+    API_VERSION, CONTAINER, KIND, MANAGER, NAME_LABEL, OVERLAY_PORT, QUEUE_LABEL, ROLE_LABEL, RUNTIME_IMAGE,
+    RUNTIME_UID, STATUS_PORT, MiniCluster,
 )
 
 CONFIG_DIR = "/etc/minicluster"
@@ -24,6 +25,10 @@ CONFIG_FILE = f"{CONFIG_DIR}/config.toml"
 CURVE_KEY = "curve.key_secret"
 CURVE_FILE = f"{CONFIG_DIR}/curve/{CURVE_KEY}"
 STATE_DIR = "/var/lib/minicluster"
+RUNTIME_VOLUME = "minicluster-runtime"
+RUNTIME_CONTAINER = "minicluster-runtime"
+# Where the copy-mode init container writes the runtime (its own is at RUNTIME_ROOT in the runtime image).
+RUNTIME_COPY = "/mnt/minicluster-copy"
 # Where the broker listens in a pod; also in the pod's env so `kubectl exec` finds it.
 BROKER_URI = f"unix://{InstanceConfig(state_dir=STATE_DIR).socket_path}"
 
@@ -224,7 +229,22 @@ def template_inputs(mc: MiniCluster, role: str = "ranks") -> Manifest:
         "volumeMounts": list(mc.volume_mounts), "nodeSelector": dict(mc.node_selector),
         "tolerations": list(mc.tolerations), "affinity": dict(mc.affinity),
         "serviceAccountName": mc.service_account_name, "topology": mc.topology, "logging": mc.log_level,
+        **_later_inputs(mc),
     }
+
+
+def _later_inputs(mc: MiniCluster) -> Manifest:
+    """Template fields added after Jobs were first hashed, only where they differ from their defaults: a Job made
+    before a field existed keeps its hash (and no TemplateImmutable) when the operator is upgraded."""
+    runtime = {"image": mc.runtime.image, "imagePullPolicy": mc.runtime.image_pull_policy, "mode": mc.runtime.mode}
+    defaults = {"image": RUNTIME_IMAGE, "imagePullPolicy": "", "mode": "copy"}
+    later = {
+        "runtime": {k: v for k, v in runtime.items() if v != defaults[k]},
+        "securityContext": dict(mc.security_context),
+        "containerSecurityContext": {"capabilities": {"add": list(mc.add_capabilities)}} if mc.add_capabilities
+        else {},
+    }
+    return {k: v for k, v in later.items() if v}
 
 
 def spec_hash(mc: MiniCluster, role: str = "ranks") -> str:
@@ -262,10 +282,12 @@ def pod_template(mc: MiniCluster, role: str = "ranks") -> Manifest:
         "restartPolicy": "Never",
         # Users run arbitrary code here; only hand out an API token on request.
         "automountServiceAccountToken": bool(mc.service_account_name),
-        "securityContext": pod_security_context(),
+        "securityContext": pod_security_context(mc),
         "containers": [container(mc, role)],
         "volumes": [*mc.volumes, *_own_volumes(mc, role)],
     }
+    if mc.runtime.mode == "copy":
+        spec["initContainers"] = [runtime_container(mc)]
     template_labels = labels(mc)
     if role == "broker":
         # An Indexed Job names pods' hosts NAME-INDEX; rank 0's own Job must say so itself.
@@ -282,22 +304,56 @@ def pod_template(mc: MiniCluster, role: str = "ranks") -> Manifest:
     return {"metadata": {"labels": template_labels}, "spec": spec}
 
 
-def pod_security_context() -> Manifest:
-    """Pod Security "restricted", as the runtime image's user.  fsGroup makes the kubelet hand the key (mode
-    0400, owned by root) and every volume to that group, so the user can read the key and write its state."""
+def pod_security_context(mc: MiniCluster) -> Manifest:
+    """With an injected runtime, the image's own USER (restricted only if spec.securityContext says
+    runAsNonRoot); baked, Pod Security "restricted" as the runtime image's user; spec.securityContext laid over
+    either.  fsGroup makes the kubelet hand the key (mode 0400, owned by root) and every volume to that group,
+    which every container joins whatever its uid, so the ranks read the key and write their state."""
+    identity = {} if mc.runtime.injected else {
+        "runAsNonRoot": True, "runAsUser": RUNTIME_UID, "runAsGroup": RUNTIME_UID}
     return {
-        "runAsNonRoot": True,
-        "runAsUser": RUNTIME_UID,
-        "runAsGroup": RUNTIME_UID,
+        **identity,
         "fsGroup": RUNTIME_UID,
         # A large claim is only walked again when its root is not the group's yet.
         "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
+        **mc.security_context,
     }
 
 
+def container_security_context(mc: MiniCluster) -> Manifest:
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if mc.add_capabilities:
+        capabilities["add"] = list(mc.add_capabilities)
+    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
+
+
+def mc_command(mc: MiniCluster) -> str:
+    """The `mc` the pods run: the injected runtime's by absolute path (the image's PATH is left alone), or a baked
+    image's own."""
+    return f"{RUNTIME_ROOT}/bin/mc" if mc.runtime.injected else "mc"
+
+
+def runtime_container(mc: MiniCluster) -> Manifest:
+    """Copy mode's init container: the runtime image's own `mc` copies its tree into the shared emptyDir (no
+    shell or cp needed in the runtime image)."""
+    result: Manifest = {
+        "name": RUNTIME_CONTAINER,
+        "image": mc.runtime.image,
+        "command": [f"{RUNTIME_ROOT}/bin/mc", "runtime", "install", RUNTIME_COPY],
+        "volumeMounts": [{"name": RUNTIME_VOLUME, "mountPath": RUNTIME_COPY}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        # Small next to any rank's: the pod's request is the larger of the init container's and the ranks'.
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if mc.runtime.image_pull_policy:
+        result["imagePullPolicy"] = mc.runtime.image_pull_policy
+    return result
+
+
 def container(mc: MiniCluster, role: str = "ranks") -> Manifest:
-    command = ["mc", "boot", "--config", CONFIG_FILE]
+    command = [mc_command(mc), "boot", "--config", CONFIG_FILE]
     if role == "broker":
         command += ["--rank", "0"]
     elif mc.storage:
@@ -319,8 +375,9 @@ def container(mc: MiniCluster, role: str = "ranks") -> Manifest:
             {"name": "minicluster-config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "minicluster-state", "mountPath": STATE_DIR},
             {"name": "minicluster-shm", "mountPath": "/dev/shm"},
+            *_runtime_mounts(mc),
         ],
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": container_security_context(mc),
         # `mc boot` writes no termination-log file: a failed rank's last log lines become the pod's termination
         # message, which the MiniCluster's status quotes (pods.py).
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -328,6 +385,27 @@ def container(mc: MiniCluster, role: str = "ranks") -> Manifest:
     if mc.resources:
         result["resources"] = dict(mc.resources)
     return result
+
+
+def _runtime_mounts(mc: MiniCluster) -> list[Manifest]:
+    if not mc.runtime.injected:
+        return []
+    mount = {"name": RUNTIME_VOLUME, "mountPath": RUNTIME_ROOT, "readOnly": True}
+    if mc.runtime.mode == "imageVolume":
+        # The view's place inside the runtime image (images/runtime/Dockerfile); subPath of an image volume: 1.33+.
+        mount["subPath"] = RUNTIME_ROOT.lstrip("/")
+    return [mount]
+
+
+def _runtime_volumes(mc: MiniCluster) -> list[Manifest]:
+    if mc.runtime.mode == "copy":
+        return [{"name": RUNTIME_VOLUME, "emptyDir": {}}]
+    if mc.runtime.mode == "imageVolume":
+        image: Manifest = {"reference": mc.runtime.image}
+        if mc.runtime.image_pull_policy:
+            image["pullPolicy"] = mc.runtime.image_pull_policy
+        return [{"name": RUNTIME_VOLUME, "image": image}]
+    return []
 
 
 def _own_volumes(mc: MiniCluster, role: str) -> list[Manifest]:
@@ -347,6 +425,7 @@ def _own_volumes(mc: MiniCluster, role: str) -> list[Manifest]:
         {"name": "minicluster-state", **state},
         # MPICH's shared-memory transport needs more than the runtime's 64 MiB default /dev/shm.
         {"name": "minicluster-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+        *_runtime_volumes(mc),
     ]
 
 

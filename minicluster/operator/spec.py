@@ -42,7 +42,24 @@ MAX_RANKS = 10000
 # The spec fields a Job's pod template is rendered from: a Job never lets them change, so neither does the CRD
 # (transition rules) nor, on servers without CEL, the operator (TemplateImmutable).
 TEMPLATE_FIELDS = ("image", "command", "env", "resources", "volumes", "volumeMounts", "nodeSelector", "tolerations",
-                   "affinity", "serviceAccountName", "topology", "logging")
+                   "affinity", "serviceAccountName", "topology", "logging", "runtime", "securityContext",
+                   "containerSecurityContext")
+# The runtime image this project publishes (images/runtime): the default spec.runtime.image, the examples' image.
+RUNTIME_IMAGE = "ghcr.io/minicluster/runtime:0.1.0"
+# copy: an init container copies the runtime into an emptyDir; imageVolume: the runtime image mounted as a volume;
+# baked: spec.image has minicluster installed and runs as the runtime image's user.
+RUNTIME_MODES = ("copy", "imageVolume", "baked")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+# spec.securityContext's fields (the pod's); every other pod security field is the operator's.
+POD_SECURITY_FIELDS = ("runAsUser", "runAsGroup", "runAsNonRoot", "fsGroup", "supplementalGroups")
+MAX_ID = 2**31 - 1
+# What spec.containerSecurityContext.capabilities.add may name: the container runtimes' default set (which the
+# container's drop ALL removes) and what HPC codes ask for: IPC_LOCK (pinning RDMA buffers), SYS_NICE (NUMA
+# placement, priorities), SYS_RESOURCE (raising limits), SYS_PTRACE (MPI's cross-memory attach between ranks).
+# Not SYS_ADMIN, NET_ADMIN, SYS_MODULE and the like: they reach past the container.
+CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+                "NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT", "IPC_LOCK", "SYS_NICE",
+                "SYS_RESOURCE", "SYS_PTRACE")
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -58,6 +75,25 @@ class Storage:
         if not storage:
             return None
         return cls(size=str(storage.get("size", "")), storage_class_name=storage.get("storageClassName"))
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """`spec.runtime`: where the application container's minicluster comes from (RUNTIME_MODES)."""
+    image: str = RUNTIME_IMAGE
+    image_pull_policy: str = ""
+    mode: str = "copy"
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> Runtime:
+        given = spec.get("runtime") or {}
+        return cls(image=given.get("image") or RUNTIME_IMAGE, image_pull_policy=given.get("imagePullPolicy") or "",
+                   mode=given.get("mode") or "copy")
+
+    @property
+    def injected(self) -> bool:
+        """Whether the runtime reaches the pods apart from spec.image (then run as the image's own USER)."""
+        return self.mode != "baked"
 
 
 @dataclass(frozen=True)
@@ -92,6 +128,11 @@ class MiniCluster:
     # spec.queues in the config's own form (queues_config), and spec.defaultQueue.
     queues: Mapping[str, Any] = field(default_factory=dict)
     default_queue: str = ""
+    runtime: Runtime = Runtime()
+    # spec.securityContext (POD_SECURITY_FIELDS only), laid over the operator's pod securityContext.
+    security_context: Mapping[str, Any] = field(default_factory=dict)
+    # spec.containerSecurityContext.capabilities.add
+    add_capabilities: tuple[str, ...] = ()
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> MiniCluster:
@@ -126,6 +167,10 @@ class MiniCluster:
             storage=Storage.from_spec(spec),
             queues=queues_config(spec.get("queues") or {}),
             default_queue=spec.get("defaultQueue", "") or "",
+            runtime=Runtime.from_spec(spec),
+            security_context={k: v for k, v in (spec.get("securityContext") or {}).items()
+                              if k in POD_SECURITY_FIELDS},
+            add_capabilities=tuple(_added_capabilities(spec)),
         )
 
     @property
@@ -149,6 +194,10 @@ def queues_config(queues: Mapping[str, Any]) -> dict[str, Any]:
             return {_CAMEL.get(k, k): convert(v) for k, v in value.items()}
         return value
     return {name: convert(body) for name, body in queues.items()} if isinstance(queues, Mapping) else {}
+
+
+def _added_capabilities(spec: Mapping[str, Any]) -> list[Any]:
+    return list(((spec.get("containerSecurityContext") or {}).get("capabilities") or {}).get("add") or [])
 
 
 def effective_max_size(body: Mapping[str, Any]) -> int:
@@ -187,6 +236,8 @@ def problems(body: Mapping[str, Any]) -> list[str]:
     if level not in LOG_LEVELS:
         found.append(f"spec.logging.level {level!r} is not one of {', '.join(LOG_LEVELS)}")
     found.extend(_storage_problems(spec, max_size))
+    found.extend(_runtime_problems(spec))
+    found.extend(_security_problems(spec))
     if not found:
         found.extend(_config_problems(spec, max_size))
     return found
@@ -203,6 +254,42 @@ def _storage_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
     # never grows again: an elastic MiniCluster with storage keeps at least one worker.
     if max_size > 1 and int(spec.get("size", 1)) < 2:
         found.append("with spec.storage, spec.size must be at least 2 unless maxSize is 1")
+    return found
+
+
+def _runtime_problems(spec: Mapping[str, Any]) -> list[str]:
+    runtime = spec.get("runtime") or {}
+    found = []
+    if runtime.get("mode", "copy") not in RUNTIME_MODES:
+        found.append(f"spec.runtime.mode {runtime['mode']!r} is not one of {', '.join(RUNTIME_MODES)}")
+    if runtime.get("imagePullPolicy", "Always") not in PULL_POLICIES:
+        found.append(f"spec.runtime.imagePullPolicy {runtime['imagePullPolicy']!r} is not one of "
+                     f"{', '.join(PULL_POLICIES)}")
+    return found
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID
+
+
+def _security_problems(spec: Mapping[str, Any]) -> list[str]:
+    pod = spec.get("securityContext") or {}
+    found = [f"spec.securityContext.{key} {pod[key]!r} is not an id from 0 to {MAX_ID}"
+             for key in ("runAsUser", "runAsGroup", "fsGroup") if key in pod and not _is_id(pod[key])]
+    groups = pod.get("supplementalGroups", [])
+    if not isinstance(groups, list) or not all(_is_id(g) for g in groups):
+        found.append(f"spec.securityContext.supplementalGroups {groups!r} is not a list of ids from 0 to {MAX_ID}")
+    baked = (spec.get("runtime") or {}).get("mode") == "baked"
+    # Baked pods run with runAsNonRoot by default (manifests.pod_security_context); the kubelet would refuse root.
+    if pod.get("runAsUser") == 0 and pod.get("runAsNonRoot", baked) is True:
+        found.append("spec.securityContext.runAsUser 0 (root) contradicts runAsNonRoot"
+                     + ("" if "runAsNonRoot" in pod else ", which baked mode sets unless runAsNonRoot: false"))
+    added = _added_capabilities(spec)
+    bad = [name for name in added if name not in CAPABILITIES]
+    if bad:
+        hint = " (name them without CAP_)" if any(str(name).startswith("CAP_") for name in bad) else ""
+        found.append(f"spec.containerSecurityContext.capabilities.add: {', '.join(map(repr, bad))} not allowed"
+                     f"{hint}; allowed: {', '.join(CAPABILITIES)}")
     return found
 
 
@@ -227,4 +314,5 @@ def _config_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "NAME_LABEL", "QUEUE_LABEL",
     "POLICIES", "LOG_LEVELS", "TEMPLATE_FIELDS", "MiniCluster", "Storage", "effective_max_size", "problems",
+    "RUNTIME_IMAGE", "RUNTIME_MODES", "PULL_POLICIES", "POD_SECURITY_FIELDS", "CAPABILITIES", "Runtime",
 ]

@@ -337,6 +337,35 @@ async def test_storage_gives_rank_0_a_claim_and_a_job_and_ends_the_workers_with_
     await eventually(lambda: obj(kmock, JOB, "demo")["spec"]["suspend"] is True)
 
 
+@pytest.mark.parametrize("mode", ["copy", "imageVolume"])
+async def test_every_job_brings_the_runtime_to_the_application_image(
+    operator: None, kmock: Kmock, make_body: Make, mode: str,
+) -> None:
+    await create(kmock, make_body(
+        image="docker.io/library/debian:bookworm", storage={"size": "1Gi"},
+        runtime={"mode": mode, "image": "registry.example/runtime:2", "imagePullPolicy": "Always"},
+        securityContext={"runAsUser": 1000, "runAsNonRoot": True},
+        containerSecurityContext={"capabilities": {"add": ["IPC_LOCK"]}}))
+    for name in ("demo-broker", "demo"):
+        pod = (await eventually(lambda name=name: obj(kmock, JOB, name)))["spec"]["template"]["spec"]
+        [app] = pod["containers"]
+        assert app["image"] == "docker.io/library/debian:bookworm"
+        assert app["command"][:2] == ["/mnt/minicluster/bin/mc", "boot"]
+        assert app["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+        assert pod["securityContext"]["runAsUser"] == 1000 and pod["securityContext"]["fsGroup"] == 10001
+        [volume] = [v for v in pod["volumes"] if v["name"] == "minicluster-runtime"]
+        if mode == "copy":
+            [init] = pod["initContainers"]
+            assert (init["image"], init["imagePullPolicy"]) == ("registry.example/runtime:2", "Always")
+            assert volume == {"name": "minicluster-runtime", "emptyDir": {}}
+        else:
+            assert "initContainers" not in pod
+            assert volume["image"] == {"reference": "registry.example/runtime:2", "pullPolicy": "Always"}
+    # What the pods were made from is recorded: the same spec raises no TemplateImmutable on the next polls.
+    await asyncio.sleep(1.0)
+    assert condition(obj(kmock, MC, "demo")["status"], "Reconciled")["status"] == "True"
+
+
 async def test_pods_own_reasons_reach_the_ready_condition(
     operator: None, kmock: Kmock, make_body: Make,
 ) -> None:

@@ -78,18 +78,26 @@ def test_job_is_an_indexed_job_that_completes_with_rank_0(make_body: Any) -> Non
     assert pod["subdomain"] == "demo" and pod["restartPolicy"] == "Never"
     assert pod["automountServiceAccountToken"] is False
     [container] = pod["containers"]
-    assert container["command"] == ["mc", "boot", "--config", "/etc/minicluster/config.toml", "--", "hostname"]
+    assert container["command"] == ["/mnt/minicluster/bin/mc", "boot", "--config", "/etc/minicluster/config.toml",
+                                    "--", "hostname"]
 
 
 @pytest.mark.parametrize("spec", [{}, {"storage": {"size": "1Gi"}}])
-def test_pods_pass_pod_security_restricted_as_the_image_user(make_body: Any, spec: dict[str, Any]) -> None:
-    mc = MiniCluster.from_body(make_body(**spec))
+@pytest.mark.parametrize("runtime, security, uid", [
+    ({"mode": "baked"}, {}, 10001),  # as the runtime image's user
+    ({}, {"runAsNonRoot": True}, None),  # as the image's own USER, which the kubelet checks is not root
+    ({}, {"runAsNonRoot": True, "runAsUser": 1000}, 1000),
+])
+def test_pods_pass_pod_security_restricted_where_asked(
+    make_body: Any, spec: dict[str, Any], runtime: dict[str, Any], security: dict[str, Any], uid: int | None,
+) -> None:
+    mc = MiniCluster.from_body(make_body(**spec, runtime=runtime, securityContext=security))
     for job in manifests.jobs(mc):
         pod = job["spec"]["template"]["spec"]
         assert restricted_violations(pod) == []
         sc = pod["securityContext"]
-        # fsGroup: the kubelet hands the key (item mode 0400, owned by root) to the image user's group.
-        assert sc["runAsUser"] == sc["runAsGroup"] == sc["fsGroup"] == 10001
+        # fsGroup: the kubelet hands the key (item mode 0400, owned by root) to this group, which every uid joins.
+        assert sc.get("runAsUser") == uid and sc["fsGroup"] == 10001
 
 
 def test_restricted_check_catches_what_the_old_template_lacked() -> None:
@@ -283,8 +291,14 @@ def test_spec_hash_tracks_pod_fields_only(make_body: Any) -> None:
 
 
 def test_spec_hash_covers_exactly_the_template_fields(make_body: Any) -> None:
-    inputs = manifests.template_inputs(MiniCluster.from_body(make_body()))
+    later = {"runtime": {"mode": "baked"}, "securityContext": {"runAsUser": 1000},
+             "containerSecurityContext": {"capabilities": {"add": ["IPC_LOCK"]}}, "pod": {"packRanks": True},
+             "imagePullPolicy": "Always", "workingDir": "/work", "commands": {"pre": ["true"]},
+             "services": [{"name": "db", "image": "redis:7"}]}
+    inputs = manifests.template_inputs(MiniCluster.from_body(make_body(**later)))
     assert set(inputs) - {"role", "storage"} == set(TEMPLATE_FIELDS)
+    # Fields added later count only when set: a Job made before they existed keeps its hash across an upgrade.
+    assert set(manifests.template_inputs(MiniCluster.from_body(make_body()))) == set(inputs) - set(later)
 
 
 def test_spec_hash_is_what_was_asked_not_how_it_was_rendered(
@@ -292,7 +306,7 @@ def test_spec_hash_is_what_was_asked_not_how_it_was_rendered(
 ) -> None:
     # An operator upgrade that renders pods differently must not flag every existing MiniCluster TemplateImmutable.
     before = manifests.job(MiniCluster.from_body(make_body()))
-    monkeypatch.setattr(manifests, "pod_security_context", lambda: {"runAsNonRoot": True, "runAsUser": 4242})
+    monkeypatch.setattr(manifests, "pod_security_context", lambda mc: {"runAsNonRoot": True, "runAsUser": 4242})
     after = manifests.job(MiniCluster.from_body(make_body()))
     assert before["spec"]["template"] != after["spec"]["template"]
     assert before["metadata"]["annotations"] == after["metadata"]["annotations"]
