@@ -87,7 +87,11 @@ def build(dest: Path, prefix: str, source: Path | None) -> dict:
     dynload = next(Path(entry) for entry in sys.path if entry.endswith("/lib-dynload"))  # the base's, in a venv too
     _copy_tree(dynload, python / "lib" / f"python{version}" / "lib-dynload", origins, skip_files=DYNLOAD_SKIP)
     site = dest / os.path.relpath(_site_dir(executable, prefix + "/python"), prefix)
-    for dist in _closure(PROJECT, skip_self=source is not None):
+    if source is not None:  # the checkout's own requirements, minicluster not installed (or installed editable)
+        wanted = tomllib.loads((source / "pyproject.toml").read_text())["project"].get("dependencies", [])
+    else:
+        wanted = [PROJECT]
+    for dist in _closure(wanted):
         _copy_distribution(dist, site, origins)
     if source is not None:
         _copy_project(source, site)
@@ -142,25 +146,22 @@ def _site_dir(executable: Path, python_prefix: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def _closure(name: str, skip_self: bool) -> list[importlib.metadata.Distribution]:
-    """`name` and every distribution its requirements reach here (no extras), each once."""
+def _closure(requirements: list[str]) -> list[importlib.metadata.Distribution]:
+    """The distributions installed here that `requirements` reach (no extras), each once."""
     found: dict[str, importlib.metadata.Distribution] = {}
-    todo = [name]
+    todo = [(requirement, "the view") for requirement in requirements]
     while todo:
-        wanted = _normal(todo.pop())
-        if wanted in found:
+        requirement, by = todo.pop()
+        spec, _, marker = requirement.partition(";")
+        wanted = _normal(re.split(r"[\s<>=!~\[(]", spec.strip(), maxsplit=1)[0])
+        if wanted in found or (marker and not _marker_holds(marker)):
             continue
         try:
             dist = importlib.metadata.distribution(wanted)
         except importlib.metadata.PackageNotFoundError:
-            raise ViewError(f"{wanted} (required by {name}) is not installed for {sys.executable}") from None
+            raise ViewError(f"{wanted} (required by {by}) is not installed for {sys.executable}") from None
         found[wanted] = dist
-        for requirement in dist.requires or []:
-            spec, _, marker = requirement.partition(";")
-            if not marker or _marker_holds(marker):
-                todo.append(re.split(r"[\s<>=!~\[(]", spec.strip(), maxsplit=1)[0])
-    if skip_self:
-        found.pop(_normal(name))
+        todo += [(r, wanted) for r in dist.requires or []]
     return list(found.values())
 
 
@@ -175,8 +176,9 @@ def _marker_holds(marker: str) -> bool:
            "platform_system": platform.system(), "platform_release": platform.release(),
            "platform_version": platform.version(), "implementation_name": sys.implementation.name,
            "platform_python_implementation": platform.python_implementation(),
-           "python_version": "%d.%d" % sys.version_info[:2], "python_full_version": platform.python_version(),
-           "implementation_version": platform.python_version(), "extra": ""}
+           "python_version": f"{sys.version_info[0]}.{sys.version_info[1]}",
+           "python_full_version": platform.python_version(), "implementation_version": platform.python_version(),
+           "extra": ""}
     term = re.compile(r"""(\w+)\s*(===|==|!=|<=|>=|~=|<|>|not\s+in|in)\s*(['"])(.*?)\3""")
 
     def decide(match: re.Match[str]) -> str:
