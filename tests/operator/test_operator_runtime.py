@@ -36,8 +36,8 @@ def mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     {"runtime": {"mode": "copy"}, "storage": {"size": "1Gi"}, "command": ["hostname"]},
 ])
 def test_every_mode_renders_children_kubernetes_accepts(make_body: Any, spec: dict[str, Any]) -> None:
-    public, secret = zmq.curve_keypair()
-    for obj in manifests.children(MiniCluster.from_body(make_body(**spec)), manifests.curve_certificate(public, secret)):
+    certificate = manifests.curve_certificate(*zmq.curve_keypair())
+    for obj in manifests.children(MiniCluster.from_body(make_body(**spec)), certificate):
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
@@ -50,7 +50,7 @@ def test_copy_mode_by_default_an_init_container_copies_the_runtime_into_an_empty
     assert init["name"] == "minicluster-runtime" and init["image"] == "ghcr.io/minicluster/runtime:0.1.0"
     # The runtime image's own mc copies (no shell or cp needed there), into the volume mounted where it says.
     assert init["command"] == [MC, "runtime", "install", "/mnt/minicluster-copy"]
-    assert mounts(init) == {"minicluster-runtime": {"name": "minicluster-runtime", "mountPath": "/mnt/minicluster-copy"}}
+    assert init["volumeMounts"] == [{"name": "minicluster-runtime", "mountPath": "/mnt/minicluster-copy"}]
     assert init["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     assert set(init["resources"]["requests"]) == {"cpu", "memory"} and "imagePullPolicy" not in init
     assert {"name": "minicluster-runtime", "emptyDir": {}} in spec["volumes"]
