@@ -16,6 +16,7 @@ import io
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any, cast
 
 from minicluster.operator import pods as pods_mod
@@ -44,25 +45,34 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def remote_argv(command: str, args: list[str]) -> list[str]:
-    """What runs in the broker pod for `kubectl mc COMMAND NAME ARGS...`."""
+def remote_argv(command: str, args: list[str], tools: str = "") -> list[str]:
+    """What runs in the broker pod for `kubectl mc COMMAND NAME ARGS...`; `tools` is the directory of the pod's
+    own `mc` (tools_dir), "" for the image's PATH."""
     if command == "exec":
         argv = args[1:] if args[:1] == ["--"] else args
         if not argv:
             raise PluginError("kubectl mc exec NAME -- COMMAND...: no command given")
         return argv
     if command == "submit":
-        return ["mc-submit", *args]
-    return ["mc", command, *args]
+        return [os.path.join(tools, "mc-submit"), *args]
+    return [os.path.join(tools, "mc"), command, *args]
+
+
+def tools_dir(pod: Mapping[str, Any]) -> str:
+    """Where the pod's `mc` is: the injected runtime's bin/, which is not on the application image's PATH (exec
+    runs with the image's environment), or "" when the pod runs a baked image's `mc` from its PATH."""
+    command = next((c.get("command") or [""] for c in pod["spec"]["containers"] if c["name"] == CONTAINER), [""])
+    return os.path.dirname(command[0])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        command = remote_argv(args.command, list(args.args))
+        remote_argv(args.command, list(args.args))  # a usage error before any API call
         api, namespace = _connect(args)
         pod = find_broker_pod(api, namespace, args.name)
-        return _exec(api, namespace, pod, command, args.stdin)
+        command = remote_argv(args.command, list(args.args), tools_dir(pod))
+        return _exec(api, namespace, str(pod["metadata"]["name"]), command, args.stdin)
     except PluginError as exc:
         print(f"kubectl mc: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -99,7 +109,7 @@ def _own_namespace() -> str:
         return "default"
 
 
-def find_broker_pod(api: Any, namespace: str, name: str) -> str:
+def find_broker_pod(api: Any, namespace: str, name: str) -> Mapping[str, Any]:
     """The running rank-0 pod of MiniCluster `name`, or a PluginError saying why there is none."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
@@ -118,7 +128,7 @@ def find_broker_pod(api: Any, namespace: str, name: str) -> str:
         phase = (body.get("status") or {}).get("phase", "unknown")
         raise PluginError(f"MiniCluster {name!r} has no running broker pod (phase {phase}); "
                           f"`kubectl describe mc {name}` says why")
-    return str(pod["metadata"]["name"])
+    return pod
 
 
 def _exec(api: Any, namespace: str, pod: str, argv: list[str], with_stdin: bool) -> int:

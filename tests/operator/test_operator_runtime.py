@@ -2,6 +2,7 @@
 (spec.securityContext, spec.containerSecurityContext), rendered and checked against Kubernetes' own schemas."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jsonschema
@@ -9,6 +10,7 @@ import kubernetes_validate
 import pytest
 import zmq
 
+from minicluster.cli.kubectl import remote_argv, tools_dir
 from minicluster.operator import manifests
 from minicluster.operator.spec import CAPABILITIES, RUNTIME_MODES, MiniCluster, problems
 from minicluster.runtime import RUNTIME_ROOT
@@ -94,6 +96,18 @@ def test_no_interpreter_or_loader_variables_reach_the_application_container(make
     for container in [*spec.get("initContainers", []), *spec["containers"]]:
         names = [e["name"] for e in container.get("env", [])]
         assert not [n for n in names if n == "PATH" or n.startswith(("LD_", "PYTHON"))], container["name"]
+
+
+@pytest.mark.parametrize("mode, tools", [("copy", f"{RUNTIME_ROOT}/bin"), ("imageVolume", f"{RUNTIME_ROOT}/bin"),
+                                         ("baked", "")])
+def test_kubectl_mc_runs_the_tools_the_broker_pod_runs(make_body: Any, mode: str, tools: str) -> None:
+    # `kubectl exec` has the image's environment: the injected runtime's bin/ is not on its PATH.
+    broker = {"spec": pod(make_body(runtime={"mode": mode}))}
+    assert tools_dir(broker) == tools
+    assert remote_argv("submit", ["--", "hostname"], tools_dir(broker)) == [
+        os.path.join(tools, "mc-submit"), "--", "hostname"]
+    assert remote_argv("jobs", ["-a"], tools_dir(broker))[0] == os.path.join(tools, "mc")
+    assert remote_argv("exec", ["--", "id"], tools_dir(broker)) == ["id"]
 
 
 @pytest.mark.parametrize("mode", ["copy", "imageVolume"])
