@@ -187,6 +187,15 @@ class InstanceConfig:
                     if (value := os.environ.get(f"MC_TOPOLOGY_{i}", "")) and "," not in value]
         return ",".join(p for p in (self.properties, os.environ.get("MC_PROPERTIES", ""), *labelled) if p)
 
+    @property
+    def single_host(self) -> bool:
+        """Every rank runs on this host (ipc or loopback endpoints: `mc start`, LocalCluster), so the ranks'
+        tasks share its cores whatever each rank declares."""
+        if self.endpoint.startswith("ipc://"):
+            return True
+        host, _ = split_tcp(self.endpoint_of(0))
+        return host == "localhost" or host.startswith("127.") or host == "::1"
+
     def endpoint_of(self, rank: int) -> str:
         return self.endpoint.replace("{rank}", str(rank)).replace("{port}", str(self.port_base + rank))
 

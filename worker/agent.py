@@ -69,7 +69,7 @@ class WorkerAgent:
             self.executor = TaskExecutor(self.lines.feed, self._on_exit, pidfile=pidfile,
                                          containment=contain(config.state_dir, rank),
                                          spawn_helpers=self._spawn_helpers(config, resources))
-        self.pmi = PMIJobs(rank, send)
+        self.pmi = PMIJobs(rank, send, shared_cores=self._shares_cores(config, resources))
         self.stdin = StdinPipes()
         # --mem is a limit where this worker may make memory cgroups, else a scheduling hint.
         self.memory = None if config.test_exec else MemoryLimits.detect()
@@ -102,6 +102,12 @@ class WorkerAgent:
         self._flush_scheduled = False
         self._hb_seq = 0
         self._stopping: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _shares_cores(config: InstanceConfig, resources: NodeResources) -> bool:
+        """Whether this rank's tasks share cores with other tasks: other ranks on this host, or more cores
+        declared than this process may run on."""
+        return (config.single_host and max(config.size, config.max_size) > 1) or len(resources.cores) > len(os.sched_getaffinity(0))
 
     @staticmethod
     def _spawn_helpers(config: InstanceConfig, resources: NodeResources) -> int:

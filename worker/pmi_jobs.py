@@ -50,9 +50,10 @@ class _OverlayExchange:
 
 
 class PMIJobs:
-    def __init__(self, rank: int, send: Send) -> None:
+    def __init__(self, rank: int, send: Send, shared_cores: bool = False) -> None:
         self.rank = rank
         self.send = send
+        self.shared_cores = shared_cores
         # Rank 0 names each dispatch of a job (jobinfo's kvsname); an older rank 0 does not, and then this
         # worker's own name keeps MPICH's /dev/shm segments of a job apart from those an earlier job of the same
         # id left behind (docs/mpi.md, kvsname).
@@ -66,7 +67,7 @@ class PMIJobs:
     def prepare(self, job: int, info: messages.JobInfo, tasks: list[int]) -> TaskEnv:
         """Start serving PMI for this rank's `tasks` of `job`; returns each task's env and fds to pass."""
         modes = serve_modes(info)
-        out: TaskEnv = {task: ({**mpi_env_defaults(), **info.env}, ()) for task in tasks}
+        out: TaskEnv = {task: ({**mpi_env_defaults(self.shared_cores), **info.env}, ()) for task in tasks}
         if "pmi1" in modes:
             for task, (env, fds) in self._prepare_pmi1(job, info, tasks).items():
                 out[task] = ({**out[task][0], **env}, fds)

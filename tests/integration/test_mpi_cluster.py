@@ -176,6 +176,17 @@ def test_non_mpi_jobs_get_no_pmi(client4: Client) -> None:
         assert list(output_of(client4, job_id).values()) == [b"[]\n"] * ntasks
 
 
+def test_ranks_sharing_a_hosts_cores_tell_open_mpi_to_yield(client4: Client) -> None:
+    # cluster4's four ranks run on this one host: an MPI rank that busy-polls takes the core its peer needs.
+    code = "import os; print(os.environ.get('OMPI_MCA_mpi_yield_when_idle'))"
+    default = client4.submit(python_job(code, nnodes=2, ntasks=2, mpi="pmi1"))
+    own = client4.submit(python_job(code, nnodes=2, ntasks=2, mpi="pmi1", env={"OMPI_MCA_mpi_yield_when_idle": "0"}))
+    plain = client4.submit(python_job(code, nnodes=2, ntasks=2, mpi="none"))
+    for job_id, seen in ((default, b"1\n"), (own, b"0\n"), (plain, b"None\n")):
+        assert wait_for(client4, job_id)["status"] == 0
+        assert list(output_of(client4, job_id).values()) == [seen] * 2
+
+
 @pytest.fixture(scope="module", params=list(MPICH_BUILDS))
 def mpich(request: pytest.FixtureRequest) -> str:
     """Each MPICH build in turn: PyPI's wheel and Debian's."""

@@ -70,3 +70,12 @@ def test_a_pods_topology_labels_become_the_levels_properties(monkeypatch: pytest
     assert config.node_properties == "ssd,gpu,topology.kubernetes.io/zone=eu-1a"
     monkeypatch.setenv("MC_TOPOLOGY_1", "r7")
     assert config.node_properties.endswith(",example.com/rack=r7")
+
+
+@pytest.mark.parametrize("endpoint, single", [
+    ("ipc:///tmp/s/overlay-{rank}.sock", True), ("tcp://127.0.0.1:{port}", True), ("tcp://localhost:8050", True),
+    ("tcp://[::1]:{port}", True), ("tcp://mc-{rank}.mc.default.svc.cluster.local:8050", False),
+    ("tcp://10.0.0.{rank}:8050", False),
+])
+def test_single_host_is_told_by_the_endpoint(endpoint: str, single: bool) -> None:
+    assert InstanceConfig(endpoint=endpoint, size=2, port_base=9000).single_host is single

@@ -25,6 +25,13 @@ _DEFAULTS: dict[str, str] = {
 }
 
 
-def mpi_env_defaults() -> dict[str, str]:
+# Where ranks share cores (several ranks of a local instance on one host, or more cores declared than the host
+# has), a rank that busy-polls while it waits takes the CPU from the peer it waits for: Open MPI then yields, as
+# under `mpirun --oversubscribe` (mpi4py's suite stalled for minutes in test_io without it, issue 32).  MPICH's
+# ch4 has no such switch.
+_SHARED_CORES: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def mpi_env_defaults(shared_cores: bool = False) -> dict[str, str]:
     """Variables the worker sets for MPI tasks unless the job already sets them."""
-    return dict(_DEFAULTS)
+    return {**_DEFAULTS, **_SHARED_CORES} if shared_cores else dict(_DEFAULTS)
