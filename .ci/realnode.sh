@@ -20,6 +20,10 @@
 #   4. runtime, operator: `buildah bud` of images/*/Dockerfile with the repository as context, tagged as
 #      examples/ and deploy/ name them; rebuilt when the Dockerfile, a file it copies or the base changes, and
 #      exported again only when the image id changed.
+#   5. application images without minicluster (app-mpi, app-old, app-static, app-nomnt): their root directories
+#      from tests/e2e/appimages.py (Debian's archive, cached and keyed by recipe), each copied into a
+#      FROM-scratch container with its USER, CMD, WORKDIR and ENV, committed as minicluster.test/NAME:N and
+#      exported; rebuilt when the root's key changes.  MiniClusters inject the runtime into them.
 # Buildah's storage is in the cache too (storage/); the archives and images.json are in images/.
 set -euo pipefail
 shopt -s nullglob
@@ -261,6 +265,37 @@ project_image() {  # NAME: the tag examples/ (runtime) and deploy/ (operator) us
     echo "${repo}:${version}"
 }
 
+# --- 5. application images ---
+APP_IMAGES=(app-mpi app-old app-static app-nomnt)
+app_fields() {  # LISTING NAME: its image, key and root, then one `buildah config` argument a line
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+entry = json.loads(sys.argv[1])[sys.argv[2]]
+config = entry["config"]
+lines = [entry["image"], entry["key"], entry["root"], "--user", config["User"], "--cmd", json.dumps(config["Cmd"]),
+         "--workingdir", config["WorkingDir"]]
+if config["Entrypoint"]:
+    lines += ["--entrypoint", json.dumps(config["Entrypoint"])]
+for env in config["Env"]:
+    lines += ["--env", env]
+print("\n".join(lines))
+PY
+}
+build_app_image() {  # LISTING NAME
+    local fields image key root c mnt keyfile="${OUT}/$2.key"
+    mapfile -t fields < <(app_fields "$1" "$2")
+    image="${fields[0]}" key="${fields[1]}" root="${fields[2]}"
+    if [[ -n "$(image_id "${image}")" && "$(cat "${keyfile}" 2>/dev/null)" == "${key}" ]]; then return 0; fi
+    c="$(bah from scratch)"
+    mnt="$(bah mount "${c}")"
+    tar -C "${root}" --numeric-owner --exclude='./dev/*' --exclude='./proc/*' --exclude='./sys/*' -c . \
+        | tar -C "${mnt}" --numeric-owner -x
+    bah umount "${c}" >/dev/null
+    bah config "${fields[@]:3}" "${c}"
+    bah commit --quiet --rm "${c}" "${image}" >/dev/null
+    echo "${key}" >"${keyfile}"
+}
+
 build() {
     mkdir -p "${OUT}" "${RUNROOT}"
     exec 9>"${CACHE}/lock"
@@ -280,6 +315,12 @@ build() {
         timed "${name}" build_project_image "${name}" "${image}" "${base}"
         timed "${name} export" export_archive "${name}" "${image}"
     done
+    local listing
+    listing="$(timed "application roots" python3 "${REPO}/tests/e2e/appimages.py" "${APP_IMAGES[@]}")"
+    for name in "${APP_IMAGES[@]}"; do
+        timed "${name}" build_app_image "${listing}" "${name}"
+        timed "${name} export" export_archive "${name}" "$(app_fields "${listing}" "${name}" | sed -n 1p)"
+    done
     log "images: ${MANIFEST}"
     python3 -c 'import json, sys; [print(e["image"], e["archive"], sep="\t") for e in json.load(open(sys.argv[1])).values()]' \
         "${MANIFEST}"
@@ -288,7 +329,7 @@ build() {
 import_archives() {  # SOCKET: import each archive whose image containerd lacks or holds in another version
     local sock="$1" name image archive config held
     [[ -f "${MANIFEST}" ]] || die "no ${MANIFEST}: run .ci/realnode.sh first"
-    for name in pause runtime operator; do
+    for name in $(python3 -c 'import json, sys; print(*json.load(open(sys.argv[1])))' "${MANIFEST}"); do
         image="$(manifest_get "${name}" image)" archive="$(manifest_get "${name}" archive)"
         config="$(manifest_get "${name}" config)"
         held="$(ctr -a "${sock}" -n k8s.io images ls "name==${image}" 2>/dev/null | awk 'NR == 2 {print $3}')"
