@@ -233,6 +233,7 @@ build_project_image() {  # NAME IMAGE BASE
     # --network host: RUN pip uses the host's resolver (and its proxy, whose CA the base trusts).
     bah bud --quiet --pull=never --network host --layers -f "${dockerfile}" -t "${image}" "${REPO}" >&2
     check_image "${image}" "${PROBE_ARG[$1]}"
+    [[ "$1" != runtime ]] || check_view "${image}"
     # Drop the chains of earlier builds; the layers of every tagged image stay (the cache of the next build).
     bah rmi --prune >/dev/null
     echo "${key}" >"${keyfile}"
@@ -253,6 +254,16 @@ check_image() {  # IMAGE ARG: the entrypoint runs, as the image's USER, and answ
     bah rm "${c}" >/dev/null
     [[ "${uid}" == "${user%%:*}" ]] || die "${image}: runs as uid ${uid}, not its USER ${user}"
     log "${image}: ${entrypoint[*]} ${arg} runs as uid ${uid}"
+}
+check_view() {  # IMAGE: the injected runtime it carries runs by itself, with no PATH, as the image's USER
+    local image="$1" c version
+    c="$(bah from --pull=never "${image}")"
+    version="$(bah run --network none --env PATH= "${c}" -- /mnt/minicluster/bin/mc --version)" || {
+        bah rm "${c}" >/dev/null
+        die "${image}: its injected runtime's /mnt/minicluster/bin/mc --version failed"
+    }
+    bah rm "${c}" >/dev/null
+    log "${image}: /mnt/minicluster/bin/mc --version says ${version}"
 }
 project_image() {  # NAME: the tag examples/ (runtime) and deploy/ (operator) use, checked against both
     local version repo="ghcr.io/minicluster/$1"

@@ -14,6 +14,7 @@ from typing import Any
 from minicluster.config import InstanceConfig
 from minicluster import exitcodes
 from minicluster.model.restree import parse_levels
+from minicluster.operator import podfields
 from minicluster.runtime import RUNTIME_ROOT
 from minicluster.operator.spec import (
     API_VERSION, CONTAINER, KIND, MANAGER, NAME_LABEL, OVERLAY_PORT, QUEUE_LABEL, ROLE_LABEL, RUNTIME_IMAGE,
@@ -229,7 +230,7 @@ def template_inputs(mc: MiniCluster, role: str = "ranks") -> Manifest:
         "volumeMounts": list(mc.volume_mounts), "nodeSelector": dict(mc.node_selector),
         "tolerations": list(mc.tolerations), "affinity": dict(mc.affinity),
         "serviceAccountName": mc.service_account_name, "topology": mc.topology, "logging": mc.log_level,
-        **_later_inputs(mc),
+        **_later_inputs(mc), **mc.pod.inputs(),
     }
 
 
@@ -301,7 +302,9 @@ def pod_template(mc: MiniCluster, role: str = "ranks") -> Manifest:
         spec["tolerations"] = list(mc.tolerations)
     if mc.affinity:
         spec["affinity"] = dict(mc.affinity)
-    return {"metadata": {"labels": template_labels}, "spec": spec}
+    template = {"metadata": {"labels": template_labels}, "spec": spec}
+    podfields.apply(mc, template, {NAME_LABEL: mc.name})
+    return template
 
 
 def pod_security_context(mc: MiniCluster) -> Manifest:
@@ -424,7 +427,7 @@ def _own_volumes(mc: MiniCluster, role: str) -> list[Manifest]:
         {"name": "minicluster-config", "projected": {"sources": [config_source, key_source]}},
         {"name": "minicluster-state", **state},
         # MPICH's shared-memory transport needs more than the runtime's 64 MiB default /dev/shm.
-        {"name": "minicluster-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+        {"name": "minicluster-shm", "emptyDir": {"medium": "Memory", "sizeLimit": mc.pod.shm_size}},
         *_runtime_volumes(mc),
     ]
 

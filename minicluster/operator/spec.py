@@ -13,6 +13,8 @@ from typing import Any
 from collections.abc import Mapping
 
 from minicluster.config import POLICIES, ConfigError, InstanceConfig
+from minicluster.operator import podfields
+from minicluster.operator.podfields import PodFields
 
 GROUP = "minicluster.dev"
 VERSION = "v1alpha1"
@@ -33,7 +35,7 @@ RUNTIME_UID = 10001
 ROLE_LABEL = f"{GROUP}/role"
 # Set by the Indexed Job controller (annotation always, label since Kubernetes 1.28).
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_QUANTITY = podfields.QUANTITY
 
 # Pod hostnames are "<name>-<index>" and must fit a 63-character DNS label;
 # 50 leaves room for any index below the schema's maxSize limit.
@@ -43,13 +45,13 @@ MAX_RANKS = 10000
 # (transition rules) nor, on servers without CEL, the operator (TemplateImmutable).
 TEMPLATE_FIELDS = ("image", "command", "env", "resources", "volumes", "volumeMounts", "nodeSelector", "tolerations",
                    "affinity", "serviceAccountName", "topology", "logging", "runtime", "securityContext",
-                   "containerSecurityContext")
+                   "containerSecurityContext", "pod", "imagePullPolicy", "workingDir", "commands", "services")
 # The runtime image this project publishes (images/runtime): the default spec.runtime.image, the examples' image.
 RUNTIME_IMAGE = "ghcr.io/minicluster/runtime:0.1.0"
 # copy: an init container copies the runtime into an emptyDir; imageVolume: the runtime image mounted as a volume;
 # baked: spec.image has minicluster installed and runs as the runtime image's user.
 RUNTIME_MODES = ("copy", "imageVolume", "baked")
-PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+PULL_POLICIES = podfields.PULL_POLICIES
 # spec.securityContext's fields (the pod's); every other pod security field is the operator's.
 POD_SECURITY_FIELDS = ("runAsUser", "runAsGroup", "runAsNonRoot", "fsGroup", "supplementalGroups")
 MAX_ID = 2**31 - 1
@@ -133,6 +135,8 @@ class MiniCluster:
     security_context: Mapping[str, Any] = field(default_factory=dict)
     # spec.containerSecurityContext.capabilities.add
     add_capabilities: tuple[str, ...] = ()
+    # spec.pod, imagePullPolicy, workingDir, commands, services (podfields.py).
+    pod: PodFields = field(default_factory=PodFields)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> MiniCluster:
@@ -171,6 +175,7 @@ class MiniCluster:
             security_context={k: v for k, v in (spec.get("securityContext") or {}).items()
                               if k in POD_SECURITY_FIELDS},
             add_capabilities=tuple(_added_capabilities(spec)),
+            pod=PodFields.from_spec(spec),
         )
 
     @property
@@ -238,6 +243,7 @@ def problems(body: Mapping[str, Any]) -> list[str]:
     found.extend(_storage_problems(spec, max_size))
     found.extend(_runtime_problems(spec))
     found.extend(_security_problems(spec))
+    found.extend(podfields.problems(spec))
     if not found:
         found.extend(_config_problems(spec, max_size))
     return found
