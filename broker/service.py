@@ -36,7 +36,7 @@ from broker.status_http import StatusServer
 from broker.supervise import Supervisor
 from broker.watchers import Watchers
 from minicluster import config as config_mod
-from minicluster import exitcodes
+from minicluster import exitcodes, runtime
 from minicluster.config import InstanceConfig
 from minicluster.overlay.curve import Certificate
 from minicluster.overlay.transport import Overlay
@@ -203,7 +203,8 @@ class Broker:
         stop_asked.cancel()
         if self._stop.is_set():
             return 128 + signal.SIGTERM
-        env = dict(os.environ, MC_URI=self.uri)
+        # The image's own environment: nothing of the runtime's view but its bin/, last on PATH.
+        env = runtime.command_env(os.environ) | {"MC_URI": self.uri}
         # Off a terminal the command leads its own process group, so stopping it reaches what it started too;
         # on one it stays in ours, which keeps the terminal (an interactive `mc start -- bash`).
         own_group = not _has_terminal()

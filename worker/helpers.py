@@ -13,7 +13,6 @@ import errno
 import logging
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 import msgpack
 
 import worker
+from minicluster import runtime
 from worker.fdwatch import FdWatch
 from worker.spawn import STATUS_CANNOT_RUN
 from worker.spawnhelper import AGENTS_SIGNALS, CHANNEL_FD, MAX_PACKET, Request, frames, socket_pair
@@ -221,9 +221,10 @@ class SpawnHelpers:
         env = {k: v for k, v in os.environ.items() if k not in ("MC_JOB_ID", "MC_TASK_RANK")}
         root = os.path.dirname(os.path.dirname(os.path.abspath(worker.__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        python = runtime.python_argv()  # the view's python stays isolated from the image's PYTHON* variables
         try:
-            pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "worker.spawnhelper", self._home,
-                                                  "1" if self._record else "0"], env,
+            pid = os.posix_spawn(python[0], [*python, "-m", "worker.spawnhelper", self._home,
+                                             "1" if self._record else "0"], env,
                                  file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), CHANNEL_FD)],
                                  setsigmask=AGENTS_SIGNALS)  # until it ignores them: they are not for it
         finally:

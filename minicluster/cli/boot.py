@@ -11,14 +11,18 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from minicluster import config as config_mod
-from minicluster import exitcodes
+from minicluster import exitcodes, runtime
 from minicluster.cli import init
 from minicluster.cli.options import non_negative_int
 from minicluster.overlay import curve
+
+# The kubelet's default terminationMessagePath.
+TERMINATION_LOG = "/dev/termination-log"
 
 if TYPE_CHECKING:
     from broker.statelock import StateLock
@@ -133,6 +137,37 @@ def _run_step(what: str, argv: list[str], env: dict[str, str]) -> int:
     return code if code >= 0 else exitcodes.stopped_by(-code)
 
 
+def start_problem(config: config_mod.InstanceConfig) -> str | None:
+    """Why the runtime cannot run in this image as this uid (one line), or None.  The image decides the uid and
+    maybe has no passwd entry for it, nor a HOME it can write: the programs of the image then get a HOME in the
+    state dir, which is all the runtime itself must write."""
+    uid = os.getuid()
+    try:
+        os.makedirs(config.state_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=config.state_dir).close()
+    except OSError as exc:
+        return f"uid {uid} cannot write the state dir {config.state_dir} ({exc.strerror})"
+    home = os.environ.get("HOME", "")
+    if not (os.path.isabs(home) and os.path.isdir(home) and os.access(home, os.W_OK | os.X_OK)):
+        fallback = os.path.join(config.state_dir, "home")
+        os.makedirs(fallback, mode=0o700, exist_ok=True)
+        print(f"mc boot: HOME {home or '(unset)'} is no directory uid {uid} can write: the image's programs get "
+              f"HOME={fallback}", file=sys.stderr)
+        os.environ["HOME"] = fallback
+    return None
+
+
+def cannot_start(why: str) -> int:
+    """Say why in one line, on stderr and as the container's termination message (the MiniCluster's Ready
+    reason, minicluster/operator/pods.py), and exit CANNOT_START: the pod failure policy fails the Job at once."""
+    line = exitcodes.CANNOT_START_MESSAGE + why
+    print(line, file=sys.stderr)
+    if os.access(TERMINATION_LOG, os.W_OK):  # the kubelet's file, where there is one; never created here
+        with open(TERMINATION_LOG, "w") as f:
+            f.write(line + "\n")
+    return exitcodes.CANNOT_START
+
+
 def boot_main(argv: list[str]) -> int:
     parser = _parser("mc boot", True)
     parser.add_argument("--broker-elsewhere", action="store_true",
@@ -148,11 +183,14 @@ def boot_main(argv: list[str]) -> int:
     if rank == 0 and args.broker_elsewhere:
         print("mc boot: rank 0 runs in its own pod (spec.storage); nothing to do at this index", file=sys.stderr)
         return 0
+    unfit = start_problem(config_mod.load(args.config))
+    if unfit:
+        return cannot_start(unfit)
     pid_1 = os.getpid() == 1
     init.fork_rank()  # as a container's PID 1: reap orphans, forward signals (minicluster/cli/init.py)
     # As in Flux Operator, pre runs on every rank before it starts (so before it joins, and before the batch
     # command, which waits for every rank), post on every rank after it ended. Not in os.environ: tasks never see it.
-    env = dict(os.environ, MC_RANK=str(rank))
+    env = runtime.command_env(os.environ) | {"MC_RANK": str(rank)}  # an image's program: nothing of the view
     if args.pre:
         status = _run_step("pre", args.pre, env)
         if status != exitcodes.SUCCESS:

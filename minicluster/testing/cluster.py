@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from minicluster import config as config_mod
+from minicluster import runtime
 from minicluster.cli.launcher import local_endpoint
 from minicluster.client import Client, ClientError
 from minicluster.overlay import curve
@@ -45,7 +45,8 @@ class LocalCluster:
         """Start one rank's process; `env` adds to this process's environment, `stderr` as for Popen, and
         `wrapper` runs it through a command (e.g. `ip netns exec NS`)."""
         role = "broker" if rank == 0 else "worker"
-        argv = [*wrapper, sys.executable, "-m", "minicluster", role, "--config", config_path or self.config_path]
+        argv = [*wrapper, *runtime.python_argv(), "-m", "minicluster", role, "--config",
+                config_path or self.config_path]
         if rank:
             argv += ["--rank", str(rank)]
         proc = subprocess.Popen(argv, env={**os.environ, "MC_URI": self.uri, **(env or {})}, stdin=subprocess.DEVNULL,

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, Union, c_bool, c_char, c_char_p, c_int, c_size_t,
                     c_uint16, c_uint32, c_void_p)
 from typing import Any
 
+from minicluster import runtime
+
 LIBRARY = "libpmix.so.2"
+# Where the injected runtime keeps its PMIx (manifest.json's "pmix"): lib/libpmix.so.2, lib/pmix/*.so, share/pmix/.
+VIEW_PMIX = f"{runtime.RUNTIME_ROOT}/lib/pmix"
 
 MAX_NSLEN = 255
 MAX_KEYLEN = 511
@@ -102,14 +107,18 @@ def _prototype(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Non
 
 
 def load() -> ctypes.CDLL:
-    """Load libpmix and declare the calls used; PMIxUnavailable if it is not installed."""
-    try:
-        lib = ctypes.CDLL(LIBRARY)
-    except OSError:
-        found = ctypes.util.find_library("pmix")
-        if found is None:
-            raise PMIxUnavailable(f"{LIBRARY} not found (Debian: apt-get install libpmix2)") from None
-        lib = ctypes.CDLL(found)
+    """Load libpmix and declare the calls used; PMIxUnavailable if it is not installed.  Run from the injected
+    runtime, its own libpmix (never the image's: PMIx clients talk to servers of other versions since 2.1)."""
+    if runtime.in_view():
+        lib = _open_view(VIEW_PMIX)
+    else:
+        try:
+            lib = ctypes.CDLL(LIBRARY)
+        except OSError:
+            found = ctypes.util.find_library("pmix")
+            if found is None:
+                raise PMIxUnavailable(f"{LIBRARY} not found (Debian: apt-get install libpmix2)") from None
+            lib = ctypes.CDLL(found)
     p_info = POINTER(Info)
     _prototype(lib, "PMIx_Get_version", c_char_p)
     _prototype(lib, "PMIx_Error_string", c_char_p, c_int)
@@ -125,6 +134,19 @@ def load() -> ctypes.CDLL:
     _prototype(lib, "PMIx_server_setup_fork", c_int, POINTER(Proc), POINTER(POINTER(c_char_p)))
     _prototype(lib, "PMIx_server_dmodex_request", c_int, POINTER(Proc), DmodexResponseFn, c_void_p)
     return lib
+
+
+def _open_view(prefix: str) -> ctypes.CDLL:
+    """The view's copy of Debian's libpmix2 (images/runtime/mkview.py).  Its plugins and help texts are looked up
+    where Debian installed them unless PMIX_PKGLIBDIR/PMIX_PKGDATADIR say otherwise (libpmix 4.2 reads those, not
+    PMIX_MCA_mca_base_component_path).  Set in this process only: PMIx_server_setup_fork does not pass them to
+    clients, and the image's programs get an environment without them (runtime.command_env)."""
+    library = f"{prefix}/lib/{LIBRARY}"
+    if not os.path.exists(library):
+        raise PMIxUnavailable(f"the runtime has no {library}")
+    os.environ["PMIX_PKGLIBDIR"] = f"{prefix}/lib/pmix"
+    os.environ["PMIX_PKGDATADIR"] = f"{prefix}/share/pmix"
+    return ctypes.CDLL(library)
 
 
 libc = ctypes.CDLL(None)
