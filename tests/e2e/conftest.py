@@ -289,9 +289,11 @@ async def make_namespace(admin: Kube, name: str, restricted: bool = True, family
 
 
 def minicluster(e2e: Env, name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    # One node (emulated here, real in tests/realnode) holds every rank: pack them, against the one-per-node default.
+    pod = {"packRanks": True, **spec.pop("pod", {})}
     return {"apiVersion": "minicluster.dev/v1alpha1", "kind": "MiniCluster",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"size": 3, "image": e2e.image, **spec}}
+            "spec": {"size": 3, "image": e2e.image, "pod": pod, **spec}}
 
 
 def kubectl_exec(e2e: Env, namespace: str, pod: str, argv: list[str],

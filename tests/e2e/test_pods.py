@@ -369,6 +369,7 @@ async def test_the_mpi_example_runs_across_pods(e2e: Env, admin: Kube) -> None:
     # The example requests 2 CPUs per pod, for a real cluster; a one-node test cluster of 2 cores fits 4 pods only
     # with less (a real scheduler would leave 3 of 4 pending).
     body["spec"]["resources"] = {"requests": {"cpu": "100m"}}
+    body["spec"]["pod"] = {"packRanks": True}  # its 4 ranks on the one node, not one per node
     t0 = time.monotonic()
     await create(admin, body)
     await wait_condition(admin, ns, "mpi", "Succeeded", timeout=180)
