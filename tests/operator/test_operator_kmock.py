@@ -434,3 +434,38 @@ async def test_a_finished_minicluster_never_runs_again(operator: None, kmock: Km
     assert not exists(kmock, JOB, "demo")
     assert "not made again" in condition(obj(kmock, MC, "demo")["status"], "Reconciled")["message"]
     assert obj(kmock, MC, "demo")["status"]["phase"] == "Succeeded"
+
+
+async def test_pod_fields_reach_every_job_and_a_bad_one_is_refused_before_anything_is_made(
+    operator: None, kmock: Kmock, make_body: Make,
+) -> None:
+    await create(kmock, make_body(
+        storage={"size": "1Gi"}, imagePullPolicy="IfNotPresent", workingDir="/work",
+        pod={"labels": {"team": "physics"}, "imagePullSecrets": ["registry"], "priorityClassName": "high",
+             "shmSize": "4Gi"},
+        commands={"init": ["sh", "-c", "true"], "pre": ["true"]}, services=[{"name": "db", "image": "redis:7"}]))
+    for name in ("demo-broker", "demo"):
+        template = (await eventually(lambda name=name: obj(kmock, JOB, name)))["spec"]["template"]
+        pod = template["spec"]
+        assert template["metadata"]["labels"]["team"] == "physics"
+        assert pod["imagePullSecrets"] == [{"name": "registry"}] and pod["automountServiceAccountToken"] is False
+        assert pod["priorityClassName"] == "high"
+        assert pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
+            {"labelSelector": {"matchLabels": {"minicluster.dev/name": "demo"}},
+             "topologyKey": "kubernetes.io/hostname"}]
+        assert [c["name"] for c in pod["initContainers"]] == ["minicluster-runtime", "minicluster-init", "db"]
+        [app] = pod["containers"]
+        assert (app["imagePullPolicy"], app["workingDir"]) == ("IfNotPresent", "/work")
+        assert app["command"][2:4] == ["--pre", '["true"]']
+    # What the pods were made from is recorded: the same spec raises no TemplateImmutable on the next polls ...
+    await asyncio.sleep(1.0)
+    assert condition(obj(kmock, MC, "demo")["status"], "Reconciled")["status"] == "True"
+    # ... and a change of them does.
+    await patch(kmock, "demo", {"spec": {"pod": {"labels": {"team": "chemistry"}}}})
+    await eventually(
+        lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled")["reason"] == "TemplateImmutable")
+    await create(kmock, make_body(name="bad", pod={"labels": {"minicluster.dev/name": "other"}}))
+    refused = await eventually(lambda: kmock.objects[MC, "default", "bad"].raw["status"]["phase"] == "Invalid"
+                               and condition(kmock.objects[MC, "default", "bad"].raw["status"], "Reconciled"))
+    assert "spec.pod.labels: 'minicluster.dev/name' is set by the operator" in refused["message"]
+    assert not exists(kmock, JOB, "bad")
