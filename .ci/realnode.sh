@@ -6,6 +6,8 @@
 #   .ci/realnode.sh [build]       prepare everything; prints "IMAGE<TAB>ARCHIVE" per image on stdout
 #   .ci/realnode.sh import SOCK   import the archives into the containerd at SOCK (namespace k8s.io), skipping
 #                                 those it already holds
+#   .ci/realnode.sh rootfs        make only the base's root directory (step 3's debootstrap, host CAs trusted)
+#                                 and print its path: the minimal Debian of .ci/minimal-debian.sh
 #
 # Steps of `build`, each skipped when its product is current:
 #   1. packages: Debian's containerd, runc, CNI plugins, buildah, debootstrap, and what the kubelet and
@@ -307,6 +309,15 @@ build_app_image() {  # LISTING NAME
     echo "${key}" >"${keyfile}"
 }
 
+rootfs() {
+    mkdir -p "${CACHE}/base"
+    exec 9>"${CACHE}/lock"
+    flock 9
+    command -v debootstrap >/dev/null || { apt-get update -qq >&2; apt-get install -y -qq debootstrap >&2; }
+    timed debootstrap build_rootfs
+    trust_host_cas
+    echo "${CACHE}/base/rootfs"
+}
 build() {
     mkdir -p "${OUT}" "${RUNROOT}"
     exec 9>"${CACHE}/lock"
@@ -358,5 +369,6 @@ import_archives() {  # SOCKET: import each archive whose image containerd lacks 
 case "${1:-build}" in
     build) build ;;
     import) import_archives "${2:?usage: realnode.sh import SOCKET}" ;;
-    *) die "usage: realnode.sh [build] | import SOCKET" ;;
+    rootfs) rootfs ;;
+    *) die "usage: realnode.sh [build] | import SOCKET | rootfs" ;;
 esac
