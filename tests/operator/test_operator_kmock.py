@@ -385,6 +385,30 @@ async def test_pods_own_reasons_reach_the_ready_condition(
     assert ready["message"] == "rank 3 (pod demo-3-abcde): pull access denied for nope"
 
 
+async def test_an_image_the_runtime_cannot_start_in_reaches_the_ready_condition(
+    operator: None, kmock: Kmock, make_body: Make,
+) -> None:
+    # The application image lacks what the pod runs: containerd's StartError, as a kubelet writes it.
+    await create(kmock, make_body())
+    await eventually(lambda: obj(kmock, JOB, "demo"))
+    error = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create '
+             'failed: unable to start container process: exec: "/mnt/minicluster/bin/mc": '
+             'stat /mnt/minicluster/bin/mc: no such file or directory: unknown')
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "demo-0-fghij", "namespace": "default", "labels": {"minicluster.dev/name": "demo"},
+                        "annotations": {"batch.kubernetes.io/job-completion-index": "0"}},
+           "spec": {"containers": [{"name": "minicluster", "image": "debian:bookworm"}]},
+           "status": {"phase": "Failed", "containerStatuses": [{
+               "name": "minicluster", "ready": False, "restartCount": 0, "started": False, "image": "debian:bookworm",
+               "state": {"terminated": {"exitCode": 128, "reason": "StartError", "message": error,
+                                        "startedAt": "1970-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:00Z"}}}]}}
+    async with kmock.post("/api/v1/namespaces/default/pods", json=pod) as resp:
+        assert resp.status < 300, await resp.text()
+    ready = await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Ready")["reason"] == "StartError"
+                             and condition(obj(kmock, MC, "demo")["status"], "Ready"))
+    assert ready["message"] == f"rank 0 (pod demo-0-fghij), container minicluster: exit code 128: {error}"
+
+
 async def test_a_refused_edit_does_not_freeze_the_status(
     operator: None, kmock: Kmock, make_body: Make, broker: dict[str, Any],
 ) -> None:
