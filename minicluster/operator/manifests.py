@@ -48,7 +48,8 @@ SPEC_HASH = "minicluster.dev/spec-hash"
 OLD_TEMPLATE_HASH = "minicluster.dev/template-hash"
 # The Job fields a MiniCluster depends on, with the Kubernetes release that turned each on by default. An API
 # server that does not know a field drops it silently on create, so the operator compares what it kept.
-JOB_FIELDS = {"completionMode": "1.22", "suspend": "1.22", "podFailurePolicy": "1.26", "successPolicy": "1.31"}
+JOB_FIELDS = {"completionMode": "1.22", "suspend": "1.22", "podFailurePolicy": "1.26", "successPolicy": "1.31",
+              podfields.SIDECARS: "1.29"}
 
 Manifest = dict[str, Any]
 
@@ -217,9 +218,13 @@ def _job_manifest(mc: MiniCluster, name: str, spec: dict[str, Any], role: str = 
 
 
 def dropped_fields(wanted: Manifest, kept: Manifest) -> list[str]:
-    """The fields of JOB_FIELDS that the operator set on a Job and the API server did not keep."""
+    """The fields of JOB_FIELDS (spec.services' sidecars too) that the operator set on a Job and the API server did
+    not keep."""
     have = kept.get("spec") or {}
-    return [field for field in JOB_FIELDS if field in wanted["spec"] and field not in have]
+    dropped = [field for field in JOB_FIELDS if field in wanted["spec"] and field not in have]
+    if podfields.dropped_sidecars(wanted["spec"]["template"], have.get("template") or {}):
+        dropped.append(podfields.SIDECARS)
+    return dropped
 
 
 def template_inputs(mc: MiniCluster, role: str = "ranks") -> Manifest:

@@ -23,6 +23,8 @@ DEFAULT_SHM = "1Gi"
 INIT_CONTAINER = "minicluster-init"
 APPLICATION_CONTAINER = "minicluster"
 HOSTNAME_KEY = "kubernetes.io/hostname"
+# How manifests.dropped_fields names spec.services' sidecars when an API server did not keep them.
+SIDECARS = "template.spec.initContainers[].restartPolicy (spec.services)"
 # Label and annotation keys others own on these pods: the operator (minicluster.dev/name, role; app.kubernetes.io
 # name, instance, managed-by), the Job controller (batch.kubernetes.io/*, and job-name, controller-uid without a
 # prefix) and Kueue (kueue.x-k8s.io/*). A user's value there would break how they find and count the pods.
@@ -235,6 +237,14 @@ def _init_container(mc: MiniCluster) -> dict[str, Any]:
         container["resources"] = dict(mc.resources)
     _apply_container(mc.pod, container)
     return container
+
+
+def dropped_sidecars(wanted: Mapping[str, Any], kept: Mapping[str, Any]) -> bool:
+    """Whether an API server kept fewer native sidecars in a pod template than were asked for: one without them
+    (before 1.29) drops restartPolicy from init containers, which would then keep every pod from starting."""
+    def sidecars(template: Mapping[str, Any]) -> int:
+        return sum(c.get("restartPolicy") == "Always" for c in (template.get("spec") or {}).get("initContainers") or [])
+    return sidecars(kept) < sidecars(wanted)
 
 
 def _service(service: Mapping[str, Any]) -> dict[str, Any]:

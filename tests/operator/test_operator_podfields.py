@@ -2,6 +2,7 @@
 into the Jobs' pods, checked against Kubernetes' own schemas, and their validation (operator and CRD)."""
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -10,7 +11,7 @@ import kubernetes_validate
 import pytest
 import zmq
 
-from minicluster.operator import manifests
+from minicluster.operator import manifests, podfields
 from minicluster.operator.spec import NAME_LABEL, MiniCluster, problems
 from tests.e2e.podsecurity import restricted_violations
 
@@ -238,3 +239,17 @@ def test_spec_hash_sees_every_field_and_no_unset_one(make_body: Any) -> None:
     assert manifests.spec_hash(MiniCluster.from_body(defaults)) == base
     for key, value in EVERY_FIELD.items():
         assert manifests.spec_hash(MiniCluster.from_body(make_body(**{key: value}))) != base, key
+
+
+def test_an_api_server_without_sidecars_is_caught(make_body: Any) -> None:
+    # Before 1.29 (or with SidecarContainers off) the API server drops restartPolicy from init containers: the
+    # services would then be init containers that never end, and no rank would ever start.
+    [wanted] = manifests.jobs(MiniCluster.from_body(make_body(services=EVERY_FIELD["services"])))
+    assert manifests.dropped_fields(wanted, copy.deepcopy(wanted)) == []
+    kept = copy.deepcopy(wanted)
+    for container in kept["spec"]["template"]["spec"]["initContainers"]:
+        container.pop("restartPolicy", None)
+    assert manifests.dropped_fields(wanted, kept) == [podfields.SIDECARS]
+    assert manifests.JOB_FIELDS[podfields.SIDECARS] == "1.29"
+    [plain] = manifests.jobs(MiniCluster.from_body(make_body()))
+    assert manifests.dropped_fields(plain, copy.deepcopy(plain)) == []
