@@ -121,6 +121,9 @@ def problems(spec: Mapping[str, Any]) -> list[str]:
         elif not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
             found.append(f"spec.commands.{key} must be a non-empty argv list of strings, "
                          f"such as [sh, -c, 'echo hi'] (no shell is implied)")
+    if "init" in (spec.get("commands") or {}) and (spec.get("securityContext") or {}).get("runAsNonRoot") is True:
+        found.append("spec.commands.init runs as root, which spec.securityContext.runAsNonRoot: true forbids "
+                     "(Pod Security restricted): drop one of them")
     found.extend(_service_problems(spec.get("services") or []))
     return found
 
