@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -109,15 +110,12 @@ def requirements(repo: Path, recipe: Recipe) -> list[str]:
 
 def scripts(repo: Path) -> dict[str, str]:
     """What pip puts in the venv's bin/, name -> the text after the interpreter line: a wrapper for each entry
-    point, and each of setuptools' script-files as it is (mc-submit)."""
-    project = tomllib.loads((repo / "pyproject.toml").read_text())
-    out = {}
-    for name, target in project["project"]["scripts"].items():
-        module, func = target.split(":")
-        out[name] = f"import sys\nfrom {module} import {func}\nsys.exit({func}())\n"
-    for path in project.get("tool", {}).get("setuptools", {}).get("script-files", []):
-        out[Path(path).name] = (repo / path).read_text().partition("\n")[2]
-    return out
+    point, and each of setuptools' script-files as it is (mc-submit): the view's bin/ gets the same (mkview)."""
+    spec = importlib.util.spec_from_file_location("mkview", repo / "images/runtime/mkview.py")
+    assert spec and spec.loader
+    mkview = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mkview)
+    return mkview.scripts(repo)
 
 
 def instructions(repo: Path, recipe: Recipe) -> dict[str, Any]:
