@@ -139,21 +139,22 @@ def _run_step(what: str, argv: list[str], env: dict[str, str]) -> int:
 
 def start_problem(config: config_mod.InstanceConfig) -> str | None:
     """Why the runtime cannot run in this image as this uid (one line), or None.  The image decides the uid and
-    maybe has no passwd entry for it, nor a HOME it can write: the programs of the image then get a HOME in the
-    state dir, which is all the runtime itself must write."""
+    maybe has no passwd entry for it, nor a HOME it can write, nor a writable /tmp (a read-only root filesystem):
+    the programs of the image then get a HOME or TMPDIR in the state dir, which is all the runtime must write."""
     uid = os.getuid()
     try:
         os.makedirs(config.state_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=config.state_dir).close()
     except OSError as exc:
         return f"uid {uid} cannot write the state dir {config.state_dir} ({exc.strerror})"
-    home = os.environ.get("HOME", "")
-    if not (os.path.isabs(home) and os.path.isdir(home) and os.access(home, os.W_OK | os.X_OK)):
-        fallback = os.path.join(config.state_dir, "home")
-        os.makedirs(fallback, mode=0o700, exist_ok=True)
-        print(f"mc boot: HOME {home or '(unset)'} is no directory uid {uid} can write: the image's programs get "
-              f"HOME={fallback}", file=sys.stderr)
-        os.environ["HOME"] = fallback
+    for name, default, fallback in (("HOME", "", "home"), ("TMPDIR", "/tmp", "tmp")):
+        given = os.environ.get(name) or default
+        if not (os.path.isabs(given) and os.path.isdir(given) and os.access(given, os.W_OK | os.X_OK)):
+            fallback = os.path.join(config.state_dir, fallback)
+            os.makedirs(fallback, mode=0o700, exist_ok=True)
+            print(f"mc boot: {name} {given or '(unset)'} is no directory uid {uid} can write: the image's programs "
+                  f"get {name}={fallback}", file=sys.stderr)
+            os.environ[name] = fallback
     return None
 
 

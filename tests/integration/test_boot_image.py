@@ -93,6 +93,24 @@ def test_a_state_dir_the_uid_cannot_write_is_said_in_one_line_with_exit_cannot_s
                                 f"{tmp_path / 'state'} (Permission denied)"]
 
 
+@pytest.mark.slow
+@pytest.mark.needs("setpriv", "unshare", "mount", root=True)
+def test_a_read_only_root_filesystem_leaves_the_state_dir_for_home_and_tmp(tmp_path: Path) -> None:
+    # readOnlyRootFilesystem: only the pod's volumes are writable, here the state dir (bind-mounted onto itself,
+    # so it stays writable when the root is remounted read-only in this private mount namespace).
+    cluster = LocalCluster(tmp_path / "state", size=1)
+    _chown_tree(tmp_path, UID)
+    seen = tmp_path / "seen"
+    env = {"PATH": os.environ["PATH"], "HOME": "/", "MC_URI": cluster.uri}
+    read_only = (f"mount --bind {tmp_path} {tmp_path} && mount -o remount,bind,ro / && exec \"$@\"")
+    wrapper = ("unshare", "--mount", "--propagation", "private", "sh", "-c", read_only, "sh", *AS_IMAGE_USER)
+    command = ["sh", "-c", f'touch "$HOME/x" && mktemp > {seen}']
+    [(status, err)] = _wait_all([_boot(cluster, 0, env, command, wrapper)])
+    assert status == 0, err
+    assert Path(seen.read_text().strip()).parent == tmp_path / "state" / "tmp"
+    assert f"TMPDIR /tmp is no directory uid {UID} can write" in err
+
+
 def test_the_batch_command_gets_nothing_of_the_runtimes_view(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path / "state", size=1)
     view = runtime.RUNTIME_ROOT
