@@ -206,12 +206,26 @@ async def test_crd_defaults_and_printer_columns(admin: Kube) -> None:
     ({"policy": "random"}, "spec.policy"),
     ({"image": ""}, "spec.image"),
     ({"logging": {"level": "loud"}}, "spec.logging.level"),
+    ({"pod": {"shmSize": "lots"}}, "spec.pod.shmSize"),
+    ({"commands": {"pre": "echo hi"}}, "spec.commands.pre"),
 ])
 async def test_schema_refuses_bad_specs(admin: Kube, spec: dict[str, Any], message: str) -> None:
     with pytest.raises(ApiError) as refused:
         await admin.create(MC_PATH.format(ns="default"), body("bad", **spec))
     assert refused.value.status == 422
     assert message in refused.value.message
+
+
+async def test_the_pod_fields_are_kept_whole(admin: Kube) -> None:
+    # A structural schema prunes what it does not declare: every pod field must survive the API server.
+    fields = {"pod": {"labels": {"team": "a"}, "annotations": {"example.com/x": "y z"}, "imagePullSecrets": ["r"],
+                      "priorityClassName": "p", "schedulerName": "s", "runtimeClassName": "r", "shmSize": "2Gi",
+                      "packRanks": True},
+              "imagePullPolicy": "Never", "workingDir": "/w",
+              "commands": {"init": ["sh", "-c", "true"], "pre": ["true"], "post": ["true"]},
+              "services": [{"name": "db", "image": "redis:7", "ports": [{"containerPort": 6379}]}]}
+    created = await admin.create(MC_PATH.format(ns="default"), body("podfields", **fields))
+    assert {key: created["spec"][key] for key in fields} == fields
 
 
 async def test_operator_creates_owned_children_and_reports_status(operator: None, admin: Kube) -> None:
