@@ -85,9 +85,9 @@ async def _check_template(kube: Kube, mc: MiniCluster, wanted: Mapping[str, Any]
         return
     if recorded != asked:
         raise TemplateChanged(
-            "changes to image, command, env, resources, volumes or placement do not reach "
-            "running pods (a Job's pod template is immutable); size and suspend were applied. "
-            "Recreate the MiniCluster to apply them")
+            "changes to what the pods are made from (image, command, env, resources, volumes, placement, runtime, "
+            "security, ...) do not reach running pods (a Job's pod template is immutable); size and suspend were "
+            "applied. Recreate the MiniCluster to apply them")
 
 
 def _children(mc: MiniCluster) -> list[tuple[str, str]]:
