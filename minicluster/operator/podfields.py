@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from minicluster.operator.spec import MiniCluster
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 # The size of /dev/shm (manifests._own_volumes) unless spec.pod.shmSize says otherwise.
 DEFAULT_SHM = "1Gi"
 INIT_CONTAINER = "minicluster-init"
@@ -107,14 +107,21 @@ def problems(spec: Mapping[str, Any]) -> list[str]:
     for key in ("priorityClassName", "schedulerName", "runtimeClassName"):
         if key in pod and not _is_subdomain(pod[key]):
             found.append(f"spec.pod.{key} {pod[key]!r} is not a DNS subdomain (lowercase letters, digits, '-', '.')")
-    shm = str(pod.get("shmSize", DEFAULT_SHM))
-    if not QUANTITY.match(shm) or not any(c in "123456789" for c in shm.rstrip("KMGTPEik")):
+    shm = QUANTITY.match(str(pod.get("shmSize", DEFAULT_SHM)))
+    if not shm or float(shm.group(1)) <= 0:
         found.append(f"spec.pod.shmSize {pod.get('shmSize')!r} is not a positive quantity such as 1Gi")
     if spec.get("imagePullPolicy", "Always") not in PULL_POLICIES:
         found.append(f"spec.imagePullPolicy {spec['imagePullPolicy']!r} is not one of {', '.join(PULL_POLICIES)}")
     working_dir = spec.get("workingDir", "/")
     if not isinstance(working_dir, str) or not working_dir.startswith("/"):
         found.append(f"spec.workingDir {working_dir!r} is not an absolute path")
+    found.extend(_command_problems(spec))
+    found.extend(_service_problems(spec.get("services") or []))
+    return found
+
+
+def _command_problems(spec: Mapping[str, Any]) -> list[str]:
+    found = []
     for key, argv in (spec.get("commands") or {}).items():
         if key not in ("init", "pre", "post"):
             found.append(f"spec.commands.{key} is not a command: init, pre and post are")
@@ -124,7 +131,6 @@ def problems(spec: Mapping[str, Any]) -> list[str]:
     if "init" in (spec.get("commands") or {}) and (spec.get("securityContext") or {}).get("runAsNonRoot") is True:
         found.append("spec.commands.init runs as root, which spec.securityContext.runAsNonRoot: true forbids "
                      "(Pod Security restricted): drop one of them")
-    found.extend(_service_problems(spec.get("services") or []))
     return found
 
 
@@ -132,11 +138,10 @@ def _metadata_problems(where: str, given: Mapping[str, Any], label_values: bool)
     found = []
     for key, value in given.items():
         prefix, _, name = str(key).rpartition("/")
-        domain = prefix.lower()
-        if not (_NAME.match(name) and len(name) <= 63 and (not prefix or (_is_subdomain(prefix)))):
+        if not (_NAME.match(name) and len(name) <= 63 and (not prefix or _is_subdomain(prefix))):
             found.append(f"{where}: {key!r} is not a valid key ([prefix/]name, the name at most 63 characters of "
                          f"letters, digits, '-', '_', '.', beginning and ending with a letter or digit)")
-        elif key in RESERVED_KEYS or any(domain == d or domain.endswith(f".{d}") for d in RESERVED_DOMAINS):
+        elif key in RESERVED_KEYS or any(prefix == d or prefix.endswith(f".{d}") for d in RESERVED_DOMAINS):
             found.append(f"{where}: {key!r} is set by the operator, the Job controller or Kueue on these pods")
         if not isinstance(value, str):
             found.append(f"{where}[{key!r}] must be a string")
