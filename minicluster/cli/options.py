@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 
+from minicluster import runtime
 from minicluster.cli.quickparse import add_options, option
 from minicluster.client import own_umask
 from minicluster.model import workflowforms as forms
@@ -367,7 +368,9 @@ def jobspec_from_args(args: Parsed, command: Sequence[str],
     """
     if not command:
         raise InvalidJobspec("no command given")
-    environ = os.environ if environ is None else environ
+    # Run from the injected runtime (`kubectl exec POD -- /mnt/minicluster/bin/mc run ...`), the tasks get the
+    # image's environment with the runtime's bin/ last on PATH, as the batch command does, and nothing else of it.
+    environ = runtime.command_env(os.environ) if environ is None else environ
     nnodes = args.nodes or 0
     ntasks = args.ntasks or (nnodes * args.tasks_per_node) or nnodes or 1
     spec: dict[str, Any] = {

@@ -74,13 +74,16 @@ def test_the_batch_command_and_its_tasks_get_only_the_views_bin_and_mpi_meets_th
     out.mkdir()
     batch = (f"env > {out}/batch; "
              f"mc run -N 2 -n 2 sh -c 'env > {out}/task-$MC_TASK_RANK' && "
+             # As `kubectl exec POD -- /mnt/minicluster/bin/mc run ...` submits: the image's environment alone.
+             f"env -i PATH={IMAGE_PATH} LD_LIBRARY_PATH=/opt/app/lib MC_URI=$MC_URI "
+             f"{RUNTIME_ROOT}/bin/mc run sh -c 'env > {out}/exec' && "
              f"mc run -N 2 -n 4 --mpi pmix {hello} > {out}/mpi && "
              # What the runtime's processes (the only ones left) have mapped of any PMIx.
              f"cat /proc/[0-9]*/maps | grep -o '/[^ ]*pmix[^ ]*' | sort -u > {out}/maps")
     env = {"PATH": IMAGE_PATH, "HOME": str(tmp_path), "LD_LIBRARY_PATH": "/opt/app/lib"}
     done = in_view(view, [f"{RUNTIME_ROOT}/bin/mc", "start", "--size", "2", "--", "sh", "-c", batch], env)
     assert done.returncode == 0, done.stderr
-    for name in ("batch", "task-0", "task-1"):
+    for name in ("batch", "task-0", "task-1", "exec"):
         seen = dict(line.split("=", 1) for line in (out / name).read_text().splitlines() if "=" in line)
         assert seen["PATH"] == f"{IMAGE_PATH}:{RUNTIME_ROOT}/bin", name
         assert seen["LD_LIBRARY_PATH"] == "/opt/app/lib", name
