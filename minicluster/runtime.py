@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on mc-submit's start-up path
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 # Where the view is mounted in every pod, and the prefix its ELF files and scripts are patched for.
 RUNTIME_ROOT = "/mnt/minicluster"
