@@ -107,7 +107,8 @@ class WorkerAgent:
     def _shares_cores(config: InstanceConfig, resources: NodeResources) -> bool:
         """Whether this rank's tasks share cores with other tasks: other ranks on this host, or more cores
         declared than this process may run on."""
-        return (config.single_host and max(config.size, config.max_size) > 1) or len(resources.cores) > len(os.sched_getaffinity(0))
+        other_ranks_here = config.single_host and max(config.size, config.max_size) > 1
+        return other_ranks_here or len(resources.cores) > len(os.sched_getaffinity(0))
 
     @staticmethod
     def _spawn_helpers(config: InstanceConfig, resources: NodeResources) -> int:
