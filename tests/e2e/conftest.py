@@ -21,7 +21,7 @@ import kopf
 import pytest
 
 from minicluster.operator.kube import ApiError, Kube
-from tests.e2e import endpoints, image, install
+from tests.e2e import appimages, endpoints, image, install
 from tests.e2e.network import Bridge
 from tests.e2e.node import FAMILY_LABEL, Node
 from tests.e2e.podsecurity import ENFORCE_LABEL
@@ -103,6 +103,13 @@ class Env:
                 api.close()
         return asyncio.ensure_future(asyncio.to_thread(watch))
 
+    def app_image(self, name: str) -> str:
+        """The name MiniClusters give for application image `name` (appimages.py), built or taken from the cache
+        and known to the node; the test is skipped with the reason where it cannot be built."""
+        skip_unless_ready(appimages.unavailable(name))
+        self.node.images[appimages.reference(name)] = appimages.ensure(name)
+        return appimages.reference(name)
+
     def on_node(self, fn: Callable[[], Any]) -> Any:
         async def call() -> Any:
             return fn()
@@ -116,6 +123,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     workdir = tmp_path_factory.mktemp("e2e")
     t0 = time.monotonic()
     images = {recipe.name: image.ensure(REPO, recipe) for recipe in image.RECIPES}
+    images[image.NAME] = image.with_view(REPO, images[image.NAME])  # what copy mode's init container installs
     image_seconds = time.monotonic() - t0
     bridge = Bridge(run_id, int(run_id, 16))
     # The API server listens on the bridge's own address, port 443: what pods reach as the `kubernetes` Service

@@ -7,10 +7,14 @@ their owners).  The Python environment is a venv per image cached outside the ch
 caches the API server: Debian's python3.11 with what the Dockerfile's pip installs (the project's dependencies
 and extras, the runtime's MPICH + mpi4py), every file readable by all.  The project itself is the checkout under
 test, mounted read-only at /opt/minicluster, so the cache only changes with the dependencies.  ENTRYPOINT, CMD,
-USER and WORKDIR are read from the Dockerfile.
+USER and WORKDIR are read from the Dockerfile.  The runtime image also carries the view the Dockerfile builds at
+RUNTIME_ROOT (`with_view`: images/runtime/mkview.py run by the venv's Debian python3.11, cached like the venv and
+mounted read-only there), which its init container copies into MiniClusters of other images.  Application
+images without minicluster are appimages.py's.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import importlib.metadata
@@ -25,12 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minicluster.runtime import RUNTIME_ROOT
+from tests.e2e.appimages import AppImage
+
 CACHE = Path(os.environ.get("MC_E2E_CACHE", "/var/cache/minicluster"))
 PYTHON = "/usr/bin/python3.11"
 SRC_MOUNT = "/opt/minicluster"
 NAME = "ghcr.io/minicluster/runtime:0.1.0"  # the image name the examples and docs use
 OPERATOR_NAME = "ghcr.io/minicluster/operator:0.1.0"  # deploy/kustomization.yaml's `images:`
 LAYOUT_VERSION = 1
+MKVIEW = "images/runtime/mkview.py"
+VIEW_SOURCES = (MKVIEW, "pyproject.toml", "minicluster", "broker", "worker", "scripts")  # what the view is made of
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,9 @@ class Image:
     cmd: list[str]
     user: tuple[int, int]
     workdir: str
+    view: Path | None = None  # the runtime image's injectable tree, at RUNTIME_ROOT in its containers
+    lower = "/"  # the host's / is the image's lower layer
+    checkout = True  # the checkout under test is mounted at SRC_MOUNT
 
     @property
     def venv(self) -> Path:
@@ -80,7 +92,11 @@ class Image:
     @property
     def setup(self) -> dict[str, Any]:
         """For the pod's init (podinit.py)."""
-        return {"passwd": self.recipe.passwd, "group": self.recipe.group, "dirs": self.recipe.dirs}
+        binds = [[str(self.view), RUNTIME_ROOT]] if self.view else []
+        return {"passwd": self.recipe.passwd, "group": self.recipe.group, "dirs": self.recipe.dirs, "binds": binds}
+
+
+AnyImage = Image | AppImage  # what the emulated node runs: the project's images, or an application's
 
 
 def available() -> str | None:
@@ -144,6 +160,27 @@ def ensure(repo: Path, recipe: Recipe) -> Image:
         if not (image.root / "ready").exists():
             _build(image, reqs, entry_points)
     return image
+
+
+def with_view(repo: Path, image: Image) -> Image:
+    """The runtime image with its view, as images/runtime/Dockerfile puts it at RUNTIME_ROOT: made by
+    images/runtime/mkview.py, run by the image's own interpreter (Debian's python3.11 in the venv), from the
+    checkout; cached under a key of mkview.py, the checkout's package files and the venv, under a lock."""
+    mkview = repo / MKVIEW
+    if not mkview.exists():
+        return image
+    digest = hashlib.sha256(image.root.name.encode())
+    for path in sorted(p for d in VIEW_SOURCES for p in (repo / d).rglob("*")
+                       if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes())
+    view = CACHE / f"e2e-view-{digest.hexdigest()[:12]}"
+    with open(view.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (view / "manifest.json").exists():
+            shutil.rmtree(view, ignore_errors=True)
+            _run([str(image.venv / "bin" / "python"), str(mkview), "--dest", str(view), "--prefix", RUNTIME_ROOT,
+                  "--source", str(repo)])
+    return dataclasses.replace(image, view=view)
 
 
 def _build(image: Image, reqs: list[str], entry_points: dict[str, str]) -> None:

@@ -47,7 +47,9 @@ def phase(pod: Mapping[str, Any]) -> str:
 
 
 def exit_code(pod: Mapping[str, Any], container: str) -> int | None:
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+    """How `container` (an init container too: onExitCodes names either) of `pod` ended, if it did."""
+    status_of = pod.get("status") or {}
+    for status in [*(status_of.get("initContainerStatuses") or []), *(status_of.get("containerStatuses") or [])]:
         if status.get("name") == container and (status.get("state") or {}).get("terminated"):
             return int(status["state"]["terminated"]["exitCode"])
     return None

@@ -1,16 +1,25 @@
 """One pod's container on the emulated node, as a kubelet and a container runtime would run it.
 
-Emulated: the image (image.py), a network namespace on the node's bridge (network.py), a mount namespace with
-the pod's volumes (volumes.py, mounted by podinit.py), the hostname, a PID namespace with the container command
-as PID 1, the user and groups from the securityContext (runAsUser/Group, fsGroup, supplementalGroups),
+Emulated: the image (image.py: the host's / as the lower layer for the project's images; appimages.py: an
+application image's own root directory, with nothing of the host or the checkout in it), a network namespace on
+the node's bridge (network.py), a mount namespace with the pod's volumes (volumes.py, mounted by podinit.py),
+the hostname, a PID namespace with the container command as PID 1, the user and groups from the securityContext
+(runAsUser/Group, fsGroup, supplementalGroups),
 `allowPrivilegeEscalation: false` as no_new_privs, `capabilities.drop: [ALL]` as an empty bounding set, the CPU
 and memory limits as cgroup v1 quotas, `readOnlyRootFilesystem`, cluster DNS as hosts entries, the command
 (`command`/`args` over the image's ENTRYPOINT/CMD), the container's environment (the image's, HOME, the pod
 spec's, JOB_COMPLETION_INDEX, HOSTNAME, KUBERNETES_SERVICE_HOST/PORT), its log, and graceful termination
 (SIGTERM, the grace period, SIGKILL).  The service-account token volume needs nothing here: on 1.20 the
 ServiceAccount admission plugin adds it to the pod as a Secret volume.
-Not emulated: seccomp profiles, probes, restarts in place (restartPolicy is Never here), init
-containers, sidecars, image pulls (images other than image.NAME fail as a registry without them would).
+Init containers run one after the other before the container, each to its end, with the pod's volumes (an
+emptyDir is one host directory for all of them) and their own image, user, environment and limits; a failed one
+fails the pod (initContainerStatuses, exit code and, with FallbackToLogsOnError, the log's tail).  A container
+that cannot start ends with 128 and StartError, podinit's error as the message.  `kubectl exec` enters with this
+host's Python (podinit.py --exec), so it needs nothing in the image.
+Not emulated: seccomp profiles, probes, restarts in place (restartPolicy is Never here), sidecars, image
+volumes, a `medium: Memory` emptyDir shared between a pod's containers (each mounts its own tmpfs), the pod's
+startTime before its first container starts (here it is that start), image pulls (images other than the node's
+fail as a registry without them would), other architectures.
 """
 from __future__ import annotations
 
@@ -33,6 +42,7 @@ import contextlib
 PODINIT = Path(__file__).with_name("podinit.py")
 CGROUP_V1 = Path("/sys/fs/cgroup")
 START_ERROR = 128  # a container that could not start, as runtimes report it
+START_FAILED = "container start failed"  # podinit.py's line in the log when it could not start the container
 HOSTS_LINE = 120  # fixed-width lines: rewriting in place never leaves half a line for a concurrent reader
 
 
@@ -55,8 +65,10 @@ class Container:
     net: PodNet
     env: dict[str, str]
     user: dict[str, Any]
-    directory: Path
+    directory: Path  # the pod's: its volumes, hosts, hostname, resolv.conf
     cgroups: list[Path]
+    container: str = "minicluster"
+    init: bool = False  # an init container: its own files under the pod's directory
     proc: asyncio.subprocess.Process | None = None
     pid1: int | None = None
     started_at: str = ""
@@ -65,8 +77,13 @@ class Container:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
+    def files(self) -> Path:
+        """This container's root, scratch, spec and log."""
+        return self.directory / "init" / self.container if self.init else self.directory
+
+    @property
     def log(self) -> Path:
-        return self.directory / "container.log"
+        return self.files / "container.log"
 
     @property
     def hosts(self) -> Path:
@@ -84,7 +101,7 @@ def quantity(text: str | int | float) -> float:
     return float(text)
 
 
-def user_of(pod_spec: Mapping[str, Any], container: Mapping[str, Any], image: image_mod.Image) -> dict[str, Any]:
+def user_of(pod_spec: Mapping[str, Any], container: Mapping[str, Any], image: image_mod.AnyImage) -> dict[str, Any]:
     pod_sc = pod_spec.get("securityContext") or {}
     sc = container.get("securityContext") or {}
     uid = sc.get("runAsUser", pod_sc.get("runAsUser", image.user[0]))
@@ -95,14 +112,14 @@ def user_of(pod_spec: Mapping[str, Any], container: Mapping[str, Any], image: im
     return {"uid": uid, "gid": gid, "groups": list(dict.fromkeys(groups)), "fs_group": pod_sc.get("fsGroup")}
 
 
-def argv_of(container: Mapping[str, Any], image: image_mod.Image) -> list[str]:
+def argv_of(container: Mapping[str, Any], image: image_mod.AnyImage) -> list[str]:
     """The container's command line, as Kubernetes combines `command`/`args` with ENTRYPOINT/CMD."""
     if container.get("command"):
         return [*container["command"], *(container.get("args") or [])]
     return [*image.entrypoint, *(container.get("args") or image.cmd)]
 
 
-def environment(pod: Mapping[str, Any], container: Mapping[str, Any], image: image_mod.Image, hostname: str,
+def environment(pod: Mapping[str, Any], container: Mapping[str, Any], image: image_mod.AnyImage, hostname: str,
                 lookup: volumes.Lookup, api: tuple[str, int]) -> dict[str, str]:
     """The image's ENV, HOSTNAME, HOME (the image user's, from its passwd), the `kubernetes` Service's
     KUBERNETES_SERVICE_HOST/PORT (here the API server's own address on the bridge: no kube-proxy runs, so
@@ -164,8 +181,12 @@ def remove_cgroups(paths: list[Path]) -> None:
             path.rmdir()
 
 
-def mounts_for(pod: Mapping[str, Any], container: Mapping[str, Any], directory: Path, lookup: volumes.Lookup,
-               claim_dir: Any, fs_group: int | None) -> list[dict[str, Any]]:
+LaidOut = dict[str, tuple[Path, str]]  # volume name -> (host path, kind)
+
+
+def lay_out_volumes(pod: Mapping[str, Any], directory: Path, lookup: volumes.Lookup, claim_dir: Any,
+                    fs_group: int | None) -> LaidOut:
+    """The pod's volumes, once for all its containers (an emptyDir's directory is shared by them)."""
     laid_out = {}
     for volume in pod["spec"].get("volumes") or []:
         try:
@@ -176,6 +197,13 @@ def mounts_for(pod: Mapping[str, Any], container: Mapping[str, Any], directory: 
         # Claims here are hostPath volumes (provisioner.py), which a real kubelet gives no fsGroup ownership.
         if fs_group is not None and kind not in ("tmpfs", "persistentVolumeClaim"):
             volumes.set_ownership(source, fs_group, kind in volumes.READ_ONLY_KINDS)
+    return laid_out
+
+
+def mounts_for(pod: Mapping[str, Any], container: Mapping[str, Any], directory: Path, laid_out: LaidOut,
+               fs_group: int | None) -> list[dict[str, Any]]:
+    """One container's mounts.  A `medium: Memory` emptyDir is a tmpfs each container mounts itself (so not
+    shared between a pod's containers here, unlike a kubelet's)."""
     mounts = []
     for mount in container.get("volumeMounts") or []:
         source, kind = laid_out[mount["name"]]
@@ -207,11 +235,12 @@ def write_hosts(path: Path, entries: list[tuple[str, str, str]]) -> None:
 
 
 async def start(c: Container, argv: list[str], cwd: str, mounts: list[dict[str, Any]], checkout: Path,
-                image: image_mod.Image, container: Mapping[str, Any]) -> None:
+                image: image_mod.AnyImage, container: Mapping[str, Any]) -> None:
     sc = container.get("securityContext") or {}
     spec = {
-        "rootfs": str(c.directory / "rootfs"), "scratch": str(c.directory / "scratch"),
-        "image": image.setup, "checkout": str(checkout), "checkout_at": image_mod.SRC_MOUNT,
+        "rootfs": str(c.files / "rootfs"), "scratch": str(c.files / "scratch"), "lower": image.lower,
+        "image": image.setup, "checkout": str(checkout) if image.checkout else None,
+        "checkout_at": image_mod.SRC_MOUNT,
         "read_only_root": bool(sc.get("readOnlyRootFilesystem")),
         "mounts": mounts, "hostname": c.hostname, "cgroups": [str(p) for p in c.cgroups],
         "user": {k: c.user[k] for k in ("uid", "gid", "groups")},
@@ -220,11 +249,11 @@ async def start(c: Container, argv: list[str], cwd: str, mounts: list[dict[str, 
         "cwd": cwd, "env": c.env, "argv": argv,
     }
     for name in ("rootfs", "scratch"):
-        (c.directory / name).mkdir(exist_ok=True)
-    (c.directory / "spec.json").write_text(json.dumps(spec))
+        (c.files / name).mkdir(parents=True, exist_ok=True)
+    (c.files / "spec.json").write_text(json.dumps(spec))
     with open(c.log, "ab") as log:  # the child keeps its own copy of the descriptor
         c.proc = await asyncio.create_subprocess_exec(
-            "nsenter", f"--net={c.net.netns_path}", sys.executable, str(PODINIT), str(c.directory / "spec.json"),
+            "nsenter", f"--net={c.net.netns_path}", sys.executable, str(PODINIT), str(c.files / "spec.json"),
             stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     c.pid1 = await _first_child(c.proc.pid)
 
@@ -271,15 +300,12 @@ async def terminate(c: Container, grace: float) -> None:
 def exec_argv(c: Container, argv: list[str]) -> list[str]:
     """`kubectl exec`: the command in the container's namespaces and root, as its user, with its environment."""
     assert c.pid1 is not None
-    groups = ",".join(str(g) for g in c.user["groups"])
-    return ["nsenter", "-t", str(c.pid1), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--",
-            "setpriv", f"--reuid={c.user['uid']}", f"--regid={c.user['gid']}", f"--groups={groups}",
-            "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--",
-            "env", "-i", *(f"{k}={v}" for k, v in c.env.items()), *argv]
+    return ["nsenter", "-t", str(c.pid1), "-m", "-u", "-i", "-n", "-p", "--",
+            sys.executable, str(PODINIT), "--exec", str(c.files / "spec.json"), *argv]
 
 
 def cleanup(c: Container, bridge: Bridge) -> None:
     bridge.detach(c.net)
     remove_cgroups(c.cgroups)
-    for name in ("rootfs", "scratch", "volumes"):
+    for name in ("rootfs", "scratch", "volumes", "init"):
         shutil.rmtree(c.directory / name, ignore_errors=True)

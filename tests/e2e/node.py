@@ -24,13 +24,14 @@ import asyncio
 import logging
 import signal
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from minicluster.operator.kube import ApiError, Kube
 from minicluster.operator.spec import INDEX_KEY
-from tests.e2e import image as image_mod
 from tests.e2e import kubelet
+from tests.e2e.image import AnyImage
 from tests.e2e.jobs import (
     TERMINAL, JobRules, Obj, by_job, delete_pod, has_room, index_of, lowest_free, now, owner, phase, pod_path,
 )
@@ -42,14 +43,25 @@ log = logging.getLogger("e2e.node")
 FAMILY_LABEL = "e2e.minicluster.dev/ip-family"
 
 
+@dataclass
+class Launch:
+    """One container of a pod, ready to start."""
+    spec: Obj
+    c: kubelet.Container
+    argv: list[str]
+    cwd: str
+    mounts: list[Obj]
+    image: AnyImage
+
+
 class Node:
-    def __init__(self, kube: Kube, run_id: str, workdir: Path, images: Mapping[str, image_mod.Image], checkout: Path,
+    def __init__(self, kube: Kube, run_id: str, workdir: Path, images: Mapping[str, AnyImage], checkout: Path,
                  bridge: Bridge, api: tuple[str, int]) -> None:
         self.kube = kube
         self.run_id = run_id
         self.name = f"e2e-node-{run_id}"
         self.workdir = workdir
-        self.images = images  # image name -> the image
+        self.images = dict(images)  # image name -> the image; tests add application images (appimages.py)
         self.api = api  # the API server's address and port as pods reach it (KUBERNETES_SERVICE_HOST/PORT)
         self._kubernetes_service = (api[0], "kubernetes.default.svc.cluster.local",
                                     "kubernetes.default.svc kubernetes.default")
@@ -193,7 +205,7 @@ class Node:
         if pod is None or pod["metadata"]["uid"] != uid:
             return
         try:
-            c, argv, cwd, mounts, image = await self._prepare(pod)
+            launches = await self._prepare(pod)
         except kubelet.CannotStart as exc:
             await self._waiting(pod, exc)
             return
@@ -201,12 +213,16 @@ class Node:
             log.exception("preparing pod %s/%s", namespace, name)
             await self._waiting(pod, kubelet.CannotStart("RunContainerError", str(exc)))
             return
+        *inits, main = launches
+        c = main.c
         try:
-            await kubelet.start(c, argv, cwd, mounts, self.checkout, image, pod["spec"]["containers"][0])
-            c.started_at = now()
-            await self._patch_status(namespace, name, self._running_status(pod, c))
-            code = await kubelet.wait(c)
-            await self._patch_status(namespace, name, self._ended_status(pod, c, code))
+            if await self._run_inits(pod, inits):
+                await kubelet.start(c, main.argv, main.cwd, main.mounts, self.checkout, main.image, main.spec)
+                c.started_at = now()
+                self.containers[uid] = c
+                await self._patch_status(namespace, name, self._running_status(pod, c, inits))
+                code = await kubelet.wait(c)
+                await self._patch_status(namespace, name, self._ended_status(pod, c, code, inits))
         except Exception:
             log.exception("running pod %s/%s", namespace, name)
         finally:
@@ -215,8 +231,29 @@ class Node:
                 c.done.set()
             kubelet.cleanup(c, self.bridge)
             self._update_hosts()
-        if c.stopping:
+        if self.containers[uid].stopping:
             await self._finalize(pod)
+
+    async def _run_inits(self, pod: Obj, inits: list[Launch]) -> bool:
+        """The init containers, one after the other, each to its end, before the main container: True when all
+        succeeded.  A failed one fails the pod (restartPolicy Never), the main container never starting."""
+        meta = pod["metadata"]
+        for i, launch in enumerate(inits):
+            if self.containers[meta["uid"]].stopping:
+                return False
+            c = launch.c
+            self.containers[meta["uid"]] = c  # what termination and exec reach while it runs
+            await kubelet.start(c, launch.argv, launch.cwd, launch.mounts, self.checkout, launch.image, launch.spec)
+            c.started_at = now()
+            await self._patch_status(meta["namespace"], meta["name"], self._initializing_status(pod, inits, i))
+            code = await kubelet.wait(c)
+            kubelet.remove_cgroups(c.cgroups)
+            if code != 0:
+                status = self._initializing_status(pod, inits, i + 1)
+                status["phase"] = "Failed"
+                await self._patch_status(meta["namespace"], meta["name"], status)
+                return False
+        return True
 
     async def _waiting(self, pod: Obj, exc: kubelet.CannotStart) -> None:
         meta = pod["metadata"]
@@ -243,15 +280,20 @@ class Node:
                 await self._finalize(current)
                 return
 
-    async def _prepare(self, pod: Obj) -> tuple[kubelet.Container, list[str], str, list[Obj], image_mod.Image]:
+    async def _prepare(self, pod: Obj) -> list[Launch]:
+        """What the pod's containers need, init containers first: images, volumes (laid out once, shared),
+        the pod's network and names."""
         meta, spec = pod["metadata"], pod["spec"]
-        [container] = spec["containers"]
-        image = self.images.get(container["image"])
-        if image is None:
-            raise kubelet.CannotStart("ErrImagePull", f'rpc error: pull access denied for {container["image"]}, '
-                                                      "repository does not exist or may require authorization")
+        [main] = spec["containers"]
+        images = {}
+        for container in [*(spec.get("initContainers") or []), main]:
+            images[container["name"]] = self.images.get(container["image"])
+            if images[container["name"]] is None:
+                raise kubelet.CannotStart("ErrImagePull", f'rpc error: pull access denied for {container["image"]}, '
+                                                          "repository does not exist or may require authorization")
         objects = await self._referenced_objects(pod)
-        user = kubelet.user_of(spec, container, image)
+        users = {name: kubelet.user_of(spec, container, images[name])
+                 for name, container in ((c["name"], c) for c in [*(spec.get("initContainers") or []), main])}
         job_ref = owner(pod, "Job")
         index = index_of(pod)
         hostname = spec.get("hostname") or (f"{job_ref['name']}-{index}" if job_ref and index is not None
@@ -261,19 +303,27 @@ class Node:
         directory = self.workdir / "pods" / meta["uid"]
         directory.mkdir(parents=True, exist_ok=True)
         lookup = lambda kind, name: objects.get((kind, name))  # noqa: E731
-        env = kubelet.environment(pod, container, image, hostname, lookup, self.api)
-        mounts = kubelet.mounts_for(pod, container, directory, lookup, lambda claim: objects[("Claim", claim)],
-                                    user["fs_group"])
+        fs_group = users[main["name"]]["fs_group"]
+        laid_out = kubelet.lay_out_volumes(pod, directory, lookup, lambda claim: objects[("Claim", claim)], fs_group)
         family = await self._family(meta["namespace"])
         net = await asyncio.to_thread(self.bridge.attach, family)
-        c = kubelet.Container(meta["namespace"], meta["name"], meta["uid"], hostname, fqdn, net, env, user,
-                              directory, kubelet.cgroups_for(self.run_id, meta["uid"], container))
         (directory / "hostname").write_text(hostname + "\n")
         (directory / "resolv.conf").write_text(f"search {meta['namespace']}.svc.cluster.local svc.cluster.local "
                                                "cluster.local\noptions ndots:5\n")
-        self.containers[meta["uid"]] = c
+        launches = []
+        for container in [*(spec.get("initContainers") or []), main]:
+            name, image = container["name"], images[container["name"]]
+            init = container is not main
+            env = kubelet.environment(pod, container, image, hostname, lookup, self.api)
+            cgroups = kubelet.cgroups_for(self.run_id, f"{meta['uid']}-{name}" if init else meta["uid"], container)
+            c = kubelet.Container(meta["namespace"], meta["name"], meta["uid"], hostname, fqdn, net, env,
+                                  users[name], directory, cgroups, container=name, init=init)
+            launches.append(Launch(container, c, kubelet.argv_of(container, image),
+                                   container.get("workingDir") or image.workdir,
+                                   kubelet.mounts_for(pod, container, directory, laid_out, fs_group), image))
+        self.containers[meta["uid"]] = launches[0].c
         self._update_hosts()
-        return c, kubelet.argv_of(container, image), container.get("workingDir") or image.workdir, mounts, image
+        return launches
 
     async def _referenced_objects(self, pod: Obj) -> dict[tuple[str, str], Any]:
         ns = pod["metadata"]["namespace"]
@@ -306,29 +356,54 @@ class Node:
             self.ns_family[namespace] = ((ns.get("metadata") or {}).get("labels") or {}).get(FAMILY_LABEL, "ipv4")
         return self.ns_family[namespace]
 
-    def _running_status(self, pod: Obj, c: kubelet.Container) -> Obj:
+    def _initializing_status(self, pod: Obj, inits: list[Launch], running: int) -> Obj:
+        """Init containers before `running` ended (with their codes), the one at `running` runs, the rest wait;
+        the main container waits for them all."""
+        first = inits[0].c
+        statuses = []
+        for i, launch in enumerate(inits):
+            if i < running:
+                state = {"terminated": _terminated(launch.spec, launch.c)}
+            elif i == running and i < len(inits) and launch.c.started_at:
+                state = {"running": {"startedAt": launch.c.started_at}}
+            else:
+                state = {"waiting": {"reason": "PodInitializing"}}
+            statuses.append(_status(launch, state, ready=i < running and launch.c.exit_code == 0))
         [container] = pod["spec"]["containers"]
-        return {"phase": "Running", "hostIP": "127.0.0.1", "podIP": c.net.address,
-                "podIPs": [{"ip": a} for a in c.net.addresses],
-                "startTime": c.started_at,
-                "conditions": [{"type": t, "status": "True", "lastTransitionTime": c.started_at}
-                               for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+        return {"phase": "Pending", "hostIP": "127.0.0.1", "podIP": first.net.address,
+                "podIPs": [{"ip": a} for a in first.net.addresses], "startTime": first.started_at,
+                "conditions": [{"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized"},
+                               {"type": "PodScheduled", "status": "True"}],
+                "initContainerStatuses": statuses,
                 "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
-                                       "containerID": f"e2e://{c.uid}", "ready": True, "started": True,
-                                       "restartCount": 0, "state": {"running": {"startedAt": c.started_at}}}]}
+                                       "ready": False, "restartCount": 0,
+                                       "state": {"waiting": {"reason": "PodInitializing"}}}]}
 
-    def _ended_status(self, pod: Obj, c: kubelet.Container, code: int) -> Obj:
+    def _running_status(self, pod: Obj, c: kubelet.Container, inits: list[Launch]) -> Obj:
+        [container] = pod["spec"]["containers"]
+        status = {"phase": "Running", "hostIP": "127.0.0.1", "podIP": c.net.address,
+                  "podIPs": [{"ip": a} for a in c.net.addresses],
+                  "startTime": inits[0].c.started_at if inits else c.started_at,
+                  "conditions": [{"type": t, "status": "True", "lastTransitionTime": c.started_at}
+                                 for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+                  "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
+                                         "containerID": f"e2e://{c.uid}", "ready": True, "started": True,
+                                         "restartCount": 0, "state": {"running": {"startedAt": c.started_at}}}]}
+        if inits:
+            status["initContainerStatuses"] = [_status(i, {"terminated": _terminated(i.spec, i.c)}, ready=True)
+                                               for i in inits]
+        return status
+
+    def _ended_status(self, pod: Obj, c: kubelet.Container, code: int, inits: list[Launch]) -> Obj:
         [container] = pod["spec"]["containers"]
         stamp = now()
-        reason = "Completed" if code == 0 else "Error"
+        ended = _terminated(container, c)
         return {"phase": "Succeeded" if code == 0 else "Failed",
                 "conditions": [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
                                for t in ("Ready", "ContainersReady")],
                 "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
                                        "containerID": f"e2e://{c.uid}", "ready": False, "started": False,
-                                       "restartCount": 0, "state": {"terminated": {
-                                           "exitCode": code, "reason": reason, "startedAt": c.started_at,
-                                           "finishedAt": stamp, "containerID": f"e2e://{c.uid}"}}}]}
+                                       "restartCount": 0, "state": {"terminated": ended}}]}
 
     # --- cluster DNS and storage -----------------------------------------------------------------------------
 
@@ -361,4 +436,26 @@ class Node:
     def logs(self, namespace: str, name: str) -> str:
         found = [c for c in self.containers.values() if c.namespace == namespace and c.name == name]
         return "".join(c.log.read_text(errors="replace") for c in found if c.log.exists())
+
+
+def _status(launch: Launch, state: Obj, ready: bool) -> Obj:
+    spec = launch.spec
+    return {"name": spec["name"], "image": spec["image"], "imageID": "", "containerID": f"e2e://{launch.c.uid}",
+            "ready": ready, "restartCount": 0, "state": state}
+
+
+def _terminated(spec: Obj, c: kubelet.Container) -> Obj:
+    """A container's end as a kubelet reports it: Completed or Error, or StartError when the runtime could not
+    start it; with `terminationMessagePolicy: FallbackToLogsOnError` a failure's message is its log's tail (the
+    last 80 lines, at most 2048 bytes), and a start failure's is the runtime's error."""
+    code = c.exit_code
+    log = c.log.read_text(errors="replace") if c.log.exists() else ""
+    start_failure = next((line for line in log.splitlines() if line.startswith(kubelet.START_FAILED)), None)
+    ended: Obj = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": c.started_at,
+                  "finishedAt": now(), "containerID": f"e2e://{c.uid}"}
+    if code == kubelet.START_ERROR and start_failure:
+        ended.update(reason="StartError", message=start_failure)
+    elif code and spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+        ended["message"] = "\n".join(log.splitlines()[-80:])[-2048:]
+    return ended
 

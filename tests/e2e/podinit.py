@@ -4,6 +4,9 @@ image's own setup, takes the user and execs the container's command, which stays
 exits with the container's status (128 + n when signal n ended it, as runtimes report).  Standard library only.
 
     nsenter --net=NETNS python3 podinit.py SPEC.json
+    nsenter -t PID1 -m -u -i -n -p python3 podinit.py --exec SPEC.json ARGV...   # kubectl exec
+
+Both run this host's Python: nothing of the image (no shell, no setpriv, no env) is needed to start or enter it.
 """
 from __future__ import annotations
 
@@ -38,25 +41,31 @@ def bind(source: str, target: str, read_only: bool = False, recursive: bool = Fa
 
 
 def root_filesystem(spec: dict) -> str:
-    """The image: the host's / read-only below, a private tmpfs above; then the Dockerfile's own steps."""
+    """The image read-only below (the host's / for the project's images, an application image's own root
+    directory), a private tmpfs above; then the Dockerfile's own steps, if the image has any to replay."""
     scratch, rootfs = spec["scratch"], spec["rootfs"]
     mount("tmpfs", scratch, "tmpfs", 0, "mode=0755")
     os.mkdir(f"{scratch}/upper")
     os.mkdir(f"{scratch}/work")
-    mount("overlay", rootfs, "overlay", 0, f"lowerdir=/,upperdir={scratch}/upper,workdir={scratch}/work")
+    mount("overlay", rootfs, "overlay", 0, f"lowerdir={spec['lower']},upperdir={scratch}/upper,workdir={scratch}/work")
     setup = spec["image"]
-    with open(f"{rootfs}/etc/passwd", "a") as f:
-        f.write(setup["passwd"] + "\n")
-    with open(f"{rootfs}/etc/group", "a") as f:
-        f.write(setup["group"] + "\n")
+    for name in ("passwd", "group"):
+        if setup[name]:
+            with open(f"{rootfs}/etc/{name}", "a") as f:
+                f.write(setup[name] + "\n")
     for path, uid, gid, mode in setup["dirs"]:
         os.makedirs(f"{rootfs}{path}", exist_ok=True)
         os.chown(f"{rootfs}{path}", uid, gid)
         os.chmod(f"{rootfs}{path}", mode)
+    for source, target in setup.get("binds", []):  # content the image carries in a directory of its own
+        os.makedirs(f"{rootfs}{target}", exist_ok=True)
+        bind(source, f"{rootfs}{target}", read_only=True)
     return rootfs
 
 
 def system_mounts(rootfs: str, spec: dict) -> None:
+    for name in ("proc", "sys", "tmp", "run", "dev"):  # a runtime makes them in an image that lacks them
+        os.makedirs(f"{rootfs}/{name}", exist_ok=True)
     mount("proc", f"{rootfs}/proc", "proc", MS_NOSUID | MS_NODEV)
     bind("/sys", f"{rootfs}/sys", recursive=True)
     if not spec["read_only_root"]:  # writable either way; with a read-only root they are its read-only dirs
@@ -71,8 +80,9 @@ def system_mounts(rootfs: str, spec: dict) -> None:
         os.symlink(target, f"{rootfs}/dev/{name}")
     os.mkdir(f"{rootfs}/dev/shm")
     mount("shm", f"{rootfs}/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
-    os.makedirs(f"{rootfs}{spec['checkout_at']}", exist_ok=True)
-    bind(spec["checkout"], f"{rootfs}{spec['checkout_at']}", read_only=True)
+    if spec["checkout"]:  # the project's images run the checkout under test; an application image has none
+        os.makedirs(f"{rootfs}{spec['checkout_at']}", exist_ok=True)
+        bind(spec["checkout"], f"{rootfs}{spec['checkout_at']}", read_only=True)
 
 
 def in_root(rootfs: str, path: str, hops: int = 40) -> str:
@@ -151,6 +161,20 @@ def container(spec: dict) -> None:
     os._exit(START_ERROR)
 
 
+def enter(path: str, argv: list[str]) -> None:
+    """`kubectl exec`, run inside the container's namespaces: its root, working directory, user and
+    environment, then the command."""
+    spec = json.loads(Path(path).read_text())
+    try:
+        os.chroot(spec["rootfs"])
+        os.chdir(spec["cwd"])
+        become(spec["user"], spec["no_new_privs"], spec["drop_caps"])
+        os.execvpe(argv[0], argv, spec["env"])
+    except OSError as exc:
+        print(f"exec failed: {exc}", file=sys.stderr, flush=True)
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
 def main(path: str) -> None:
     spec = json.loads(Path(path).read_text())
     if libc.unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID) != 0:
@@ -171,4 +195,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--exec":
+        enter(sys.argv[2], sys.argv[3:])
     main(sys.argv[1])

@@ -74,6 +74,12 @@ class RealEnv(Env):
     def kubernetes_service(self) -> str:
         return f"{KUBERNETES_SERVICE_IP}:443"  # the ClusterIP, through kube-proxy
 
+    def app_image(self, name: str) -> str:
+        """Application image `name` as .ci/realnode.sh built it with buildah and the node imported it."""
+        built = _images().get(name)
+        skip_unless_ready(None if built else f"no application image {name} in {CACHE}: run .ci/realnode.sh")
+        return str(built["image"])
+
     def on_node(self, fn: Callable[[], Any]) -> Any:
         return fn()
 
