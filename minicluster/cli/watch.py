@@ -1,6 +1,7 @@
 """Following jobs: stream output and events (mc run, mc attach, --watch) and wait with progress."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -142,7 +143,21 @@ def _cancel_and_leave(client: Client, job: int, prog: str, signum: int, streams:
         sys.stderr.flush()
     with suppress(ClientError, OSError):  # a broker gone away cannot be told; we leave all the same
         client.next_response([client.request("cancel", jobs=[job])], timeout=CANCEL_ANSWER_WAIT)
+    _drop_unwritable_output()
     return 128 + signum
+
+
+def _drop_unwritable_output() -> None:
+    """What stdout and stderr still hold for a terminal that closed can never be written; Python would try again
+    at exit and, failing, exit 120 instead of our status (seen in a minimal Debian)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            with suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
 
 
 class _Display:
