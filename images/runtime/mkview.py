@@ -46,6 +46,9 @@ STDLIB_SKIP = {"test", "tests", "idle_test", "idlelib", "tkinter", "turtledemo",
                "site-packages", "dist-packages", "lib-dynload"}
 # Extension modules left out with them: the GUI's (Tcl/Tk and X11 with it), NIS's (Kerberos with it), tests'.
 DYNLOAD_SKIP = re.compile(r"(_tkinter|nis|_test\w*|_ctypes_test|_xxtestfuzz|xxlimited\w*|xxsubtype)\.")
+# Of libpmix2's prefix, what only building against it needs (libpmix-dev's), and the library's other names: the
+# view's libpmix is loaded by its soname's file, lib/libpmix.so.2.
+PMIX_SKIP = re.compile(r".*\.(a|la|pc)$|libpmix\.so$|libpmix\.so\.\d+\.\d+\.\d+$")
 # Loaded by glibc with dlopen, so absent from any --list: pthread_exit/cancel unwind through libgcc_s.
 DLOPENED = ("libgcc_s.so.1",)
 ELF_MAGIC = b"\x7fELF"
@@ -96,7 +99,7 @@ def build(dest: Path, prefix: str, source: Path | None) -> dict:
     if source is not None:
         _copy_project(source, site)
     if PMIX_HOME.is_dir():
-        _copy_tree(PMIX_HOME, dest / "lib" / "pmix", origins, skip={"include"})
+        _copy_tree(PMIX_HOME, dest / "lib" / "pmix", origins, skip={"include", "pkgconfig"}, skip_files=PMIX_SKIP)
     _write_scripts(dest / "bin", source, f"{prefix}/python/bin/python{version}")
     _link_closure(dest, prefix, origins)
     compileall.compile_dir(python, quiet=1, ddir=prefix + "/python", workers=0,

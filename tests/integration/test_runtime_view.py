@@ -28,13 +28,20 @@ BUSYBOX = Path("/bin/busybox")
 MUSL = Path("/lib/x86_64-linux-musl/libc.so")  # Debian's musl: the library is its own loader
 NOBODY = 65534
 DEBIAN_PYTHON = "/usr/bin/python3.11"
+PMIX_HOME = Path("/usr/lib/x86_64-linux-gnu/pmix2")  # what mkview bundles when it is there
 HOSTILE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/nonexistent/home",
                "LD_LIBRARY_PATH": "/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu:/lib:/usr/lib",
                "PYTHONPATH": "/tmp/not-the-view", "PYTHONHOME": "/usr"}
 PYTHON = f"{RUNTIME_ROOT}/python/bin/python3.11"
 # What the runtime imports, and what the process has mapped (ELF files and others) outside the view.
 PROBE = """
-import ctypes, json, msgpack, networkx, os, sqlite3, ssl, sys, zmq
+import ctypes, glob, json, msgpack, networkx, os, sqlite3, ssl, sys, zmq
+pmix = json.load(open(sys.argv[1] + "/manifest.json")).get("pmix")
+if pmix:  # the PMIx server's library and its plugins, as the worker loads them
+    version = ctypes.CDLL(f"{sys.argv[1]}/{pmix['library']}").PMIx_Get_version
+    version.restype = ctypes.c_char_p
+    plugins = glob.glob(f"{sys.argv[1]}/{pmix['prefix']}/lib/pmix/*.so")
+    pmix = [version().decode()] + [ctypes.CDLL(p) and p for p in plugins]
 mapped = {line.split(None, 5)[5].strip() for line in open("/proc/self/maps") if len(line.split()) == 6}
 def elf(path):
     try:
@@ -44,7 +51,7 @@ def elf(path):
         return False
 outside = sorted(p for p in mapped if p.startswith("/") and not p.startswith(sys.argv[1] + "/"))
 print(json.dumps({"path": sys.path, "curve": zmq.has("curve"), "uid": os.getuid(), "prefix": sys.prefix,
-                  "libraries": [p for p in outside if elf(p)], "other_files": outside,
+                  "libraries": [p for p in outside if elf(p)], "other_files": outside, "pmix": pmix,
                   "home_exists": os.path.exists(os.environ.get("HOME", "/"))}))
 """
 
@@ -141,6 +148,8 @@ def test_view_runs_alone_in_a_foreign_root(root: Path, view: Path, uid: int) -> 
     assert found["prefix"] == f"{RUNTIME_ROOT}/python"
     assert found["path"] and all(p.startswith(RUNTIME_ROOT + "/") for p in found["path"]), found["path"]
     assert found["libraries"] == [], found["libraries"]
+    if PMIX_HOME.is_dir():  # Debian's libpmix2 on the build host: the view brings it, and it loads here
+        assert found["pmix"][0].startswith("OpenPMIx ") and len(found["pmix"]) > 1, found["pmix"]
 
 
 def test_view_is_complete_and_open_to_all(view: Path) -> None:
