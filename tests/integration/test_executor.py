@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import pytest
 
+from tests.host import alive  # a zombie counts as dead: nobody may reap reparented processes here
 from worker.containment import CgroupTasks, kill_orphans
 from worker.executor import TaskExecutor, TaskResult, TaskSpec, TestExecutor
 
@@ -92,15 +93,6 @@ def spawning(request):
             os.waitpid(helper.pid, 0)
             os.close(helper.pidfd)
     Harness.made.clear()
-
-
-def alive(pid: int) -> bool:
-    # Nobody may reap reparented processes here, so a zombie counts as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except FileNotFoundError:
-        return False
 
 
 async def wait_dead(pid: int, timeout=3.0) -> bool:
