@@ -1,8 +1,9 @@
 """Application images without minicluster, built here from Debian's archive (no registry): what a user brings.
 
-* `app-mpi`: Debian bookworm minbase with Debian's MPICH (4.0.2) and a C ring program (`/usr/local/bin/mpi-ring`)
-  compiled with the host's `mpicc.mpich` of the same MPICH version and checked to resolve every library inside the
-  image; USER 1000:1000, its own user `app` with a home.
+* `app-mpi`: Debian bookworm minbase with Debian's MPICH (4.0.2) and Open MPI (4.1.4, with its own libpmix2) and a
+  C ring program for each (`/usr/local/bin/mpi-ring.mpich`, `mpi-ring.openmpi`), compiled with the host's
+  `mpicc.mpich`/`mpicc.openmpi` of the same Debian versions and checked to resolve every library inside the image;
+  USER 1000:1000, its own user `app` with a home.
 * `app-old`: Debian bullseye minbase (glibc 2.31, older than the runtime's 2.36), nothing added; USER root.
 * `app-static`: `FROM scratch` with only Debian's busybox-static (/bin/busybox and its applet links): no libc, no
   loader, no /etc/passwd; USER root.
@@ -103,9 +104,11 @@ def reference(name: str) -> str:
 
 
 RECIPES: dict[str, dict[str, Any]] = {
-    "app-mpi": {"suite": "bookworm", "include": ["mpich"], "program": RING_C, "mpicc": "libmpich-dev",
+    "app-mpi": {"suite": "bookworm", "include": ["mpich", "openmpi-bin"], "program": RING_C,
+                "mpicc": {"mpi-ring.mpich": ["mpicc.mpich", "libmpich-dev"],
+                          "mpi-ring.openmpi": ["mpicc.openmpi", "libopenmpi-dev"]},
                 "user": "1000:1000", "passwd": "app:x:1000:1000::/home/app:/bin/sh", "group": "app:x:1000:",
-                "cmd": ["/usr/local/bin/mpi-ring"]},
+                "cmd": ["/usr/local/bin/mpi-ring.openmpi"]},
     "app-old": {"suite": "bullseye", "include": [], "user": "0:0", "cmd": ["/bin/bash"]},
     "app-static": {"busybox": "busybox-static", "user": "0:0", "cmd": ["/bin/sh"]},
     "app-nomnt": {"busybox": "busybox-static", "user": "0:0", "cmd": ["/bin/sh"], "mnt_is_a_file": True},
@@ -116,8 +119,7 @@ def unavailable(name: str) -> str | None:
     """Why `name` cannot be built here, or None."""
     recipe = RECIPES[name]
     tools = ["apt-get", "dpkg-deb"] if "busybox" in recipe else ["debootstrap", "chroot"]
-    if recipe.get("mpicc"):
-        tools.append("mpicc.mpich")
+    tools += [compiler for compiler, _ in recipe.get("mpicc", {}).values()]
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
         return f"building {name} needs {', '.join(missing)}"
@@ -133,8 +135,7 @@ def key_of(name: str) -> str:
         inputs.append(_mirror())
     if "busybox" in recipe:
         inputs.append(_tool_version(recipe["busybox"]) or _candidate(recipe["busybox"]))
-    if recipe.get("mpicc"):
-        inputs.append(_tool_version(recipe["mpicc"]))
+    inputs += [_tool_version(package) for _, package in recipe.get("mpicc", {}).values()]
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -179,8 +180,8 @@ def _build(name: str, recipe: dict[str, Any], root: Path) -> dict[str, Any]:
         _run(["cp", "-a", "--reflink=auto", f"{base}/.", str(root)])
     if "passwd" in recipe:
         _add_user(root, recipe["passwd"], recipe["group"])
-    if "program" in recipe:
-        _compile_mpi(recipe["program"], root)
+    for program, (compiler, _) in recipe.get("mpicc", {}).items():
+        _compile_mpi(recipe["program"], compiler, root / "usr/local/bin" / program)
     return {"User": recipe["user"], "Entrypoint": [], "Cmd": recipe["cmd"], "WorkingDir": "/",
             "Env": [f"PATH={PATH}"]}
 
@@ -239,15 +240,16 @@ def _add_user(root: Path, passwd: str, group: str) -> None:
     os.chown(home, int(fields[2]), int(fields[3]))
 
 
-def _compile_mpi(source: str, root: Path) -> None:
-    """The ring, compiled against the host's MPICH headers (the same Debian version as the image's, in the key),
-    then checked to resolve every library from the image itself."""
+def _compile_mpi(source: str, compiler: str, target: Path) -> None:
+    """The ring, compiled with the host's MPI wrapper (the same Debian version as the image's, in the key), then
+    checked to resolve every library from the image itself."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "ring.c").write_text(source)
-        _run(["mpicc.mpich", "-O2", "-o", str(root / "usr/local/bin/mpi-ring"), f"{tmp}/ring.c"])
-    linked = _run(["chroot", str(root), "ldd", "/usr/local/bin/mpi-ring"])
+        _run([compiler, "-O2", "-o", str(target), f"{tmp}/ring.c"])
+    root = target.parents[3]  # ROOT/usr/local/bin/PROGRAM
+    linked = _run(["chroot", str(root), "ldd", f"/{target.relative_to(root)}"])
     if "not found" in linked:
-        raise RuntimeError(f"mpi-ring does not resolve inside the image:\n{linked}")
+        raise RuntimeError(f"{target.name} does not resolve inside the image:\n{linked}")
 
 
 def _run(argv: list[str], cwd: str | None = None, timeout: float = 600) -> str:

@@ -6,7 +6,10 @@ run in file order and each leaves it Ready again, except the last, which deletes
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import os
+import statistics
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +22,7 @@ from minicluster import exitcodes
 from minicluster.operator.kube import Kube
 from minicluster.operator.spec import MiniCluster
 from minicluster.operator.status import ProxyStatusFetcher
+from minicluster.runtime import RUNTIME_ROOT
 from tests.operator.k8s_control_plane import collection_path, operator_token
 from tests.e2e import install
 from tests.e2e.conftest import (
@@ -411,3 +415,104 @@ async def test_an_ipv6_only_cluster_joins_runs_and_shuts_down(e2e: Env, admin: K
     done = await asyncio.to_thread(kubectl_mc, e2e, ns, "shutdown", "six")
     assert done.returncode == 0, done.stderr
     assert (await wait_condition(admin, ns, "six", "Succeeded"))["reason"] == "BrokerSucceeded"
+
+
+# --- application images without minicluster: the runtime injected (appimages.py) ------------------------------
+
+async def broker_log(e2e: Env, admin: Kube, ns: str, name: str) -> str:
+    """The log of rank 0's pod of MiniCluster `name` (the broker's: its batch command's output)."""
+    [broker] = [p for p in await pods(admin, ns, name) if (p["metadata"].get("annotations") or {}).get(INDEX) == "0"]
+    return str(e2e.on_node(lambda: e2e.node.logs(ns, broker["metadata"]["name"])))
+
+
+async def succeeded_or_log(e2e: Env, admin: Kube, ns: str, name: str, timeout: float = 180) -> None:
+    try:
+        await wait_condition(admin, ns, name, "Succeeded", timeout=timeout)
+    except AssertionError as exc:
+        try:
+            log = (await broker_log(e2e, admin, ns, name))[-3000:]
+        except Exception as missing:  # no log (the container never started): the status above says why
+            log = f"({missing})"
+        raise AssertionError(f"{exc}\nthe broker's log:\n{log}") from None
+
+
+@pytest.mark.parametrize("mpi", ["openmpi", "mpich"])
+async def test_an_mpi_application_image_runs_its_mpi_program_across_ranks(e2e: Env, admin: Kube, mpi: str) -> None:
+    # Debian bookworm + Debian's Open MPI and MPICH + a ring compiled against each, USER 1000 of its own: no
+    # minicluster, no Python.  Restricted Pod Security holds with the image's own non-root user.  Open MPI's
+    # PMIx client reaches the runtime's own PMIx server (the image's libpmix2 is never loaded by it).
+    image = e2e.app_image("app-mpi")
+    ns = await make_namespace(admin, e2e.namespace(f"app{mpi}"))
+    await create(admin, minicluster(e2e, "ring", ns, size=2, image=image, securityContext={"runAsNonRoot": True},
+                                    command=["mc", "run", "-N", "2", "-n", "4", f"/usr/local/bin/mpi-ring.{mpi}"]))
+    await succeeded_or_log(e2e, admin, ns, "ring")
+    log = await broker_log(e2e, admin, ns, "ring")
+    ranks = {line.split()[2]: line.split()[-1] for line in log.splitlines() if line.startswith("ring: rank")}
+    assert "ring done: 4 ranks, token 6" in log, log[-3000:]  # 0 + 1 + 2 + 3: every rank passed the token on
+    assert sorted(ranks) == ["0", "1", "2", "3"] and set(ranks.values()) == {"ring-0", "ring-1"}, log[-3000:]
+
+
+async def test_an_older_glibc_image_runs_a_plain_command_on_every_rank(e2e: Env, admin: Kube) -> None:
+    # Debian bullseye (glibc 2.31, older than the runtime's 2.36), USER root: a root image, so a namespace
+    # without the restricted profile.
+    image = e2e.app_image("app-old")
+    ns = await make_namespace(admin, e2e.namespace("appold"), restricted=False)
+    said = 'echo "$(hostname) $(cat /etc/debian_version) $(ldd --version | head -n1)"'
+    await create(admin, minicluster(e2e, "old", ns, size=2, image=image,
+                                    command=["mc", "run", "-N", "2", "sh", "-c", said]))
+    await succeeded_or_log(e2e, admin, ns, "old")
+    lines = [line for line in (await broker_log(e2e, admin, ns, "old")).splitlines() if "GLIBC" in line]
+    assert sorted(line.split()[0] for line in lines) == ["old-0", "old-1"], lines
+    assert all(line.split()[1].startswith("11.") and "GLIBC 2.31" in line for line in lines), lines
+
+
+async def test_a_static_image_without_libc_runs_a_plain_command_on_every_rank(e2e: Env, admin: Kube) -> None:
+    # Only a static busybox: no libc, no loader, no /etc/passwd.  The runtime brings its own loader and libraries.
+    image = e2e.app_image("app-static")
+    ns = await make_namespace(admin, e2e.namespace("appstatic"), restricted=False)
+    await create(admin, minicluster(e2e, "static", ns, size=2, image=image,
+                                    command=["mc", "run", "-N", "2", "/bin/busybox", "echo", "static-ok"]))
+    await succeeded_or_log(e2e, admin, ns, "static")
+    log = await broker_log(e2e, admin, ns, "static")
+    assert [line for line in log.splitlines() if line == "static-ok"] == ["static-ok"] * 2, log[-3000:]
+
+
+async def test_an_image_that_cannot_hold_the_runtime_is_not_ready_with_the_reason_at_once(
+        e2e: Env, admin: Kube) -> None:
+    # /mnt is a file in this image: the runtime's volume cannot be mounted at /mnt/minicluster.
+    image = e2e.app_image("app-nomnt")
+    ns = await make_namespace(admin, e2e.namespace("appnomnt"), restricted=False)
+    await create(admin, minicluster(e2e, "nomnt", ns, size=1, image=image, command=["true"]))
+    ready = await wait_condition(admin, ns, "nomnt", "Ready", "False", reason="StartError", timeout=60)
+    assert "not a directory" in ready["message"].lower(), ready
+    await wait_condition(admin, ns, "nomnt", "Failed", timeout=60)
+    assert len(await pods(admin, ns, "nomnt")) == 1  # failed at once: no retries
+
+
+async def test_time_from_pod_start_to_every_rank_joined_injected_and_baked(e2e: Env, admin: Kube) -> None:
+    """Not an assertion on time: the numbers for the notes (timings.json), MC_E2E_STARTS starts of each kind.
+    Batch mode starts its command once every rank joined; the command prints that moment."""
+    starts = int(os.environ.get("MC_E2E_STARTS", "1"))
+    ns = await make_namespace(admin, e2e.namespace("starts"), restricted=False)
+    clock = "import time; print('joined', time.time())"
+    kinds = {"injected": (e2e.app_image("app-static"), [f"{RUNTIME_ROOT}/python/bin/python3.11", "-I", "-c", clock]),
+             "baked": (e2e.image, ["python3", "-c", clock])}
+    for kind, (image, command) in kinds.items():
+        seconds = []
+        for i in range(starts):
+            name = f"{kind}-{i}"
+            await create(admin, minicluster(e2e, name, ns, size=2, image=image, command=command))
+            await succeeded_or_log(e2e, admin, ns, name)
+            joined = [float(line.split()[1]) for line in (await broker_log(e2e, admin, ns, name)).splitlines()
+                      if line.startswith("joined ")]
+            assert len(joined) == 1
+            started = min(_seconds(p["status"]["startTime"]) for p in await pods(admin, ns, name))
+            seconds.append(joined[0] - started)
+            await admin.request("DELETE", f"{MC_API}/namespaces/{ns}/miniclusters/{name}")
+        e2e.timings[f"pod_start_to_joined_{kind}_median_s"] = statistics.median(seconds)
+        e2e.timings[f"pod_start_to_joined_{kind}_runs"] = len(seconds)
+        print(f"pod start to every rank joined, {kind}: {[round(s, 2) for s in seconds]}")
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
