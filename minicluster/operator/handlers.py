@@ -139,8 +139,9 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
     mc = _last_accepted(body) if invalid else MiniCluster.from_body(body)
     job = await deps.kube.get(path_of("Job", mc.namespace, mc.broker_job_name))
     if job is None:
-        if _finished(body):
-            # Deleted after the end (a TTL, an admin): making it again would run the batch command twice.
+        if _finished(body) or _finished(await _fresh(deps, body)):
+            # Deleted after the end (a TTL, an admin): making it again would run the batch command twice. The
+            # timer's body may predate the status that said so (a loaded operator), hence the fresh read.
             await _say_finished(deps, body, "its Jobs are gone and are not made again")
         elif not invalid:
             # Deleted behind our back (or never created): rebuild, report next time.
@@ -182,8 +183,14 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
         await _stop_workers(deps.kube, mc, job, workers)
 
 
-def _finished(body: kopf.Body) -> bool:
+def _finished(body: Mapping[str, Any]) -> bool:
     return (body.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+async def _fresh(deps: Deps, body: kopf.Body) -> Mapping[str, Any]:
+    """The MiniCluster as the API server has it now (empty if it is gone)."""
+    meta = body["metadata"]
+    return await deps.kube.get(path_of("MiniCluster", meta["namespace"], meta["name"])) or {}
 
 
 async def _say_finished(deps: Deps, body: kopf.Body, what: str) -> None:

@@ -4,18 +4,21 @@ server, fetched by the production HttpStatusFetcher."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import json
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import aiohttp.web
 import kmock as kmocklib
 import kopf
 import pytest
 
-from minicluster.operator import manifests, operate
+from minicluster.operator import handlers, manifests, operate
+from minicluster.operator.kube import Kube
+from minicluster.operator.metrics import Metrics
 from minicluster.operator.spec import MiniCluster
 from minicluster.operator.status import HttpStatusFetcher
 
@@ -347,7 +350,7 @@ async def test_every_job_brings_the_runtime_to_the_application_image(
         securityContext={"runAsUser": 1000, "runAsNonRoot": True},
         containerSecurityContext={"capabilities": {"add": ["IPC_LOCK"]}}))
     for name in ("demo-broker", "demo"):
-        pod = (await eventually(lambda name=name: obj(kmock, JOB, name)))["spec"]["template"]["spec"]
+        pod = (await eventually(functools.partial(obj, kmock, JOB, name)))["spec"]["template"]["spec"]
         [app] = pod["containers"]
         assert app["image"] == "docker.io/library/debian:bookworm"
         assert app["command"][:2] == ["/mnt/minicluster/bin/mc", "boot"]
@@ -460,6 +463,31 @@ async def test_a_finished_minicluster_never_runs_again(operator: None, kmock: Km
     assert obj(kmock, MC, "demo")["status"]["phase"] == "Succeeded"
 
 
+async def test_a_poll_with_a_body_older_than_the_end_does_not_run_a_finished_minicluster_again(
+    kmock: Kmock, make_body: Make,
+) -> None:
+    """kopf hands a timer the body its watch last delivered: on a loaded operator, one from before the status that
+    said Succeeded. The Job, deleted after the end, must not be made again from it (it was, under a load of 15)."""
+    await create(kmock, make_body(command=["true"]))
+    async with kmock.patch(f"{MC_URL}/demo/status", json={"status": {"phase": "Succeeded"}}) as resp:
+        assert resp.status < 300
+    stale = {**obj(kmock, MC, "demo"), "status": {"phase": "Running"}}
+    server = str(kmock.url).rstrip("/")
+
+    async def login() -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=server)
+
+    fetcher = HttpStatusFetcher(lambda mc: "http://127.0.0.1:9/status")
+    deps = handlers.Deps(kube=Kube(login), fetch_status=fetcher, metrics=Metrics())
+    try:
+        await handlers._poll(deps, kopf.Body(cast(kopf.RawBody, stale)))
+    finally:
+        await deps.kube.close()
+        await fetcher.close()
+    assert not exists(kmock, JOB, "demo")
+    assert condition(obj(kmock, MC, "demo")["status"], "Reconciled")["reason"] == "Finished"
+
+
 async def test_pod_fields_reach_every_job_and_a_bad_one_is_refused_before_anything_is_made(
     operator: None, kmock: Kmock, make_body: Make,
 ) -> None:
@@ -469,7 +497,7 @@ async def test_pod_fields_reach_every_job_and_a_bad_one_is_refused_before_anythi
              "shmSize": "4Gi"},
         commands={"init": ["sh", "-c", "true"], "pre": ["true"]}, services=[{"name": "db", "image": "redis:7"}]))
     for name in ("demo-broker", "demo"):
-        template = (await eventually(lambda name=name: obj(kmock, JOB, name)))["spec"]["template"]
+        template = (await eventually(functools.partial(obj, kmock, JOB, name)))["spec"]["template"]
         pod = template["spec"]
         assert template["metadata"]["labels"]["team"] == "physics"
         assert pod["imagePullSecrets"] == [{"name": "registry"}] and pod["automountServiceAccountToken"] is False
