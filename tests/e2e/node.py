@@ -70,6 +70,9 @@ class Node:
         self.port = 0
         self.containers: dict[str, kubelet.Container] = {}  # pod uid -> its container
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        # Pods whose containers were started: never started again (restartPolicy Never), even from a pod list
+        # read before their final status was written.
+        self.ran: set[str] = set()
         self.indexes: dict[str, int] = {}  # pod uid -> index given (before the API server shows it)
         self.jobs = JobRules(kube)
         self.provisioner = LocalPathProvisioner(kube, run_id, workdir / "volumes")
@@ -151,7 +154,7 @@ class Node:
             elif uid not in self.tasks and spec.get("nodeName") == self.name:
                 await self._finalize(pod)
             return
-        if uid in self.tasks or phase(pod) in TERMINAL:
+        if uid in self.tasks or uid in self.ran or phase(pod) in TERMINAL:
             return
         if job is not None and self.jobs.is_finished(job):
             return
@@ -213,6 +216,7 @@ class Node:
             log.exception("preparing pod %s/%s", namespace, name)
             await self._waiting(pod, kubelet.CannotStart("RunContainerError", str(exc)))
             return
+        self.ran.add(uid)
         *inits, main = launches
         c = main.c
         try:

@@ -489,29 +489,35 @@ async def test_an_image_that_cannot_hold_the_runtime_is_not_ready_with_the_reaso
     assert len(await pods(admin, ns, "nomnt")) == 1  # failed at once: no retries
 
 
+@pytest.mark.timeout(1800)  # MC_E2E_STARTS MiniClusters of each kind, one after the other
 async def test_time_from_pod_start_to_every_rank_joined_injected_and_baked(e2e: Env, admin: Kube) -> None:
     """Not an assertion on time: the numbers for the notes (timings.json), MC_E2E_STARTS starts of each kind.
     Batch mode starts its command once every rank joined; the command prints that moment."""
     starts = int(os.environ.get("MC_E2E_STARTS", "1"))
     ns = await make_namespace(admin, e2e.namespace("starts"), restricted=False)
     clock = "import time; print('joined', time.time())"
-    kinds = {"injected": (e2e.app_image("app-static"), [f"{RUNTIME_ROOT}/python/bin/python3.11", "-I", "-c", clock]),
-             "baked": (e2e.image, ["python3", "-c", clock])}
-    for kind, (image, command) in kinds.items():
-        seconds = []
+    kinds = {"injected": {"image": e2e.app_image("app-static"),
+                          "command": [f"{RUNTIME_ROOT}/python/bin/python3.11", "-I", "-c", clock]},
+             "baked": {"image": e2e.image, "runtime": {"mode": "baked"}, "command": ["python3", "-c", clock]}}
+    for kind, spec in kinds.items():
+        seconds, copies = [], []
         for i in range(starts):
             name = f"{kind}-{i}"
-            await create(admin, minicluster(e2e, name, ns, size=2, image=image, command=command))
+            await create(admin, minicluster(e2e, name, ns, size=2, **spec))
             await succeeded_or_log(e2e, admin, ns, name)
             joined = [float(line.split()[1]) for line in (await broker_log(e2e, admin, ns, name)).splitlines()
                       if line.startswith("joined ")]
             assert len(joined) == 1
-            started = min(_seconds(p["status"]["startTime"]) for p in await pods(admin, ns, name))
+            ended = await pods(admin, ns, name)
+            started = min(_seconds(p["status"]["startTime"]) for p in ended)
             seconds.append(joined[0] - started)
+            copies += [_seconds(ran["finishedAt"]) - _seconds(ran["startedAt"]) for ran in (
+                c["state"]["terminated"] for p in ended for c in p["status"].get("initContainerStatuses") or [])]
             await admin.request("DELETE", f"{MC_API}/namespaces/{ns}/miniclusters/{name}")
         e2e.timings[f"pod_start_to_joined_{kind}_median_s"] = statistics.median(seconds)
         e2e.timings[f"pod_start_to_joined_{kind}_runs"] = len(seconds)
-        print(f"pod start to every rank joined, {kind}: {[round(s, 2) for s in seconds]}")
+        print(f"pod start to every rank joined, {kind}: {[round(s, 2) for s in seconds]}; the runtime's copy (init "
+              f"container, whole seconds): {copies}")
 
 
 def _seconds(stamp: str) -> float:
