@@ -43,20 +43,25 @@ def _leftovers() -> set[int]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def nothing_left_running() -> Iterator[None]:
+def nothing_left_running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After the last test (and every other session fixture's teardown: this one is set up first), no process
-    that the suite started may still run. Those that do are named, killed, and fail the run."""
+    that the suite started may still run, and no mount, user, group or network namespace it made may remain.
+    Processes that do are named, killed, and fail the run; the other traces are named and fail it.  (Another
+    test session on the same host at the same time can make users or namespaces this one then names.)"""
+    base = tmp_path_factory.getbasetemp()
+    before = host.traces(base)
     yield
     deadline = time.monotonic() + 5  # a process just signalled by a teardown may need a moment to exit
     while (left := _leftovers()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if not left:
-        return
-    named = [f"{pid} {host.cmdline(pid)}" for pid in sorted(left)]
+    found = [f"process {pid} {host.cmdline(pid)}" for pid in sorted(left)]
     for pid in left:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    pytest.fail("the test session left processes running (now killed):\n  " + "\n  ".join(named), pytrace=False)
+    after = host.traces(base)
+    found += [f"{kind} {name}" for kind in after for name in sorted(after[kind] - before[kind])]
+    if found:
+        pytest.fail("the test session left behind (processes now killed):\n  " + "\n  ".join(found), pytrace=False)
 
 
 # The tiers (CONTRIBUTING.md#tiers). The fast tier, `-m 'not slow and not apiserver'`, is the unit tests plus the
@@ -69,6 +74,8 @@ _REAL_PROCESS_TIERS = ("tests/integration/", "tests/e2e/", "tests/operator/test_
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).resolve().parent.parent
     for item in items:
+        if not item.path.resolve().is_relative_to(root):
+            continue  # a test file of a session started by a test (test_session_check)
         where = item.path.resolve().relative_to(root).as_posix()
         if where.startswith(_REAL_PROCESS_TIERS) and item.get_closest_marker("smoke") is None:
             item.add_marker(pytest.mark.slow)

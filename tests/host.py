@@ -93,3 +93,21 @@ def with_environ(entry: str) -> set[int]:
         except OSError:
             pass
     return found
+
+
+def traces(mounts_under: Path) -> dict[str, set[str]]:
+    """What a test can leave on the host besides processes: mount points under `mounts_under` (the session's
+    temporary directory, where tests mount), users, groups and named network namespaces."""
+    def names(path: str) -> set[str]:
+        return {line.split(":", 1)[0] for line in Path(path).read_text().splitlines() if line}
+
+    base = str(mounts_under)
+    points = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    netns = Path("/run/netns")
+    return {
+        "mount": {p for p in points if p == base or p.startswith(f"{base}/")},
+        "user": names("/etc/passwd"),
+        "group": names("/etc/group"),
+        "network namespace": set(os.listdir(netns)) if netns.is_dir() else set(),
+    }
+
