@@ -33,8 +33,8 @@ def test_a_session_that_leaves_a_process_and_a_mount_fails_and_names_them(tmp_pa
     base = tmp_path / "base"
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-c", "/dev/null", "--rootdir", str(tmp_path),
-             "--basetemp", str(base), "-p", "no:cacheprovider", str(tmp_path / "test_leaves.py")],
+            [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-c", "/dev/null", "-p", "no:cacheprovider",
+             "--rootdir", str(tmp_path), "--basetemp", str(base), str(tmp_path / "test_leaves.py")],
             cwd=REPO, capture_output=True, text=True, timeout=120)
     finally:
         subprocess.run(["umount", "-R", "-l", str(base / "test_leaves_a_mount0" / "mnt")], capture_output=True)
