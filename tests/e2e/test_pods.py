@@ -436,7 +436,14 @@ async def succeeded_or_log(e2e: Env, admin: Kube, ns: str, name: str, timeout: f
         raise AssertionError(f"{exc}\nthe broker's log:\n{log}") from None
 
 
-@pytest.mark.parametrize("mpi", ["openmpi", "mpich"])
+MPICH_FINALIZE = (
+    "Debian's MPICH 4.0.2 (ch4:ucx) may hang in MPI_Finalize across pods: it closes its UCX TCP endpoints before its "
+    "last PMI barrier, and a peer already blocked in that barrier never answers (docs/mpi.md, Containers); after "
+    "'ring done' all ranks but one waited in the barrier, in 1 of 2 runs on the emulated node and 1 of 1 on the real "
+    "node")
+
+
+@pytest.mark.parametrize("mpi", ["openmpi", pytest.param("mpich", marks=pytest.mark.xfail(reason=MPICH_FINALIZE))])
 async def test_an_mpi_application_image_runs_its_mpi_program_across_ranks(e2e: Env, admin: Kube, mpi: str) -> None:
     # Debian bookworm + Debian's Open MPI and MPICH + a ring compiled against each, USER 1000 of its own: no
     # minicluster, no Python.  Restricted Pod Security holds with the image's own non-root user.  Open MPI's
@@ -484,9 +491,12 @@ async def test_an_image_that_cannot_hold_the_runtime_is_not_ready_with_the_reaso
     ns = await make_namespace(admin, e2e.namespace("appnomnt"), restricted=False)
     await create(admin, minicluster(e2e, "nomnt", ns, size=1, image=image, command=["true"]))
     ready = await wait_condition(admin, ns, "nomnt", "Ready", "False", reason="StartError", timeout=60)
-    assert "not a directory" in ready["message"].lower(), ready
+    assert "container minicluster" in ready["message"].lower(), ready  # the app's container, not the runtime's copy
     await wait_condition(admin, ns, "nomnt", "Failed", timeout=60)
-    assert len(await pods(admin, ns, "nomnt")) == 1  # failed at once: no retries
+    # Failed at once: one pod ran (a 1.20 Job controller may have made a replacement, which never started).
+    [pod] = [p for p in await pods(admin, ns, "nomnt") if p["status"].get("phase") == "Failed"]
+    [ended] = [c["state"]["terminated"] for c in pod["status"]["containerStatuses"] if c["name"] == "minicluster"]
+    assert ended["exitCode"] == exitcodes.NOT_STARTED and "not a directory" in ended["message"].lower(), ended
 
 
 @pytest.mark.timeout(1800)  # MC_E2E_STARTS MiniClusters of each kind, one after the other
