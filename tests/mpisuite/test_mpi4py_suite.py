@@ -24,9 +24,9 @@ from tests.mpisuite import cache
 from tests.mpisuite.suite import KNOWN_MC_ONLY, MPI, MPIS, NODES, RANK_PY, RANKS, launch, suite_args, suite_env
 
 # slow too: `-m "not slow ..."` (the quick loop) replaces addopts' -m and would run this tier.
-pytestmark = [pytest.mark.mpisuite, pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.mpisuite, pytest.mark.slow, pytest.mark.timeout(3600)]
 
-RUN_TIMEOUT = 900.0  # one launch of the whole suite: a bound for a hang (40-260 s on a quiet 2-core machine)
+RUN_TIMEOUT = 1500.0  # one launch of the whole suite: a bound for a hang (40-260 s on a quiet 2-core machine)
 PMI_REQUEST = re.compile(r"PMI <- b?'cmd=(\w+)")
 
 
