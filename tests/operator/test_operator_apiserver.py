@@ -136,12 +136,14 @@ def running_operator(cluster: Cluster, token: str, port: int, namespace: str, ch
         finally:
             await fetcher.close()
 
-    thread = threading.Thread(target=asyncio.run, args=(main(),), name=f"kopf-{namespace}")
+    # A daemon: an operator that never stops fails below, and must not also hold the test process at exit.
+    thread = threading.Thread(target=asyncio.run, args=(main(),), name=f"kopf-{namespace}", daemon=True)
     thread.start()
     assert ready.wait(30)
     yield
     stop.set()
     thread.join(30)
+    assert not thread.is_alive(), f"the operator of {namespace} did not stop in 30 s"
 
 
 # kopf restricted to namespaces watches the Namespace objects; deploy/ runs the operator cluster-wide and grants

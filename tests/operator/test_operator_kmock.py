@@ -92,7 +92,8 @@ async def operator(kmock: kmocklib.KubernetesEmulator, broker: dict[str, Any]) -
     # kopf gets its own thread and loop, as in production: on exit it waits
     # for every task its loop spawned, which would include kmock's handlers.
     stop, ready = threading.Event(), threading.Event()
-    thread = threading.Thread(target=asyncio.run, args=(main(),), name="kopf")
+    # A daemon: an operator that never stops fails its test below, and must not also hold the process at exit.
+    thread = threading.Thread(target=asyncio.run, args=(main(),), name="kopf", daemon=True)
     thread.start()
     assert await asyncio.to_thread(ready.wait, 10)
     yield
