@@ -34,6 +34,9 @@ EXCLUDED_TESTS: dict[str, tuple[tuple[str, ...], str]] = {  # pattern: (the MPIs
     "test_comm_topo.TestTopoWorld*.testDistgraphcomm": (
         ("mpich-wheel",), "hangs in MPI_Dist_graph_create (every rank polling) with 4 ranks on 2 nodes, under Hydra "
                           "(-launcher fork -hosts n0,n1) as under mc; on one node (mpiexec -n 4) it passes"),
+    "test_rma.TestRMAWorld*.testStartCompletePost*": (
+        ("mpich-wheel",), "three ranks never left testStartCompletePostTest (MPI_Win_post/start/complete/test) in "
+                          "one of two runs under Hydra on two nodes, while the fourth went on"),
     # Debian's MPICH 4.0.2 (UCX 1.13) ranks died of SIGSEGV inside MPICH/UCX, each in one run of the two launchers:
     "test_comm_inter.TestIntercomm.testSplitTypeShared": (
         ("mpich-debian",), "every rank segfaulted in MPI_Comm_split_type on an intercommunicator (under mc)"),
