@@ -107,8 +107,7 @@ def problems(spec: Mapping[str, Any]) -> list[str]:
     for key in ("priorityClassName", "schedulerName", "runtimeClassName"):
         if key in pod and not _is_subdomain(pod[key]):
             found.append(f"spec.pod.{key} {pod[key]!r} is not a DNS subdomain (lowercase letters, digits, '-', '.')")
-    shm = QUANTITY.match(str(pod.get("shmSize", DEFAULT_SHM)))
-    if not shm or float(shm.group(1)) <= 0:
+    if not positive_quantity(pod.get("shmSize", DEFAULT_SHM)):
         found.append(f"spec.pod.shmSize {pod.get('shmSize')!r} is not a positive quantity such as 1Gi")
     if spec.get("imagePullPolicy", "Always") not in PULL_POLICIES:
         found.append(f"spec.imagePullPolicy {spec['imagePullPolicy']!r} is not one of {', '.join(PULL_POLICIES)}")
@@ -170,6 +169,12 @@ def _service_problems(services: Any) -> list[str]:
         if isinstance(service, Mapping) and service.get("restartPolicy", "Always") != "Always":
             found.append(f"{where}.restartPolicy must be Always if given: services run as sidecars")
     return found
+
+
+def positive_quantity(value: Any) -> bool:
+    """A quantity such as 1Gi or 0.5Gi, above zero by its number (\"0Gi\" and \"0.0\" are not)."""
+    found = QUANTITY.match(str(value))
+    return found is not None and float(found.group(1)) > 0
 
 
 def _is_subdomain(value: Any) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from minicluster.config import POLICIES, ConfigError, InstanceConfig
 from minicluster.operator import podfields
 from minicluster.operator.podfields import PodFields
+from minicluster.runtime import RUNTIME_ROOT
 
 GROUP = "minicluster.dev"
 VERSION = "v1alpha1"
@@ -35,7 +36,6 @@ RUNTIME_UID = 10001
 ROLE_LABEL = f"{GROUP}/role"
 # Set by the Indexed Job controller (annotation always, label since Kubernetes 1.28).
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-_QUANTITY = podfields.QUANTITY
 
 # Pod hostnames are "<name>-<index>" and must fit a 63-character DNS label;
 # 50 leaves room for any index below the schema's maxSize limit.
@@ -63,6 +63,11 @@ CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KIL
                 "NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT", "IPC_LOCK", "SYS_NICE",
                 "SYS_RESOURCE", "SYS_PTRACE")
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+# The operator's own pod volumes and mount paths (manifests.py: config and key, state, /dev/shm, the injected
+# runtime and its copy): a user's of the same name or at the same path would make the pod template invalid.
+OWN_VOLUME_PREFIX = "minicluster-"
+OWN_MOUNT_PATHS = ("/etc/minicluster", "/var/lib/minicluster", "/dev/shm", RUNTIME_ROOT, f"{RUNTIME_ROOT}-copy")
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,7 @@ def problems(body: Mapping[str, Any]) -> list[str]:
     if level not in LOG_LEVELS:
         found.append(f"spec.logging.level {level!r} is not one of {', '.join(LOG_LEVELS)}")
     found.extend(_storage_problems(spec, max_size))
+    found.extend(_collision_problems(spec))
     found.extend(_runtime_problems(spec))
     found.extend(_security_problems(spec))
     found.extend(podfields.problems(spec))
@@ -254,12 +260,33 @@ def _storage_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
     if not storage:
         return []
     found = []
-    if not _QUANTITY.match(str(storage.get("size", ""))):
-        found.append(f"spec.storage.size {storage.get('size')!r} is not a quantity such as 1Gi")
+    if not podfields.positive_quantity(storage.get("size", "")):
+        found.append(f"spec.storage.size {storage.get('size')!r} is not a positive quantity such as 1Gi")
     # Index 0 of the workers' Job completes at once with storage (rank 0 has its own Job), and a complete Job
     # never grows again: an elastic MiniCluster with storage keeps at least one worker.
     if max_size > 1 and int(spec.get("size", 1)) < 2:
         found.append("with spec.storage, spec.size must be at least 2 unless maxSize is 1")
+    return found
+
+
+def _collision_problems(spec: Mapping[str, Any]) -> list[str]:
+    """A user's volume or mount that takes the operator's own name or path, or a queue name no label can hold:
+    the Jobs would be refused (422) after the MiniCluster was accepted."""
+    found = []
+    for i, volume in enumerate(spec.get("volumes") or ()):
+        name = str(volume.get("name", "")) if isinstance(volume, Mapping) else ""
+        if name.startswith(OWN_VOLUME_PREFIX):
+            found.append(f"spec.volumes[{i}].name {name!r}: names beginning with {OWN_VOLUME_PREFIX!r} are the "
+                         f"operator's")
+    for i, mount in enumerate(spec.get("volumeMounts") or ()):
+        path = str(mount.get("mountPath", "")).rstrip("/") if isinstance(mount, Mapping) else ""
+        taken = next((own for own in OWN_MOUNT_PATHS if path == own or path.startswith(f"{own}/")), None)
+        if taken:
+            found.append(f"spec.volumeMounts[{i}].mountPath {path!r}: {taken} is the operator's")
+    queue = spec.get("queueName", "") or ""
+    if queue and not (_LABEL_VALUE.match(str(queue)) and len(str(queue)) <= 63):
+        found.append(f"spec.queueName {queue!r} is not a label value (at most 63 letters, digits, '-', '_', '.', "
+                     f"beginning and ending with a letter or digit): Kueue reads it from a label")
     return found
 
 

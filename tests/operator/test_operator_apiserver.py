@@ -210,6 +210,8 @@ async def test_crd_defaults_and_printer_columns(admin: Kube) -> None:
     ({"logging": {"level": "loud"}}, "spec.logging.level"),
     ({"pod": {"shmSize": "lots"}}, "spec.pod.shmSize"),
     ({"commands": {"pre": "echo hi"}}, "spec.commands.pre"),
+    ({"queueName": "team a"}, "spec.queueName"),
+    ({"storage": {"size": "0Gi"}}, "spec.storage.size"),
 ])
 async def test_schema_refuses_bad_specs(admin: Kube, spec: dict[str, Any], message: str) -> None:
     with pytest.raises(ApiError) as refused:
@@ -219,13 +221,15 @@ async def test_schema_refuses_bad_specs(admin: Kube, spec: dict[str, Any], messa
 
 
 async def test_the_pod_fields_are_kept_whole(admin: Kube) -> None:
-    # A structural schema prunes what it does not declare: every pod field must survive the API server.
+    # A structural schema prunes what it does not declare: every pod field must survive the API server (resources'
+    # claims among them, which an earlier schema dropped without a word).
     fields = {"pod": {"labels": {"team": "a"}, "annotations": {"example.com/x": "y z"}, "imagePullSecrets": ["r"],
                       "priorityClassName": "p", "schedulerName": "s", "runtimeClassName": "r", "shmSize": "2Gi",
                       "packRanks": True},
               "imagePullPolicy": "Never", "workingDir": "/w",
               "commands": {"init": ["sh", "-c", "true"], "pre": ["true"], "post": ["true"]},
-              "services": [{"name": "db", "image": "redis:7", "ports": [{"containerPort": 6379}]}]}
+              "services": [{"name": "db", "image": "redis:7", "ports": [{"containerPort": 6379}]}],
+              "resources": {"requests": {"cpu": "1"}, "claims": [{"name": "gpu"}]}}
     created = await admin.create(MC_PATH.format(ns="default"), body("podfields", **fields))
     assert {key: created["spec"][key] for key in fields} == fields
 

@@ -15,7 +15,7 @@ import zmq.auth
 
 from minicluster.config import from_mapping
 from minicluster.operator import manifests, reconcile
-from minicluster.operator.spec import TEMPLATE_FIELDS, MiniCluster, problems
+from minicluster.operator.spec import OWN_MOUNT_PATHS, OWN_VOLUME_PREFIX, TEMPLATE_FIELDS, MiniCluster, problems
 from tests.e2e.podsecurity import restricted_violations
 
 # Indexed Job successPolicy and podFailurePolicy are GA only in recent releases.
@@ -227,6 +227,16 @@ def test_config_and_key_share_one_projected_directory(body: dict[str, Any]) -> N
     ({"storage": {"size": "1Gi"}, "size": 1, "maxSize": 1}, ""),
     ({"brokerRunsTasks": False, "size": 1, "maxSize": 1}, "broker_runs_tasks = false leaves no rank"),
     ({"topology": "zone=a b"}, "bad property name"),
+    ({"storage": {"size": "0Gi"}}, "spec.storage.size '0Gi' is not a positive quantity"),
+    ({"volumes": [{"name": "minicluster-state", "emptyDir": {}}]}, "spec.volumes[0].name 'minicluster-state'"),
+    ({"volumes": [{"name": "data", "emptyDir": {}}], "volumeMounts": [{"name": "data", "mountPath": "/dev/shm"}]},
+     "spec.volumeMounts[0].mountPath '/dev/shm': /dev/shm is the operator's"),
+    ({"volumes": [{"name": "data", "emptyDir": {}}],
+      "volumeMounts": [{"name": "data", "mountPath": "/etc/minicluster/curve/"}]},
+     "/etc/minicluster is the operator's"),
+    ({"volumes": [{"name": "data", "emptyDir": {}}],
+      "volumeMounts": [{"name": "data", "mountPath": "/etc/minicluster2"}]}, ""),
+    ({"queueName": "team a"}, "spec.queueName 'team a' is not a label value"),
 ])
 def test_problems(make_body: Any, spec: dict[str, Any], message: str) -> None:
     found = problems(make_body(**spec))
@@ -310,3 +320,15 @@ def test_spec_hash_is_what_was_asked_not_how_it_was_rendered(
     after = manifests.job(MiniCluster.from_body(make_body()))
     assert before["spec"]["template"] != after["spec"]["template"]
     assert before["metadata"]["annotations"] == after["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("mode", ["copy", "imageVolume", "baked"])
+def test_the_operators_own_volumes_and_paths_are_those_users_may_not_take(make_body: Any, mode: str) -> None:
+    mc = MiniCluster.from_body(make_body(runtime={"mode": mode}, storage={"size": "1Gi"},
+                                         commands={"init": ["true"]}))
+    for role in ("ranks", "broker"):
+        pod = manifests.pod_template(mc, role)["spec"]
+        assert all(v["name"].startswith(OWN_VOLUME_PREFIX) for v in pod["volumes"])
+        for container in [*pod["containers"], *pod.get("initContainers", [])]:
+            for mount in container.get("volumeMounts", []):
+                assert mount["mountPath"] in OWN_MOUNT_PATHS, (container["name"], mount)

@@ -90,6 +90,9 @@ def test_good_minicluster_is_accepted(cr_schema: dict[str, Any], body: dict[str,
     ({"fanout": 0}, "fanout"),
     ({"command": "echo hi"}, "command"),
     ({"env": [{"value": "no name"}]}, "env"),
+    ({"queueName": "team a"}, "queueName"),
+    ({"storage": {"size": "0"}}, "size"),
+    ({"storage": {"size": "0.0Gi"}}, "size"),
 ])
 def test_bad_minicluster_is_refused(cr_schema: dict[str, Any], make_body: Any,
                                     spec: dict[str, Any], where: str) -> None:
@@ -183,7 +186,7 @@ def test_dockerfiles_are_pinned_non_root_and_runnable(image: str) -> None:
     assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base)
     [user] = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert not user.startswith(("root", "0:", "0"))
-    for pin in re.findall(r"pip install ([^\n&]*)", text):
+    for pin in re.findall(r"pip install ([^\n&\\]*)", text):  # up to a line's end, an &&, a continuation
         for requirement in pin.split():
             assert requirement.startswith("-") or re.fullmatch(r"'?\.(\[\w+\])?'?", requirement) or "==" in requirement
     entrypoint = yaml.safe_load(re.search(r"^ENTRYPOINT\s+(.+)$", text, re.M).group(1))  # type: ignore[union-attr]
