@@ -3,13 +3,13 @@
     python rank.py SUITE_TEST_DIR OUT_DIR [main.py's options...]
 
 Each rank appends to OUT_DIR/rank-<world rank>.jsonl, line by line so that a run that aborts still tells where:
-a `start` line per test, its `stop` with the seconds it took (or `hung` after TEST_LIMIT, and the rank exits),
+a `start` line per test, its `stop` with the seconds it took (none after TEST_LIMIT: the rank exits),
 and at the end the ids that failed or erred and the counts (tests run, failures, errors, skips), with the rank's
 wall and CPU seconds. Runs in the MPI's own python (no minicluster imports), as every rank of the job."""
+import faulthandler
 import json
 import os
 import sys
-import threading
 import time
 import unittest
 
@@ -32,19 +32,14 @@ class RecordingResult(unittest.TextTestResult):
     def startTest(self, test):
         self._started = time.monotonic()
         self._write(start=test.id())
-        self._watchdog = threading.Timer(TEST_LIMIT, self._hung, args=(test.id(),))
-        self._watchdog.daemon = True
-        self._watchdog.start()
+        # A test that never returns (ranks polling for a peer that never comes) would hold the whole run until the
+        # launch's own timeout: faulthandler's own thread (it needs no GIL, which a rank stuck inside MPI may hold)
+        # prints where the rank is and ends it, so the job ends; the test is the one started and never stopped.
+        faulthandler.dump_traceback_later(TEST_LIMIT, exit=True)
         super().startTest(test)
 
-    def _hung(self, test):
-        # A test that never returns (ranks polling for a peer that never comes) would hold the whole run until the
-        # launch's own timeout: end this rank, so the job ends, telling which test it was.
-        self._write(hung=test, seconds=TEST_LIMIT)
-        os._exit(3)
-
     def stopTest(self, test):
-        self._watchdog.cancel()
+        faulthandler.cancel_dump_traceback_later()
         super().stopTest(test)
         self._write(stop=test.id(), seconds=round(time.monotonic() - self._started, 4))
 

@@ -129,6 +129,11 @@ class Run:
                 ids |= {*done["failures"], *done["errors"]}
         return ids
 
+    def reached(self, test: str) -> bool:
+        """Whether a rank started `test` (an id as failed_ids gives it; a subtest's is its test's)."""
+        name = test.split(" (")[0]
+        return any(r.get("start") == name for records in self.ranks.values() for r in records)
+
     def test_seconds(self) -> dict[str, float]:
         """Each test's time on its slowest rank."""
         slowest: dict[str, float] = {}
