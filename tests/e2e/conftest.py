@@ -299,7 +299,8 @@ async def make_namespace(admin: Kube, name: str, restricted: bool = True, family
 def minicluster(e2e: Env, name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     # One node (emulated here, real in tests/realnode) holds every rank: pack them, against the one-per-node default.
     pod = {"packRanks": True, **spec.pop("pod", {})}
-    if "image" not in spec:  # the runtime image (USER 10001) fits the restricted namespaces most scenarios use
+    if "image" not in spec and "init" not in spec.get("commands", {}):
+        # The runtime image (USER 10001) fits the restricted namespaces most scenarios use (commands.init is root).
         spec.setdefault("securityContext", {"runAsNonRoot": True})
     return {"apiVersion": "minicluster.dev/v1alpha1", "kind": "MiniCluster",
             "metadata": {"name": name, "namespace": namespace},

@@ -389,7 +389,8 @@ async def test_the_mpi_example_runs_across_pods(e2e: Env, admin: Kube) -> None:
 
 async def test_pod_failures_show_their_own_reasons(e2e: Env, admin: Kube) -> None:
     ns = await make_namespace(admin, e2e.namespace("trouble"))
-    await create(admin, minicluster(e2e, "nopull", ns, size=2, image="example.org/missing:1"))
+    await create(admin, minicluster(e2e, "nopull", ns, size=2, image="example.org/missing:1",
+                                    securityContext={"runAsNonRoot": True}))
     host_path = {"volumes": [{"name": "host", "hostPath": {"path": "/etc"}}],
                  "volumeMounts": [{"name": "host", "mountPath": "/host"}]}
     await create(admin, minicluster(e2e, "refused", ns, size=2, **host_path))

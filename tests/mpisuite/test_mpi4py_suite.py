@@ -61,7 +61,14 @@ def pmi_requests(logs: list[Path], offsets: list[int]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-@pytest.mark.parametrize("mpi", MPIS, ids=[m.name for m in MPIS])
+# Debian's MPICH 4.0.2 (UCX) dies of SIGSEGV or hangs in the suite under its own Hydra as under mc, in another test
+# each run (testScatter, testGatherv3, testSplitTypeShared): the run still happens and its counts are recorded, but
+# whether mc adds a failure cannot be told until the MPI itself gets through (docs/mpi.md, mpi4py's suite).
+UNJUDGED = {"mpich-debian": "Debian's MPICH 4.0.2 crashes in mpi4py's suite under its own launcher too"}
+
+
+@pytest.mark.parametrize("mpi", [pytest.param(m, marks=pytest.mark.xfail(reason=UNJUDGED[m.name], strict=False))
+                                 if m.name in UNJUDGED else m for m in MPIS], ids=[m.name for m in MPIS])
 def test_mc_shows_no_failure_the_launcher_does_not(mpi: MPI, suite: str, cluster: tuple[LocalCluster, list[Path]],
                                                   tmp_path: Path, mpisuite_results: dict[str, Any]) -> None:
     local, logs = cluster
