@@ -27,6 +27,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # pytest-asyncio 1.x on Python 3.11: a sync test that touches asyncio before the first async test leaves a
     # default loop behind, which `filterwarnings = error` turns into an "unclosed event loop" failure.
     asyncio.set_event_loop(None)
+    # Hypothesis's plugin imports this at the terminal summary, where pytest rewrites it (ast.parse) while the e2e
+    # tiers' helper threads may still be parsing too: CPython 3.11's AST builder keeps one recursion count for all
+    # threads (gh-106905) and the summary died of "SystemError: AST constructor recursion depth mismatch".
+    with contextlib.suppress(ImportError):
+        import hypothesis.internal.observability  # noqa: F401
     config.addinivalue_line("markers", "needs(*tools, root=False): host commands (and root) the test needs; without"
                                        " them it is skipped, or fails when CI is set (tests/host.py)")
 

@@ -304,6 +304,10 @@ class WorkerAgent:
         bind = tuple(cores) if self.resources.pinned else ()
         if self._real_cores is not None:
             bind = tuple(sorted({self._real_cores[c % len(self._real_cores)] for c in cores}))
+        if pmi_env is not None and self.pmi.shared_cores:
+            # Pinned where ranks share the host's cores, an MPI job's ranks land two to a CPU and wait on each other
+            # (mpi4py's test_rma: 7 s unpinned, 108-145 s pinned; docs/mpi.md, ranks that share cores).
+            bind = ()
         self.job_running[job] = self.job_running.get(job, 0) + 1
         stdin_fd = self.stdin.open(key) if task in info.stdin else None
         try:

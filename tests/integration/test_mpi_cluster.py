@@ -176,6 +176,17 @@ def test_non_mpi_jobs_get_no_pmi(client4: Client) -> None:
         assert list(output_of(client4, job_id).values()) == [b"[]\n"] * ntasks
 
 
+def test_ranks_sharing_a_hosts_cores_leave_mpi_tasks_unpinned(client4: Client) -> None:
+    # cluster4's ranks share this host's cores: an MPI task may run on any of them, a plain task on its own.
+    code = "import os; print(len(os.sched_getaffinity(0)))"
+    mpi = client4.submit(python_job(code, nnodes=2, ntasks=4, mpi="pmi1"))
+    plain = client4.submit(python_job(code, nnodes=2, ntasks=4, mpi="none"))
+    assert wait_for(client4, mpi)["status"] == 0 and wait_for(client4, plain)["status"] == 0
+    host = str(len(os.sched_getaffinity(0))).encode()
+    assert list(output_of(client4, mpi).values()) == [host + b"\n"] * 4
+    assert list(output_of(client4, plain).values()) == [b"1\n"] * 4
+
+
 def test_ranks_sharing_a_hosts_cores_tell_open_mpi_to_yield(client4: Client) -> None:
     # cluster4's four ranks run on this one host: an MPI rank that busy-polls takes the core its peer needs.
     code = "import os; print(os.environ.get('OMPI_MCA_mpi_yield_when_idle'))"
