@@ -49,6 +49,22 @@ int main(int argc, char **argv) {
 
 # The MPICH builds the tests run C programs of, each by its compiler driver: PyPI's wheel (this venv's mpicc)
 # and Debian's (apt mpich libmpich-dev: mpicc.mpich, called by name as Open MPI's mpicc may own plain mpicc).
+# Every rank prints its rank, the world size and the sum of all ranks (an allreduce), as one JSON line.
+C_HELLO = r"""
+#include <mpi.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    int rank, size, sum = 0;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    printf("{\"rank\": %d, \"size\": %d, \"sum\": %d}\n", rank, size, sum);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
 MPICH_BUILDS = {
     "mpich-wheel": str(Path(sysconfig.get_path("scripts")) / "mpicc"),
     "mpich-debian": shutil.which("mpicc.mpich") or "/usr/bin/mpicc.mpich",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.mpi_programs import MPICH_BUILDS, RING, build_c
+from tests.integration.mpi_programs import C_HELLO, MPICH_BUILDS, RING, build_c
 from worker.pmi import PMIExchange, PMIJobServer, mpi_env_defaults, process_mapping
 from worker.pmi.engine import TASK_PUT_BYTES
 
@@ -316,22 +316,6 @@ async def test_pmi_port_without_pmi_id_fails_loudly(tmp_path: Path) -> None:
     # refuses its init so MPI_Init fails instead.
     assert all(rc != 0 for rc in result.returncodes)
     assert result.records() == []
-
-
-C_HELLO = r"""
-#include <mpi.h>
-#include <stdio.h>
-int main(int argc, char **argv) {
-    int rank, size, sum = 0;
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    printf("{\"rank\": %d, \"size\": %d, \"sum\": %d}\n", rank, size, sum);
-    MPI_Finalize();
-    return 0;
-}
-"""
 
 
 @pytest.mark.parametrize("mpi", list(MPICH_BUILDS))

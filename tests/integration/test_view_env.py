@@ -18,23 +18,10 @@ import pytest
 
 from minicluster.runtime import RUNTIME_ROOT
 from tests.host import skip_unless_ready
+from tests.integration.mpi_programs import C_HELLO
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # containerd's default
-HELLO = r"""
-#include <mpi.h>
-#include <stdio.h>
-int main(int argc, char **argv) {
-    int rank, size, sum;
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    printf("{\"rank\": %d, \"size\": %d, \"sum\": %d}\n", rank, size, sum);
-    MPI_Finalize();
-    return 0;
-}
-"""
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("patchelf", "unshare", "mount", root=True),
               pytest.mark.timeout(300)]
@@ -56,7 +43,7 @@ def hello(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if mpicc is None:
         skip_unless_ready("Debian's Open MPI (apt openmpi-bin libopenmpi-dev) is not installed")
     workdir = tmp_path_factory.mktemp("image-app")
-    (workdir / "hello.c").write_text(HELLO)
+    (workdir / "hello.c").write_text(C_HELLO)
     subprocess.run([mpicc, "-O2", "-o", str(workdir / "hello"), str(workdir / "hello.c")], check=True)
     return workdir / "hello"
 
