@@ -51,7 +51,9 @@ def hello(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def in_view(view: Path, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     mount = (f'mount -t tmpfs mc-test /mnt && mkdir {RUNTIME_ROOT} && mount --bind "$0" {RUNTIME_ROOT} && '
              f'mount -o remount,bind,ro {RUNTIME_ROOT} && exec "$@"')
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, str(view), *argv],
+    # A PID namespace of its own too: its /proc then shows this instance's processes only, not the host's others.
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--mount-proc",
+                           "sh", "-c", mount, str(view), *argv],
                           env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -65,7 +67,7 @@ def test_the_batch_command_and_its_tasks_get_only_the_views_bin_and_mpi_meets_th
              f"env -i PATH={IMAGE_PATH} LD_LIBRARY_PATH=/opt/app/lib MC_URI=$MC_URI "
              f"{RUNTIME_ROOT}/bin/mc run sh -c 'env > {out}/exec' && "
              f"mc run -N 2 -n 4 --mpi pmix {hello} > {out}/mpi && "
-             # What the runtime's processes (the only ones left) have mapped of any PMIx.
+             # What the runtime's processes (the only ones in this PID namespace) have mapped of any PMIx.
              f"cat /proc/[0-9]*/maps | grep -o '/[^ ]*pmix[^ ]*' | sort -u > {out}/maps")
     env = {"PATH": IMAGE_PATH, "HOME": str(tmp_path), "LD_LIBRARY_PATH": "/opt/app/lib"}
     done = in_view(view, [f"{RUNTIME_ROOT}/bin/mc", "start", "--size", "2", "--", "sh", "-c", batch], env)
