@@ -19,7 +19,7 @@ RUNTIME_ROOT = "/mnt/minicluster"
 
 def in_view() -> bool:
     """True when this interpreter is the view's own python (its prefix lies under RUNTIME_ROOT)."""
-    return sys.prefix == RUNTIME_ROOT or sys.prefix.startswith(RUNTIME_ROOT + "/")
+    return _in_root(sys.prefix)
 
 
 def python_argv() -> list[str]:
