@@ -58,10 +58,22 @@ KNOWN_MC_ONLY: dict[str, dict[str, str]] = {
 }
 
 
+# Debian's MPICH 4.0.2 (UCX 1.13) took 23 minutes per launcher over the suite on this 2-core machine (CI, December
+# 2026) and got through it under neither launcher (it hangs or segfaults in another test each run), so by default
+# it runs without the modules that took 20 s or more under Hydra there (minutes for test_rma, test_rma_nb and
+# test_p2p_buf_part) and test_util_sync, in which every rank hung under Hydra as under mc.  MC_MPISUITE_FULL=1
+# runs them too.
+SLOW_MODULES: dict[str, tuple[str, ...]] = {
+    "mpich-debian": ("test_rma", "test_p2p_buf_part", "test_cco_vec", "test_datatype", "test_cco_ngh_buf",
+                     "test_cco_nb", "test_cco_pr", "test_io", "test_util_sync"),
+}
+
+
 def suite_args(mpi: str) -> list[str]:
     """main.py's options for `mpi`: the exclusions, then MC_MPISUITE_ARGS (e.g. `-i test_comm` to run a part)."""
     tests = [t for t, (mpis, _) in EXCLUDED_TESTS.items() if mpi in mpis]
-    return [*(a for m in EXCLUDED_MODULES for a in ("-e", m)), *(a for t in tests for a in ("-x", t)),
+    modules = [*EXCLUDED_MODULES, *(() if os.environ.get("MC_MPISUITE_FULL") == "1" else SLOW_MODULES.get(mpi, ()))]
+    return [*(a for m in modules for a in ("-e", m)), *(a for t in tests for a in ("-x", t)),
             *shlex.split(os.environ.get("MC_MPISUITE_ARGS", ""))]
 
 

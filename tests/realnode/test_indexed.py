@@ -115,7 +115,9 @@ async def _minicluster_job(admin: Kube, size: int, parallelism: int | None = Non
     body = await admin.create(f"{MC_API}/namespaces/{namespace}/miniclusters", {
         "apiVersion": "minicluster.dev/v1alpha1", "kind": "MiniCluster",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"size": size, "image": "ghcr.io/minicluster/runtime:0.1.0", "pod": {"packRanks": True}}})
+        # A named image has the runtime injected and runs as the image's user: restricted needs runAsNonRoot said.
+        "spec": {"size": size, "image": "ghcr.io/minicluster/runtime:0.1.0", "pod": {"packRanks": True},
+                 "securityContext": {"runAsNonRoot": True}}})
     [job] = manifests.jobs(MiniCluster.from_body(body))
     if parallelism is not None:
         job["spec"]["parallelism"] = parallelism
