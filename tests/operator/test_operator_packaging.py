@@ -145,8 +145,8 @@ def test_kubectl_renders_deploy(kubectl: str) -> None:
     done = subprocess.run([kubectl, "kustomize", str(REPO / "deploy")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     kinds = sorted(doc["kind"] for doc in yaml.safe_load_all(done.stdout) if doc)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Namespace",
-                     "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition", "Deployment",
+                     "Namespace", "ServiceAccount"]
 
 
 def test_rbac_lists_exactly_what_the_operator_does() -> None:
