@@ -82,6 +82,7 @@ class Execution:
         # Since this broker started, for rates (`mc top`).
         self.tasks_started = 0
         self.tasks_ended = 0
+        self.tasks_failed = 0  # of those ended, with a non-zero status (as judged: a retried attempt is not one)
         manager.kill_tasks = self.kill_job
         manager.job_finished = lambda job: self.stdin.ended(job.id)
         manager.retime = self.retime
@@ -291,6 +292,7 @@ class Execution:
             job.mark_done(task)
             running = self._untrack((job_id, task))
             self.tasks_ended += 1
+            self.tasks_failed += bool(counted)
             preempted = self.preempted.pop((job_id, task), None) if self.preempted else None
             statements.append(store.task_result(job_id, task, job.index_of(task), rank, status, exit_code, sig,
                                                 error, started, ended))

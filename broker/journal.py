@@ -30,6 +30,7 @@ from typing import Any, TypeVar, Union
 
 from broker.share.schema import SCHEMA as SHARING_SCHEMA
 from broker.statelock import lock_file
+from minicluster.model.histogram import Histogram
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,10 @@ class Journal:
         self._reader_local = threading.local()
         self.commits = 0
         self.statements = 0
+        # For /metrics: each commit's time from its first attempt to durable (a stall's retries included), and
+        # how many times commits stalled.
+        self.commit_seconds = Histogram()
+        self.stalls = 0
         # Why commits are being retried (the disk is full, ...), None while they go through.
         self.stalled: str | None = None
         self._closing = False
@@ -300,6 +305,7 @@ class Journal:
         are refused (taken out of it, so that no later attempt commits them): `batch` may change, may end empty.
         """
         delay = 0.01
+        began = time.monotonic()
         while True:
             statements = [s for group, _, _ in batch for s in group]
             try:
@@ -310,6 +316,7 @@ class Journal:
                     return exc
                 if self.stalled is None:
                     log.error("journal commits stalled, retrying until they go through: %s", exc)
+                    self.stalls += 1
                 self.stalled = str(exc)
                 self._wait_to_retry(batch, delay, take_queued)
                 delay = min(delay * 2, _RETRY_MAX)
@@ -319,6 +326,7 @@ class Journal:
                 self.stalled = None
             self.commits += 1
             self.statements += len(statements)
+            self.commit_seconds.observe(time.monotonic() - began)
             return None
 
     def _wait_to_retry(self, batch: list[_Write], delay: float, take_queued: bool) -> None:

@@ -97,7 +97,8 @@ class Broker:
         self.agent = rank0.agent(config, self.overlay.send, self.uri)
         self.client_server = ClientServer(Operations(self), config.socket_path, config.access_group,
                                           config.state_dir)
-        self.status_server = (StatusServer(config.status_port, self.status_snapshot, config.status_hosts())
+        self.status_server = (StatusServer(config.status_port, self.status_snapshot, config.status_hosts(),
+                                           self.metrics_snapshot)
                               if config.status_port else None)
         self._schedule_pending = False
         self._started = time.time()
@@ -462,7 +463,19 @@ class Broker:
                 "ready": self.ranks.all_up(), "jobs": jobs, "command": self.command_state,
                 **self.sharing.gauges(),
                 "counters": {"journal_commits": self.journal.commits, "journal_statements": self.journal.statements,
-                             "overlay_dropped": self.overlay.dropped, "overlay_bad_frames": self.overlay.bad_frames}}
+                             "journal_stalls": self.journal.stalls,
+                             "overlay_dropped": self.overlay.dropped, "overlay_bad_frames": self.overlay.bad_frames,
+                             "tasks_started": self.execution.tasks_started,
+                             "tasks_completed": self.execution.tasks_ended,
+                             "tasks_failed": self.execution.tasks_failed}}
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """/metrics: the status, and what only Prometheus reads (per rank, per topology group and per bank: more
+        than the operator's poll of /status needs).  From counts kept as things happen: no journal reads."""
+        return {**self.status_snapshot(), "cores": self.graph.cores_busy(),
+                "fairshare": self.sharing.fairshare_gauges(),
+                "journal": {"stalled": self.journal.stalled is not None,
+                            "commit_seconds": self.journal.commit_seconds}}
 
 
 _HANDLERS: dict[str, Callable[[Broker, int, Any], None]] = {

@@ -25,8 +25,54 @@ def metrics_text(status: dict[str, Any]) -> str:
         *(line for name, value in status.get("counters", {}).items()
           for line in (f"# TYPE minicluster_{name}_total counter", f"minicluster_{name}_total {value}")),
         *_sharing_gauges(status),
+        *_cores_gauges(status.get("cores") or {}),
+        *_fairshare_gauges(status.get("fairshare") or {}),
+        *_journal_metrics(status.get("journal") or {}),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _cores_gauges(cores: dict[str, Any]) -> list[str]:
+    """One series per rank (fine up to a few thousand ranks) and per topology group."""
+    lines = ["# HELP minicluster_rank_cores cores the rank has", "# TYPE minicluster_rank_cores gauge"]
+    lines += [f'minicluster_rank_cores{{rank="{rank}"}} {total}' for rank, total, _ in cores.get("ranks", ())]
+    lines += ["# HELP minicluster_rank_cores_busy cores held by jobs", "# TYPE minicluster_rank_cores_busy gauge"]
+    lines += [f'minicluster_rank_cores_busy{{rank="{rank}"}} {busy}' for rank, _, busy in cores.get("ranks", ())]
+    domains = cores.get("domains", ())
+    for metric, index, what in (("cores", 2, "cores below the group"), ("cores_busy", 3, "of those, held by jobs")):
+        lines += [f"# HELP minicluster_topology_{metric} {what}", f"# TYPE minicluster_topology_{metric} gauge"]
+        lines += [f'minicluster_topology_{metric}{{level="{_label(d[0])}",domain="{_label(d[1])}"}} {d[index]}'
+                  for d in domains]
+    return lines
+
+
+def _fairshare_gauges(fairshare: dict[str, Any]) -> list[str]:
+    lines = ["# HELP minicluster_fairshare_bank_usage_core_seconds decayed usage of the bank's subtree",
+             "# TYPE minicluster_fairshare_bank_usage_core_seconds gauge"]
+    banks = fairshare.get("banks", ())
+    lines += [f'minicluster_fairshare_bank_usage_core_seconds{{bank="{_label(b)}"}} {usage!r}'
+              for b, usage, _ in banks]
+    lines += ["# HELP minicluster_fairshare_bank_shares_ratio the bank's share of the whole machine",
+              "# TYPE minicluster_fairshare_bank_shares_ratio gauge"]
+    lines += [f'minicluster_fairshare_bank_shares_ratio{{bank="{_label(b)}"}} {share!r}' for b, _, share in banks]
+    users = [(f'bank="{_label(b)}",user="{_label(name)}",uid="{uid}"', usage, factor)
+             for b, uid, name, usage, factor in fairshare.get("users", ())]
+    lines += ["# HELP minicluster_fairshare_usage_core_seconds decayed usage of the user in the bank",
+              "# TYPE minicluster_fairshare_usage_core_seconds gauge"]
+    lines += [f"minicluster_fairshare_usage_core_seconds{{{labels}}} {usage!r}" for labels, usage, _ in users]
+    lines += ["# HELP minicluster_fairshare_factor Fair Tree factor, 0 to 1 (1: served least)",
+              "# TYPE minicluster_fairshare_factor gauge"]
+    lines += [f"minicluster_fairshare_factor{{{labels}}} {factor!r}" for labels, _, factor in users]
+    return lines
+
+
+def _journal_metrics(journal: dict[str, Any]) -> list[str]:
+    if not journal:
+        return []
+    return ["# HELP minicluster_journal_stalled 1 while journal commits are being retried (the disk is full, ...)",
+            "# TYPE minicluster_journal_stalled gauge", f"minicluster_journal_stalled {int(journal['stalled'])}",
+            *journal["commit_seconds"].lines("minicluster_journal_commit_duration_seconds",
+                                             "time from a commit's first attempt until it is durable")]
 
 
 # (metric, help) of the per-queue and per-user gauges; each is labelled by queue or by user and uid.
@@ -58,9 +104,12 @@ def _label(value: Any) -> str:
 class StatusServer:
     """`hosts`: the addresses to listen on; ["*"] means every interface, IPv4 and IPv6 alike."""
 
-    def __init__(self, port: int, snapshot: Callable[[], dict[str, Any]], hosts: list[str]) -> None:
+    def __init__(self, port: int, snapshot: Callable[[], dict[str, Any]], hosts: list[str],
+                 metrics: Callable[[], dict[str, Any]] | None = None) -> None:
         self.port = port
         self.snapshot = snapshot
+        # /metrics: the status plus what only Prometheus reads (Broker.metrics_snapshot).
+        self.metrics = metrics or snapshot
         self.hosts = hosts
         self._server: asyncio.base_events.Server | None = None
 
@@ -88,7 +137,7 @@ class StatusServer:
             elif path == "/status":
                 code, ctype, body = "200 OK", "application/json", json.dumps(self.snapshot())
             elif path == "/metrics":
-                code, ctype, body = "200 OK", "text/plain; version=0.0.4", metrics_text(self.snapshot())
+                code, ctype, body = "200 OK", "text/plain; version=0.0.4", metrics_text(self.metrics())
             else:
                 code, ctype, body = "404 Not Found", "text/plain", "try /status or /metrics\n"
             data = body.encode()

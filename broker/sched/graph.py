@@ -561,6 +561,10 @@ class ResourceGraph:
         """Per-rank view for `mc resources` (plain, JSON-safe values; report.py)."""
         return report.summary(self)
 
+    def cores_busy(self) -> dict[str, list[tuple[object, ...]]]:
+        """Cores and cores held per rank and per topology group, for /metrics (report.py)."""
+        return report.cores_busy(self)
+
     def tree(self) -> dict[str, object]:
         """The containment hierarchy with free/used/total per vertex (report.py)."""
         return report.tree(self)

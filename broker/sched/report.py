@@ -14,7 +14,7 @@ from minicluster.model.idset import IdSet
 
 from . import idset
 from .state import NodeState
-from .topology import GroupState
+from .topology import GroupState, ancestors
 
 if TYPE_CHECKING:
     from .graph import ResourceGraph
@@ -57,6 +57,22 @@ def summary(graph: ResourceGraph) -> list[dict[str, Any]]:
             "path": node.parent.label if node.parent is not None else "cluster",
         })
     return rows
+
+
+def cores_busy(graph: ResourceGraph) -> dict[str, list[tuple[Any, ...]]]:
+    """For /metrics: (rank, cores, busy) per rank and (level, path, cores, busy) per topology group below the
+    cluster root, busy being the cores allocations hold.  O(ranks × levels) from the kept counts."""
+    ranks: list[tuple[Any, ...]] = []
+    groups: dict[str, list[Any]] = {}
+    for node in graph.iter_nodes():
+        busy = node.total_cores - node.free_cores
+        ranks.append((node.rank, node.total_cores, busy))
+        for group in ancestors(node):
+            if group.path:
+                found = groups.setdefault(group.label, [group.level, group.label, 0, 0])
+                found[2] += node.total_cores
+                found[3] += busy
+    return {"ranks": ranks, "domains": [tuple(g) for g in groups.values()]}
 
 
 def placement(graph: ResourceGraph, ranks: Iterable[int]) -> list[dict[str, str]]:

@@ -273,6 +273,17 @@ class Sharing:
                 total[key] += value
         return {"queues": queues, "users": users}
 
+    def fairshare_gauges(self) -> dict[str, list[tuple[Any, ...]]]:
+        """For /metrics, as of the last refresh (every fairshare_interval): (bank, usage, share of the machine)
+        per bank and (bank, uid, name, usage, factor) per user association; usage in weighted core-seconds."""
+        banks, users = [], []
+        for node in self.fairshare.nodes:
+            if node.user is None:
+                banks.append((node.name, node.usage, node.norm_shares))
+            else:
+                users.append((node.parent, node.user, user_name(node.user), node.usage, node.factor))
+        return {"banks": banks, "users": users}
+
     # --- queue states -------------------------------------------------------------------------------------
 
     def set_state(self, names: list[str], action: str, reason: str) -> list[str]:
