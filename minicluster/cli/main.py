@@ -48,13 +48,18 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 def operator(argv: list[str]) -> int:
     parser = Parser(prog="mc operator", description="run the MiniCluster Kubernetes operator")
-    parser.add_argument("--namespace", help="watch only this namespace (default: all)")
+    parser.add_argument("--namespace", action="append",
+                        help="watch only this namespace; repeat or separate by commas for several "
+                             "(default: MC_OPERATOR_NAMESPACES, else all)")
     args = parser.parse_args(argv)
     try:
         from minicluster.operator import run
     except ImportError as exc:
         raise OSError(f"the operator needs its extra: pip install 'minicluster[operator]' ({exc})") from None
-    run(namespace=args.namespace)
+    try:
+        run(namespace=",".join(args.namespace or ()))
+    except ValueError as exc:
+        parser.error(str(exc))
     return 0
 
 

@@ -27,6 +27,7 @@ _KINDS: dict[str, tuple[str, str]] = {
     "Pod": ("/api/v1", "pods"),
     "Event": ("/api/v1", "events"),
     "Job": ("/apis/batch/v1", "jobs"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "MiniCluster": (f"/apis/{API_VERSION}", PLURAL),
 }
 

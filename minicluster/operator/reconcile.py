@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import zmq
 
-from minicluster.operator import manifests
+from minicluster.operator import manifests, network
 from minicluster.operator.kube import ApiError, Kube, path_of
 from minicluster.operator.spec import MiniCluster
 
@@ -43,6 +43,8 @@ async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.loc
         await _create(kube, config)
     if existing[("Service", mc.name)] is None:
         await _create(kube, manifests.service(mc))
+    if mc.network_policy and existing[("NetworkPolicy", mc.name)] is None:
+        await _create(kube, network.policy(mc))
     if mc.storage and existing[("PersistentVolumeClaim", manifests.claim_name(mc))] is None:
         await _create(kube, manifests.claim(mc))
     for wanted in wanted_jobs:
@@ -99,6 +101,8 @@ def _children(mc: MiniCluster) -> list[tuple[str, str]]:
     ]
     if mc.storage:
         children += [("Job", mc.broker_job_name), ("PersistentVolumeClaim", manifests.claim_name(mc))]
+    if mc.network_policy:
+        children.append(("NetworkPolicy", mc.name))
     return children
 
 

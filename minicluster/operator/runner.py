@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,21 @@ async def default_login() -> kopf.ConnectionInfo:
     return info
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def watched_namespaces(given: str | Collection[str] | None) -> list[str]:
+    """The namespaces to watch, from one name, a list, or a comma-separated list (MC_OPERATOR_NAMESPACES);
+    empty means every namespace.  Exact names only: kopf's globs would need the cluster-wide namespace list."""
+    names = given.split(",") if isinstance(given, str) else list(given or ())
+    names = [name.strip() for name in names if name.strip()]
+    bad = [name for name in names if not (_NAMESPACE.match(name) and len(name) <= 63)]
+    if bad:
+        raise ValueError(f"namespace {bad[0]!r} is not a namespace name (lowercase letters, digits and '-')")
+    return list(dict.fromkeys(names))
+
+
+def configure(settings: kopf.OperatorSettings, namespaced: bool = False) -> None:
     # Keep kopf's bookkeeping in our own annotations: the CRD's structural
     # schema would prune kopf's default status fields.
     settings.persistence.finalizer = f"{GROUP}/operator"
@@ -64,10 +79,14 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.WARNING
     # On shutdown, let an in-flight status poll finish instead of orphaning it.
     settings.background.instant_exit_timeout = 5.0
+    # Restricted to named namespaces, the operator needs no cluster-wide read: kopf would otherwise list and
+    # watch Namespaces and CRDs (cluster-scoped). It still discovers its resource once at start-up through the
+    # discovery API, which every authenticated user may read; a CRD installed later needs a restart.
+    settings.scanning.disabled = namespaced
 
 
 async def operate(
-    namespace: str | None = None,
+    namespace: str | Collection[str] | None = None,
     *,
     login: Login = default_login,
     fetch_status: StatusFetcher | None = None,
@@ -81,6 +100,7 @@ async def operate(
     broker_access: str = "auto",
     check_jobs: bool = True,
 ) -> None:
+    namespaces = watched_namespaces(namespace)
     registry = registry if registry is not None else kopf.OperatorRegistry()
     kube = Kube(login)
     # Opens no connection unless used, so it is cheap to make and close always.
@@ -101,15 +121,15 @@ async def operate(
 
     @kopf.on.startup(registry=registry)
     def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure(settings)
+        configure(settings, namespaced=bool(namespaces))
 
     server = await metrics.serve(deps.metrics, "0.0.0.0", metrics_port) if metrics_port else None
     try:
         # Standalone: one replica, no peering objects (and no RBAC for them).
         await kopf.operator(
             registry=registry,
-            clusterwide=namespace is None,
-            namespaces=[namespace] if namespace else (),
+            clusterwide=not namespaces,
+            namespaces=namespaces,
             standalone=True,
             liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
             stop_flag=stop_flag,
@@ -135,11 +155,13 @@ def own_status_fetcher(kube: Kube, access: str, cluster_domain: str) -> HttpStat
     return HttpStatusFetcher(lambda mc: broker_url(mc, cluster_domain))
 
 
-def run(namespace: str | None = None) -> None:
+def run(namespace: str | Collection[str] | None = None) -> None:
     """Run the MiniCluster operator until interrupted.
 
     `namespace=None` watches MiniClusters in all namespaces (needs the
-    ClusterRole in deploy/); a name restricts it to that namespace.  The
+    ClusterRoleBinding of deploy/); a name, a list or a comma-separated list
+    restricts it to those namespaces (deploy/namespaced/: RoleBindings there,
+    no cluster-wide rights), else MC_OPERATOR_NAMESPACES does.  The
     metrics port comes from MC_OPERATOR_METRICS_PORT (default 8080, 0 = off),
     the liveness port (/healthz) from MC_OPERATOR_HEALTH_PORT (default off), how
     brokers are reached from MC_OPERATOR_BROKER_ACCESS (auto, dns or proxy).
@@ -153,5 +175,6 @@ def run(namespace: str | None = None) -> None:
     domain = os.environ.get("MC_CLUSTER_DOMAIN", "cluster.local")
     access = os.environ.get("MC_OPERATOR_BROKER_ACCESS", "auto")
     check_jobs = os.environ.get("MC_OPERATOR_CHECK_JOBS", "1") != "0"
-    asyncio.run(operate(namespace, metrics_port=port or None, health_port=health or None,
+    namespaces = watched_namespaces(namespace or os.environ.get("MC_OPERATOR_NAMESPACES"))
+    asyncio.run(operate(namespaces, metrics_port=port or None, health_port=health or None,
                         cluster_domain=domain, broker_access=access, check_jobs=check_jobs))

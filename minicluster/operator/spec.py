@@ -123,6 +123,8 @@ class MiniCluster:
     queue_name: str = ""
     deadline_seconds: int | None = None
     service_account_name: str = ""
+    # spec.networkPolicy: the NetworkPolicy child (network.py), made when the MiniCluster is.
+    network_policy: bool = True
     # Pass-through pod fields, already in Kubernetes' own shape.
     resources: Mapping[str, Any] = field(default_factory=dict)
     env: tuple[Mapping[str, Any], ...] = ()
@@ -166,6 +168,7 @@ class MiniCluster:
             queue_name=spec.get("queueName", "") or "",
             deadline_seconds=spec.get("deadlineSeconds"),
             service_account_name=spec.get("serviceAccountName", "") or "",
+            network_policy=spec.get("networkPolicy", True) is not False,
             resources=spec.get("resources") or {},
             env=tuple(spec.get("env") or ()),
             volumes=tuple(spec.get("volumes") or ()),

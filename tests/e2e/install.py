@@ -2,7 +2,8 @@
 Deployment's pod on the emulated node (Deployment -> ReplicaSet -> Pod by the real controller-manager).
 
 kubectl is not part of the test tier, so `kustomize` is played here for what deploy/kustomization.yaml uses:
-`resources` (files, and directories with a kustomization.yaml of their own), `namespace` (set on every
+`resources` (files, and directories with a kustomization.yaml of their own), `bases` (such directories, after the
+resources: the ClusterRoleBinding is there before the operator's pod), `namespace` (set on every
 namespaced object) and `images` (name -> newName:newTag); anything else in it fails the tier.  The objects are
 created in the rendered order; the Deployment waits for the token controller to mint the ServiceAccount's token
 Secret first (kubectl applies at once and the ReplicaSet controller retries the pod until the ServiceAccount
@@ -19,7 +20,7 @@ from minicluster.operator.kube import Kube
 from tests.e2e.polling import until
 from tests.operator.k8s_control_plane import collection_path, operator_token
 
-KNOWN = {"apiVersion", "kind", "resources", "namespace", "images"}
+KNOWN = {"apiVersion", "kind", "resources", "bases", "namespace", "images"}
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
 NAMESPACE = "minicluster-system"
 SELECTOR = "app.kubernetes.io/name=minicluster-operator"
@@ -31,7 +32,7 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
     unknown = set(spec) - KNOWN
     assert not unknown, f"{directory}/kustomization.yaml: {sorted(unknown)} not played by tests/e2e/install.py"
     docs: list[dict[str, Any]] = []
-    for resource in spec.get("resources") or []:
+    for resource in [*(spec.get("resources") or []), *(spec.get("bases") or [])]:
         path = (directory / resource).resolve()
         docs += kustomize(path) if path.is_dir() else [d for d in yaml.safe_load_all(path.read_text()) if d]
     for doc in docs:

@@ -92,7 +92,7 @@ def _cert(subject: str, key: rsa.RSAPrivateKey, issuer: x509.Certificate | None,
 
 
 PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
-           "ClusterRoleBinding": "clusterrolebindings", "MiniCluster": "miniclusters",
+           "ClusterRoleBinding": "clusterrolebindings", "RoleBinding": "rolebindings", "MiniCluster": "miniclusters",
            "CustomResourceDefinition": "customresourcedefinitions",
            "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
            "MutatingWebhookConfiguration": "mutatingwebhookconfigurations", "Deployment": "deployments"}

@@ -79,9 +79,8 @@ async def service_account_token(kube: Kube) -> str:
 def installed(cluster: Cluster) -> str:
     """CRD plus the deploy/ namespace, ServiceAccount and RBAC; returns the SA token."""
     docs = [yaml.safe_load((REPO / "crds" / "minicluster.yaml").read_text())]
-    for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml"):
-        docs += list(yaml.safe_load_all((REPO / "deploy" / name).read_text()))
-    docs += NAMESPACE_WATCH
+    for name in ("operator/namespace.yaml", "operator/serviceaccount.yaml", "operator/rbac.yaml", "clusterwide.yaml"):
+        docs += [doc for doc in yaml.safe_load_all((REPO / "deploy" / name).read_text()) if doc]
 
     async def install() -> str:
         await admin_apply(cluster, *docs)
@@ -144,18 +143,6 @@ def running_operator(cluster: Cluster, token: str, port: int, namespace: str, ch
     stop.set()
     thread.join(30)
     assert not thread.is_alive(), f"the operator of {namespace} did not stop in 30 s"
-
-
-# kopf restricted to namespaces watches the Namespace objects; deploy/ runs the operator cluster-wide and grants
-# no such thing, so this module (which runs two operators side by side, one per namespace) adds it.
-NAMESPACE_WATCH = [
-    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "test-namespaces"},
-     "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]},
-    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-     "metadata": {"name": "test-namespaces"},
-     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "test-namespaces"},
-     "subjects": [{"kind": "ServiceAccount", "name": "minicluster-operator", "namespace": "minicluster-system"}]},
-]
 
 
 @pytest.fixture(scope="module")

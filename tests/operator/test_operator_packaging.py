@@ -115,42 +115,89 @@ def test_cel_rules_match_the_operators_own_checks(cr_schema: dict[str, Any], mak
     assert "<= 50" in name_rule and problems(make_body(name="x" * 51))
 
 
-def test_deploy_objects_validate_strictly() -> None:
-    kustomization = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
-    for resource in kustomization["resources"]:
-        for doc in load_all(REPO / "deploy" / resource):
-            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+def kustomized_files(directory: Path) -> list[Path]:
+    """The files a kustomization and its bases list (a directory is a base for kustomize v2.0.3)."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    files = [directory / resource for resource in kustomization.get("resources") or []]
+    files += [directory / patch for patch in kustomization.get("patchesStrategicMerge") or []]
+    return files + [f for base in kustomization.get("bases") or [] for f in kustomized_files(directory / base)]
 
 
-def test_deploy_applies_with_the_kustomize_of_old_kubectl() -> None:
+INSTALLS = [REPO / "deploy", REPO / "deploy" / "namespaced"]
+
+
+@pytest.mark.parametrize("install", INSTALLS, ids=["clusterwide", "namespaced"])
+def test_deploy_objects_validate_strictly(install: Path) -> None:
+    for path in kustomized_files(install):
+        for doc in load_all(path):
+            if path.name != "operator-namespaces.yaml":  # a patch, not a whole object
+                kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("install", INSTALLS, ids=["clusterwide", "namespaced"])
+def test_deploy_applies_with_the_kustomize_of_old_kubectl(install: Path) -> None:
     # kubectl up to 1.20 embeds kustomize v2.0.3: a resource must be a file inside the kustomization's own
-    # directory ("'../crds' must be a file"), so deploy/ carries a copy of the CRD, which must not drift.
+    # directory ("'../crds' must be a file"), so deploy/ carries a copy of the CRD, which must not drift; a
+    # directory is a base, and no base may contain the kustomization that names it (a cycle).
+    for directory in {install, *(p.parent for p in kustomized_files(install))}:
+        kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+        for resource in kustomization.get("resources") or []:
+            path = (directory / resource).resolve()
+            assert path.is_file() and path.parent == directory.resolve(), f"{directory}/kustomization.yaml: {resource}"
+        for base in kustomization.get("bases") or []:
+            assert (directory / base).resolve() not in [directory.resolve(), *directory.resolve().parents]
     deploy = REPO / "deploy"
-    kustomization = yaml.safe_load((deploy / "kustomization.yaml").read_text())
-    for resource in kustomization["resources"]:
-        path = (deploy / resource).resolve()
-        assert path.is_file() and path.parent == deploy, f"deploy/kustomization.yaml: {resource}"
-    assert "minicluster-crd.yaml" in kustomization["resources"]
+    assert "minicluster-crd.yaml" in yaml.safe_load((deploy / "kustomization.yaml").read_text())["resources"]
     assert (deploy / "minicluster-crd.yaml").read_bytes() == (REPO / "crds" / "minicluster.yaml").read_bytes(), (
         "deploy/minicluster-crd.yaml differs from crds/minicluster.yaml: cp crds/minicluster.yaml deploy/")
 
 
 # The kubectl on PATH, and MC_KUBECTL if set (e.g. a kubectl 1.20 built from Debian's kubernetes source).
 KUBECTLS = [k for k in (shutil.which("kubectl"), os.environ.get("MC_KUBECTL")) if k]
+SHARED = ["ClusterRole", "ClusterRole", "ClusterRole", "CustomResourceDefinition", "Deployment", "Namespace",
+          "ServiceAccount"]
+
+
+def kustomize(kubectl: str, directory: Path) -> list[dict[str, Any]]:
+    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 @pytest.mark.skipif(not KUBECTLS, reason="no kubectl on PATH and no MC_KUBECTL")
 @pytest.mark.parametrize("kubectl", KUBECTLS)
 def test_kubectl_renders_deploy(kubectl: str) -> None:
-    done = subprocess.run([kubectl, "kustomize", str(REPO / "deploy")], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    kinds = sorted(doc["kind"] for doc in yaml.safe_load_all(done.stdout) if doc)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition", "Deployment",
-                     "Namespace", "ServiceAccount"]
+    docs = kustomize(kubectl, REPO / "deploy")
+    assert sorted(doc["kind"] for doc in docs) == sorted([*SHARED, "ClusterRoleBinding"])
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    env = {e["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+    assert "MC_OPERATOR_NAMESPACES" not in env
+
+
+@pytest.mark.skipif(not KUBECTLS, reason="no kubectl on PATH and no MC_KUBECTL")
+@pytest.mark.parametrize("kubectl", KUBECTLS)
+def test_kubectl_renders_the_namespaced_install(kubectl: str) -> None:
+    docs = kustomize(kubectl, REPO / "deploy" / "namespaced")
+    kinds = [doc["kind"] for doc in docs]
+    assert sorted(k for k in kinds if k != "RoleBinding") == sorted(SHARED) and "RoleBinding" in kinds
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    assert deployment["metadata"]["namespace"] == "minicluster-system"
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MC_OPERATOR_METRICS_PORT"] == "8080" and container["image"] == "ghcr.io/minicluster/operator:0.1.0"
+    # The operator watches exactly the namespaces its rules are bound in, by the role deploy/ binds cluster-wide.
+    bindings = [doc for doc in docs if doc["kind"] == "RoleBinding"]
+    assert sorted(env["MC_OPERATOR_NAMESPACES"].split(",")) == sorted(b["metadata"]["namespace"] for b in bindings)
+    for binding in bindings:
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                      "name": "minicluster-operator"}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "minicluster-operator",
+                                        "namespace": "minicluster-system"}]
 
 
 def test_rbac_lists_exactly_what_the_operator_does() -> None:
-    [role, binding] = load_all(REPO / "deploy" / "rbac.yaml")
+    [role] = load_all(REPO / "deploy" / "operator" / "rbac.yaml")
+    [binding] = load_all(REPO / "deploy" / "clusterwide.yaml")
     granted = {(g, r): set(rule["verbs"]) for rule in role["rules"]
                for g in rule["apiGroups"] for r in rule["resources"]}
     assert granted == {
@@ -160,13 +207,25 @@ def test_rbac_lists_exactly_what_the_operator_does() -> None:
         ("minicluster.dev", "miniclusters/finalizers"): {"update"},
         ("", "secrets"): {"get", "create"},
         ("", "services"): {"get", "create"},
+        ("networking.k8s.io", "networkpolicies"): {"get", "create"},
         ("", "configmaps"): {"get", "create", "patch"},
         ("", "persistentvolumeclaims"): {"get", "create"},
         ("batch", "jobs"): {"get", "create", "patch"},
         ("", "pods"): {"get", "list"},
         ("", "events"): {"create", "list"},
     }
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == "minicluster-operator"
+
+
+def test_user_roles_aggregate_into_kubernetes_own() -> None:
+    roles = {doc["metadata"]["name"]: doc for doc in load_all(REPO / "deploy" / "operator" / "user-roles.yaml")}
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-{}"
+    assert roles["minicluster-view"]["metadata"]["labels"][aggregate.format("view")] == "true"
+    assert roles["minicluster-edit"]["metadata"]["labels"][aggregate.format("edit")] == "true"
+    assert aggregate.format("view") not in roles["minicluster-edit"]["metadata"]["labels"]
+    for role in roles.values():
+        kubernetes_validate.validate(role, K8S_VERSION, strict=True)
 
 
 def test_outside_cluster_rbac_adds_only_the_pod_proxy() -> None:
