@@ -4,10 +4,14 @@ the metrics the dashboard needs count what happened (issue 30 item 1)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
+import subprocess
+import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,3 +227,86 @@ def status(journal: Journal) -> dict[str, Any]:
     """The journal's part of Broker.metrics_snapshot, around an otherwise empty status."""
     return {"ranks": {}, "jobs": {}, "ready": False, "counters": {"journal_stalls": journal.stalls},
             "journal": {"stalled": journal.stalled is not None, "commit_seconds": journal.commit_seconds}}
+
+
+@pytest.mark.needs("prometheus")
+def test_every_dashboard_query_returns_data_in_a_real_prometheus(cluster: tuple[LocalCluster, int],
+                                                                 tmp_path: Path) -> None:
+    c, port = cluster
+    with c.client() as client:
+        wait_for(client, client.submit(job(["true"], ntasks=2)))
+    with operator_endpoint() as operator_port, prometheus(tmp_path, port, operator_port) as api:
+        queries = {expr.replace("$__rate_interval", "15s").replace("$namespace", ".*")
+                   .replace("$minicluster", ".*").replace("$level", ".*"): title
+                   for title, expr in dashboard_queries()}
+        deadline = time.monotonic() + 60
+        empty = list(queries)
+        while empty and time.monotonic() < deadline:  # rate() needs two scrapes of each series in its window
+            time.sleep(1)
+            empty = [expr for expr in empty if not instant_query(api, expr)]
+    assert not empty, f"panels whose queries return no data: {[(queries[e], e) for e in empty]}"
+
+
+def instant_query(api: str, expr: str) -> list[Any]:
+    url = f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        answer = json.load(reply)
+    assert answer["status"] == "success", answer
+    return list(answer["data"]["result"])
+
+
+@contextlib.contextmanager
+def operator_endpoint() -> Iterator[int]:
+    """The operator's /metrics (minicluster/operator/metrics.py) served from a thread of its own, with one
+    MiniCluster running."""
+    from minicluster.operator.metrics import Metrics, serve
+
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    metrics = Metrics()
+    metrics.set_phase("test", "demo", "Running")
+    runner = loop.run_until_complete(serve(metrics, "127.0.0.1", port))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield port
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
+@contextlib.contextmanager
+def prometheus(tmp_path: Path, broker_port: int, operator_port: int) -> Iterator[str]:
+    """Debian's Prometheus scraping the broker (labelled as deploy/monitoring's PodMonitor labels it) and the
+    operator every second; yields its API's base URL."""
+    config = tmp_path / "prometheus.yml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "broker", "static_configs": [
+                {"targets": [f"127.0.0.1:{broker_port}"], "labels": {"namespace": "test", "minicluster": "demo"}}]},
+            {"job_name": "operator", "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"]}]},
+        ]}))
+    web = free_port()
+    with (tmp_path / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{web}"], stdout=subprocess.DEVNULL, stderr=log)
+    api = f"http://127.0.0.1:{web}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"{api}/-/ready", timeout=2).close()
+                break
+            time.sleep(0.2)
+        yield api
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
