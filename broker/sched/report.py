@@ -63,16 +63,18 @@ def cores_busy(graph: ResourceGraph) -> dict[str, list[tuple[Any, ...]]]:
     """For /metrics: (rank, cores, busy) per rank and (level, path, cores, busy) per topology group below the
     cluster root, busy being the cores allocations hold.  O(ranks × levels) from the kept counts."""
     ranks: list[tuple[Any, ...]] = []
-    groups: dict[str, list[Any]] = {}
+    groups: dict[GroupState, list[int]] = {}  # [cores, busy]; by identity, so each label is built once
     for node in graph.iter_nodes():
         busy = node.total_cores - node.free_cores
         ranks.append((node.rank, node.total_cores, busy))
         for group in ancestors(node):
             if group.path:
-                found = groups.setdefault(group.label, [group.level, group.label, 0, 0])
-                found[2] += node.total_cores
-                found[3] += busy
-    return {"ranks": ranks, "domains": [tuple(g) for g in groups.values()]}
+                found = groups.get(group)
+                if found is None:
+                    found = groups[group] = [0, 0]
+                found[0] += node.total_cores
+                found[1] += busy
+    return {"ranks": ranks, "domains": [(g.level, g.label, *counts) for g, counts in groups.items()]}
 
 
 def placement(graph: ResourceGraph, ranks: Iterable[int]) -> list[dict[str, str]]:
