@@ -100,7 +100,7 @@ async def _reconcile(deps: Deps, body: kopf.Body) -> None:
             "selector": manifests.selector(mc),
             "observedGeneration": mc.generation,
             "conditions": status.set_condition(
-                old.get("conditions") or [], "Reconciled", True, "ChildrenUpToDate", "", _now()),
+                old.get("conditions") or [], "Reconciled", True, "ChildrenUpToDate", "", _now(), mc.generation),
         }
     await _write_status(deps, body, reconciled)
 
@@ -113,16 +113,18 @@ async def _refuse(deps: Deps, body: kopf.Body, reason: str, message: str,
     if phase:
         deps.metrics.set_phase(meta["namespace"], meta["name"], phase)
     seen: list[Mapping[str, Any]] = []
+    generation = meta.get("generation", 0)
 
     def refused(old: Mapping[str, Any]) -> dict[str, Any]:
         seen.append(status.find_condition(old.get("conditions") or [], "Reconciled"))
-        conditions = status.set_condition(old.get("conditions") or [], "Reconciled", False, reason, message, _now())
+        conditions = status.set_condition(
+            old.get("conditions") or [], "Reconciled", False, reason, message, _now(), generation)
         if phase:
             # A MiniCluster that cannot run is not merely waiting for its broker: Ready says why, too.
-            conditions = status.set_condition(conditions, "Ready", False, reason, message, _now())
+            conditions = status.set_condition(conditions, "Ready", False, reason, message, _now(), generation)
         fields: dict[str, Any] = {
             **(applied or {}),
-            "observedGeneration": meta.get("generation", 0),
+            "observedGeneration": generation,
             "conditions": conditions,
         }
         return {**fields, "phase": phase} if phase else fields
@@ -162,10 +164,14 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
     broker = await deps.fetch_status(mc, pods_mod.broker_pod(mc, pods)) if active else None
     seen = status.Observed(job=job, broker=broker, workers=workers, pods=pods, events=events)
     lost: list[str] = []
+    moved: list[tuple[str, str]] = []
+    recorded: list[str] = []
 
     def polled(old: Mapping[str, Any]) -> dict[str, Any]:
         fields = status.derive(mc, old, seen, _now())
         deps.metrics.set_phase(mc.namespace, mc.name, fields["phase"])
+        recorded[:] = [fields["phase"]]
+        moved[:] = [_phase_change(old, fields)] if old.get("phase") != fields["phase"] else []
         before = status.find_condition(old.get("conditions") or [], "StateDurable")
         after = status.find_condition(fields["conditions"], "StateDurable")
         if after.get("reason") == "StateLost" and after.get("message") != before.get("message"):
@@ -177,10 +183,26 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
         # Logged, not raised: kopf does not restart a timer that failed.
         deps.metrics.failed("status")
         logger.warning("writing the status of %s/%s failed: %s", mc.namespace, mc.name, exc)
+        recorded.clear()
     if lost:
         kopf.warn(body, reason="StateLost", message=lost[0])
+    for phase, message in moved:
+        # Through kopf's event poster, as the Warnings: a failure is one, every other phase change is Normal
+        # (kopf.event: kopf.info obeys posting.level, WARNING so that kopf's own handler logs are no events).
+        kopf.event(body, type="Warning" if phase == "Failed" else "Normal", reason=phase, message=message)
     if workers is not None and status.job_finished(job):
         await _stop_workers(deps.kube, mc, job, workers)
+    if recorded and recorded[0] in ("Succeeded", "Failed"):
+        await _expire(deps.kube, mc, job, workers)
+
+
+def _phase_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, str]:
+    """(the new phase, the event's message) of a phase transition: from what to what, and why."""
+    phase = new["phase"]
+    kind = {"Succeeded": "Succeeded", "Failed": "Failed", "Suspended": "Suspended"}.get(phase, "Ready")
+    why = status.find_condition(new.get("conditions") or [], kind)
+    text = ": ".join(filter(None, [why.get("reason", ""), why.get("message", "")]))
+    return phase, f"phase {old.get('phase') or 'none'} -> {phase}" + (f" ({text})" if text else "")
 
 
 def _finished(body: Mapping[str, Any]) -> bool:
@@ -197,8 +219,10 @@ async def _say_finished(deps: Deps, body: kopf.Body, what: str) -> None:
     message = f"the MiniCluster has finished: {what} (a batch command runs once)"
 
     def finished(old: Mapping[str, Any]) -> dict[str, Any]:
-        conditions = status.set_condition(old.get("conditions") or [], "Reconciled", True, "Finished", message, _now())
-        return {"observedGeneration": body["metadata"].get("generation", 0), "conditions": conditions}
+        generation = body["metadata"].get("generation", 0)
+        conditions = status.set_condition(
+            old.get("conditions") or [], "Reconciled", True, "Finished", message, _now(), generation)
+        return {"observedGeneration": generation, "conditions": conditions}
     await _write_status(deps, body, finished)
 
 
@@ -226,6 +250,18 @@ async def _pods_and_events(kube: Kube, mc: MiniCluster) -> tuple[list[Any], list
         query = f"fieldSelector=involvedObject.kind=Job,involvedObject.name={name},reason=FailedCreate"
         events += (await kube.get(f"{path_of('Event', mc.namespace)}?{query}") or {}).get("items") or []
     return pods, events
+
+
+async def _expire(kube: Kube, mc: MiniCluster, *jobs: Mapping[str, Any] | None) -> None:
+    """spec.ttlSecondsAfterFinished, on the finished Jobs only once the MiniCluster's end is in its status: a Job
+    the TTL controller deleted before would look deleted behind the operator's back, and be made (and run) again.
+    The TTL counts from the Job's end all the same."""
+    ttl = mc.ttl_seconds_after_finished
+    for job in jobs:
+        if ttl is not None and job is not None and status.job_finished(job) and \
+                (job.get("spec") or {}).get("ttlSecondsAfterFinished") != ttl:
+            await kube.merge_patch(path_of("Job", mc.namespace, job["metadata"]["name"]),
+                                   {"spec": {"ttlSecondsAfterFinished": ttl}})
 
 
 async def _stop_workers(kube: Kube, mc: MiniCluster, job: Mapping[str, Any], workers: Mapping[str, Any]) -> None:
@@ -256,7 +292,10 @@ async def _write_status(
         if current is None:
             return  # deleted meanwhile
         old = current.get("status") or {}
-        changes = status.changed(old, compute(old))
+        new = compute(old)
+        # Reconciling and Stalled follow from the rest of the status, whichever writer changed it.
+        new["conditions"] = status.progress({**old, **new}, int(current["metadata"].get("generation") or 0), _now())
+        changes = status.changed(old, new)
         if not changes:
             return
         guard = {"resourceVersion": current["metadata"].get("resourceVersion")}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from minicluster.config import InstanceConfig
@@ -40,7 +41,11 @@ BROKER_URI = f"unix://{InstanceConfig(state_dir=STATE_DIR).socket_path}"
 # index is retried (minicluster/exitcodes.py).
 PROGRAM_FAILURE_CODES = list(exitcodes.PROGRAM_FAILURE)
 FAIL_AT_ONCE = [*PROGRAM_FAILURE_CODES, exitcodes.NOT_STARTED]
+# The whole Job's backoffLimit where the API server kept no per-rank budget (backoffLimitPerIndex: beta and on by
+# default from 1.29, GA in 1.33; dropped before, or with the feature off) and spec.failurePolicy sets none.
 BACKOFF_LIMIT = 10
+# Kubernetes' own backoffLimit beside backoffLimitPerIndex: only the per-rank budgets count.
+NO_BACKOFF_LIMIT = 2**31 - 1
 # What the user asked of a Job's pods (template_inputs), hashed: a Job's pod template is immutable, so a change
 # is reported. The rendered template is not hashed, or a new operator version would flag every MiniCluster.
 SPEC_HASH = "minicluster.dev/spec-hash"
@@ -178,6 +183,12 @@ def job(mc: MiniCluster) -> Manifest:
     at once: rank 0 runs in `broker_job()`, the only pod that mounts the claim, which is ReadWriteOnce)."""
     spec = _job_spec(mc, completions=mc.size, template=pod_template(mc))
     spec["completionMode"] = "Indexed"
+    # Each rank has its own retry budget, so a few flaky nodes cannot spend a large MiniCluster's; a rank out of
+    # budget fails the Job at once (maxFailedIndexes 0): its index is never retried, and without rank 0 the
+    # success policy could never be met.
+    spec["backoffLimitPerIndex"] = mc.failure.backoff_limit_per_rank
+    spec["maxFailedIndexes"] = 0
+    spec["backoffLimit"] = backoff_limit(mc, per_rank_kept=True)
     if not mc.storage:
         spec["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
     return _job_manifest(mc, mc.name, spec)
@@ -186,6 +197,10 @@ def job(mc: MiniCluster) -> Manifest:
 def broker_job(mc: MiniCluster) -> Manifest:
     """With `spec.storage`: rank 0 alone, with the PersistentVolumeClaim as its state dir."""
     spec = _job_spec(mc, completions=1, template=pod_template(mc, "broker"))
+    # One rank (not Indexed): its budget is the whole Job's.
+    limit = mc.failure.backoff_limit
+    per_rank = mc.failure.backoff_limit_per_rank
+    spec["backoffLimit"] = per_rank if limit is None else min(per_rank, limit)
     return _job_manifest(mc, mc.broker_job_name, spec, role="broker")
 
 
@@ -201,13 +216,29 @@ def _job_spec(mc: MiniCluster, completions: int, template: Manifest) -> dict[str
         "parallelism": completions,
         # Kueue admits a queued Job by un-suspending it, so it must start suspended.
         "suspend": mc.suspend or bool(mc.queue_name),
-        "backoffLimit": BACKOFF_LIMIT,
         "podFailurePolicy": {"rules": pod_failure_rules(template)},
         "template": template,
     }
     if mc.deadline_seconds:
         spec["activeDeadlineSeconds"] = mc.deadline_seconds
     return spec
+
+
+def backoff_limit(mc: MiniCluster, per_rank_kept: bool) -> int:
+    """The ranks' Job's backoffLimit: spec.failurePolicy.backoffLimit, else none beside the per-rank budgets, or
+    BACKOFF_LIMIT where the API server dropped them (the ranks then share one budget, as before 1.29)."""
+    if mc.failure.backoff_limit is not None:
+        return mc.failure.backoff_limit
+    return NO_BACKOFF_LIMIT if per_rank_kept else BACKOFF_LIMIT
+
+
+def kept_backoff_limit(mc: MiniCluster, wanted: Mapping[str, Any], kept: Mapping[str, Any]) -> int:
+    """The backoffLimit `wanted` needs, given what the API server kept of it (`kept`): never unlimited on a server
+    that has no per-rank budgets."""
+    spec = wanted["spec"]
+    if "backoffLimitPerIndex" in spec and "backoffLimitPerIndex" not in (kept.get("spec") or {}):
+        return backoff_limit(mc, per_rank_kept=False)
+    return int(spec["backoffLimit"])
 
 
 def _job_manifest(mc: MiniCluster, name: str, spec: dict[str, Any], role: str = "ranks") -> Manifest:

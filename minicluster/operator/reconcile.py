@@ -52,8 +52,8 @@ async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.loc
         kept = current if current is not None else await _create(kube, wanted)
         if check_jobs and kept is not None:
             await check_kept(kube, mc, wanted, kept)
-        if current is not None:
-            await _update_job(kube, mc, wanted, current)
+        if kept is not None:  # a new Job too: its backoffLimit depends on what the API server kept
+            await _update_job(kube, mc, wanted, kept)
     if old_config is not None and old_config.get("data") != config["data"]:
         path = path_of("ConfigMap", mc.namespace, config["metadata"]["name"])
         await kube.merge_patch(path, {"data": config["data"]})
@@ -171,12 +171,13 @@ async def _server_version(kube: Kube) -> str:
 
 
 async def _update_job(kube: Kube, mc: MiniCluster, wanted: Mapping[str, Any], job: Mapping[str, Any]) -> None:
-    patch = job_patch(mc, job, wanted["spec"]["completions"])
+    patch = job_patch(mc, job, wanted["spec"]["completions"], manifests.kept_backoff_limit(mc, wanted, job))
     if patch:
         await kube.merge_patch(path_of("Job", mc.namespace, wanted["metadata"]["name"]), {"spec": patch})
 
 
-def job_patch(mc: MiniCluster, job: Mapping[str, Any], completions: int | None = None) -> dict[str, Any]:
+def job_patch(mc: MiniCluster, job: Mapping[str, Any], completions: int | None = None,
+              backoff_limit: int | None = None) -> dict[str, Any]:
     """The Job spec fields that must change; empty when the Job is up to date."""
     spec = job.get("spec") or {}
     size = mc.size if completions is None else completions
@@ -188,6 +189,9 @@ def job_patch(mc: MiniCluster, job: Mapping[str, Any], completions: int | None =
     wanted = wanted_suspend(mc, bool(spec.get("suspend")))
     if wanted != bool(spec.get("suspend")):
         patch["suspend"] = wanted
+    # The failure limit a Job lets change (backoffLimitPerIndex is fixed at creation).
+    if backoff_limit is not None and spec.get("backoffLimit") != backoff_limit:
+        patch["backoffLimit"] = backoff_limit
     return patch
 
 

@@ -41,6 +41,9 @@ INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 # 50 leaves room for any index below the schema's maxSize limit.
 MAX_NAME_LENGTH = 50
 MAX_RANKS = 10000
+# spec.failurePolicy.backoffLimitPerRank's default: a rank's pod may fail this often (not by a disruption, not by
+# a program failure, which fails the MiniCluster at once) before the MiniCluster fails.
+BACKOFF_LIMIT_PER_RANK = 3
 # The spec fields a Job's pod template is rendered from: a Job never lets them change, so neither does the CRD
 # (transition rules) nor, on servers without CEL, the operator (TemplateImmutable).
 TEMPLATE_FIELDS = ("image", "command", "env", "resources", "volumes", "volumeMounts", "nodeSelector", "tolerations",
@@ -104,6 +107,22 @@ class Runtime:
 
 
 @dataclass(frozen=True)
+class FailurePolicy:
+    """`spec.failurePolicy`: how many pod failures the ranks may have before the MiniCluster fails."""
+    # Failures of one rank (the ranks' Job's backoffLimitPerIndex; rank 0's own Job's backoffLimit with storage).
+    backoff_limit_per_rank: int = BACKOFF_LIMIT_PER_RANK
+    # Failures of all ranks together (the Jobs' backoffLimit); None: no such limit where per-rank budgets exist.
+    backoff_limit: int | None = None
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> FailurePolicy:
+        given = spec.get("failurePolicy") or {}
+        per_rank = given.get("backoffLimitPerRank")
+        return cls(backoff_limit_per_rank=BACKOFF_LIMIT_PER_RANK if per_rank is None else int(per_rank),
+                   backoff_limit=given.get("backoffLimit"))
+
+
+@dataclass(frozen=True)
 class MiniCluster:
     name: str
     namespace: str
@@ -144,6 +163,9 @@ class MiniCluster:
     add_capabilities: tuple[str, ...] = ()
     # spec.pod, imagePullPolicy, workingDir, commands, services (podfields.py).
     pod: PodFields = field(default_factory=PodFields)
+    failure: FailurePolicy = FailurePolicy()
+    # spec.ttlSecondsAfterFinished: set on the Jobs once the MiniCluster's end is recorded (handlers._expire).
+    ttl_seconds_after_finished: int | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> MiniCluster:
@@ -184,6 +206,8 @@ class MiniCluster:
                               if k in POD_SECURITY_FIELDS},
             add_capabilities=tuple(_added_capabilities(spec)),
             pod=PodFields.from_spec(spec),
+            failure=FailurePolicy.from_spec(spec),
+            ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"),
         )
 
     @property

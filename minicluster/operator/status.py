@@ -23,7 +23,10 @@ BrokerStatus = Mapping[str, Any]
 StatusFetcher = Callable[[MiniCluster, Mapping[str, Any] | None], Awaitable[BrokerStatus | None]]
 UrlFor = Callable[[MiniCluster], str]
 
-CONDITION_TYPES = ("Ready", "Suspended", "Succeeded", "Failed", "StateDurable")
+CONDITION_TYPES = ("Ready", "Suspended", "Succeeded", "Failed", "StateDurable", "Reconciled", "Reconciling", "Stalled")
+# Reconciled reasons after which nothing changes until the user changes the spec (or the cluster): Stalled.
+STALLING = ("InvalidSpec", "TemplateImmutable", "NotOwned", "Rejected", "UnsupportedCluster")
+SETTLED_PHASES = ("Running", "Suspended", "Succeeded")
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ def derive(mc: MiniCluster, old: Mapping[str, Any], seen: Observed, now: str) ->
     }
     conditions: Sequence[Mapping[str, Any]] = old.get("conditions") or []
     for type_, (status, why, text) in wanted.items():
-        conditions = set_condition(conditions, type_, status, why, text, now)
+        conditions = set_condition(conditions, type_, status, why, text, now, mc.generation)
     fields["conditions"] = list(conditions)
     return fields
 
@@ -205,6 +208,32 @@ def _phase(mc: MiniCluster, seen: Observed) -> tuple[str, str, str]:
     return "Pending", "RanksJoining", f"{ranks.get('up', 0)}/{ranks.get('expected', mc.size)} ranks joined"
 
 
+def progress(fields: Mapping[str, Any], generation: int, now: str) -> list[dict[str, Any]]:
+    """`fields`' conditions with Reconciling and Stalled (kstatus, as Flux CD and Argo CD read them; True only when
+    abnormal) derived from the rest of the status. Stalled: nothing progresses without a change of the spec (a
+    refused spec or edit, a Job the API server refused or a cluster too old, a failed MiniCluster). Reconciling:
+    the children are still being brought to the spec (a generation not yet reconciled, ranks not yet joined)."""
+    conditions: Sequence[Mapping[str, Any]] = fields.get("conditions") or []
+    reconciled, phase = find_condition(conditions, "Reconciled"), fields.get("phase")
+    stalled: tuple[bool, str, str] = (False, "NotStalled", "")
+    if reconciled.get("status") == "False" and reconciled.get("reason") in STALLING:
+        stalled = (True, reconciled["reason"], reconciled.get("message", ""))
+    elif phase == "Failed":
+        failed = find_condition(conditions, "Failed")
+        stalled = (True, failed.get("reason") or "Failed", failed.get("message", ""))
+    if stalled[0]:
+        reconciling = (False, "Stalled", "")
+    elif int(fields.get("observedGeneration") or 0) < generation:
+        reconciling = (True, "NewGeneration", f"generation {generation} is not reconciled yet")
+    elif phase in SETTLED_PHASES:
+        reconciling = (False, str(phase), "")
+    else:
+        ready = find_condition(conditions, "Ready")
+        reconciling = (True, ready.get("reason") or "Pending", ready.get("message", ""))
+    result = set_condition(conditions, "Reconciling", *reconciling, now, generation)
+    return set_condition(result, "Stalled", *stalled, now, generation)
+
+
 def find_condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any]:
     return next((c for c in conditions if c.get("type") == type_), {})
 
@@ -216,8 +245,10 @@ def set_condition(
     reason: str,
     message: str,
     now: str,
+    generation: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Conditions with `type_` replaced; the transition time moves only on a flip."""
+    """Conditions with `type_` replaced; the transition time moves only on a flip. Each condition carries the spec
+    generation it was computed from (`observedGeneration`), as the API conventions ask."""
     text = "True" if status else "False"
     result: list[dict[str, Any]] = []
     found = False
@@ -227,16 +258,19 @@ def set_condition(
             continue
         found = True
         since = cond.get("lastTransitionTime", now) if cond.get("status") == text else now
-        result.append(_condition(type_, text, reason, message, since))
+        result.append(_condition(type_, text, reason, message, since, generation))
     if not found:
-        result.append(_condition(type_, text, reason, message, now))
+        result.append(_condition(type_, text, reason, message, now, generation))
     return result
 
 
-def _condition(type_: str, status: str, reason: str, message: str, since: str) -> dict[str, Any]:
-    cond = {"type": type_, "status": status, "reason": reason, "lastTransitionTime": since}
+def _condition(type_: str, status: str, reason: str, message: str, since: str,
+               generation: int | None) -> dict[str, Any]:
+    cond: dict[str, Any] = {"type": type_, "status": status, "reason": reason, "lastTransitionTime": since}
     if message:
         cond["message"] = message
+    if generation is not None:
+        cond["observedGeneration"] = generation
     return cond
 
 

@@ -522,3 +522,48 @@ async def test_pod_fields_reach_every_job_and_a_bad_one_is_refused_before_anythi
                                and condition(kmock.objects[MC, "default", "bad"].raw["status"], "Reconciled"))
     assert "spec.pod.labels: 'minicluster.dev/name' is set by the operator" in refused["message"]
     assert not exists(kmock, JOB, "bad")
+
+
+async def test_phase_changes_are_events_and_progress_is_kstatus(
+    operator: None, kmock: Kmock, make_body: Make, broker: dict[str, Any],
+) -> None:
+    def events() -> list[tuple[str, str, str]]:
+        return [(e.data["type"], e.data["reason"], e.data["message"]) for e in kmock[kmocklib.resource("v1/events")]
+                if e.method == "POST"]
+
+    def state() -> dict[str, Any]:
+        return obj(kmock, MC, "demo")["status"]
+    await create(kmock, make_body())
+    await eventually(lambda: ("Normal", "Pending") in [e[:2] for e in events()])
+    reconciling = await eventually(lambda: condition(state(), "Reconciling"))
+    assert (reconciling["status"], reconciling["observedGeneration"]) == ("True", 1)
+    broker["ranks"]["up"], broker["ready"] = 4, True
+    await eventually(lambda: ("Normal", "Running", "phase Pending -> Running (AllRanksJoined: 4/4 ranks joined)")
+                     in events())
+    await eventually(lambda: condition(state(), "Reconciling")["status"] == "False")
+    assert all(c["observedGeneration"] == 1 for c in state()["conditions"])
+    assert condition(state(), "Stalled")["status"] == "False"
+    # An edit refused (size beyond maxSize): nothing progresses until the user changes the spec again.
+    await patch(kmock, "demo", {"spec": {"size": 9}, "metadata": {"generation": 2}})
+    stalled = await eventually(lambda: condition(state(), "Stalled")["status"] == "True"
+                               and condition(state(), "Stalled"))
+    assert stalled["reason"] == "InvalidSpec" and "exceeds maxSize 8" in stalled["message"]
+    assert condition(state(), "Reconciled")["observedGeneration"] == 2
+    broker["command"] = {"state": "exited", "status": 3}
+    await eventually(lambda: [e for e in events() if e[:2] == ("Warning", "Failed")])
+    assert [e[1] for e in events() if e[0] == "Normal"] == ["Pending", "Running"]
+
+
+async def test_the_ttl_reaches_a_job_only_once_its_end_is_recorded(
+    operator: None, kmock: Kmock, make_body: Make,
+) -> None:
+    # Deleted by the TTL controller before the operator saw it end, the Job would be made (and run) again.
+    await create(kmock, make_body(command=["true"], ttlSecondsAfterFinished=0))
+    await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
+    await asyncio.sleep(1)  # several polls of the running Job
+    assert "ttlSecondsAfterFinished" not in obj(kmock, JOB, "demo")["spec"]
+    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    async with kmock.patch("/apis/batch/v1/namespaces/default/jobs/demo/status", json=done) as resp:
+        assert resp.status < 300
+    await eventually(lambda: obj(kmock, JOB, "demo")["spec"].get("ttlSecondsAfterFinished") == 0)
+    assert obj(kmock, MC, "demo")["status"]["phase"] == "Succeeded"

@@ -51,6 +51,8 @@ def render(body: dict[str, Any]) -> list[dict[str, Any]]:
     },
     {"storage": {"size": "2Gi", "storageClassName": "fast"}, "command": ["mc", "run", "true"]},
     {"topology": "zone=topology.kubernetes.io/zone,rack=example.com/rack", "brokerRunsTasks": False},
+    {"failurePolicy": {"backoffLimitPerRank": 0, "backoffLimit": 50}, "ttlSecondsAfterFinished": 600},
+    {"failurePolicy": {"backoffLimitPerRank": 5}, "ttlSecondsAfterFinished": 0, "storage": {"size": "1Gi"}},
 ])
 def test_every_child_validates_strictly(make_body: Any, spec: dict[str, Any]) -> None:
     for obj in render(make_body(**spec)):
@@ -268,6 +270,47 @@ def test_fixed_size_cluster_explains_how_to_become_elastic(make_body: Any) -> No
 def test_job_patch(make_body: Any, spec: dict[str, Any], current: dict[str, Any], wanted: dict[str, Any]) -> None:
     mc = MiniCluster.from_body(make_body(**spec))
     assert reconcile.job_patch(mc, {"spec": current}) == wanted
+
+
+def test_each_rank_has_its_own_retry_budget(make_body: Any) -> None:
+    # One backoffLimit of 10 for up to 10,000 ranks let a few flaky nodes fail a large MiniCluster.
+    [ranks] = manifests.jobs(MiniCluster.from_body(make_body()))
+    assert (ranks["spec"]["backoffLimitPerIndex"], ranks["spec"]["maxFailedIndexes"]) == (3, 0)
+    assert ranks["spec"]["backoffLimit"] == 2**31 - 1
+    given = make_body(failurePolicy={"backoffLimitPerRank": 1, "backoffLimit": 40}, ttlSecondsAfterFinished=300,
+                      storage={"size": "1Gi"})
+    broker, workers = manifests.jobs(MiniCluster.from_body(given))
+    assert (workers["spec"]["backoffLimitPerIndex"], workers["spec"]["backoffLimit"]) == (1, 40)
+    # Rank 0's own Job is one rank: its budget is the rank's.
+    assert "backoffLimitPerIndex" not in broker["spec"] and broker["spec"]["backoffLimit"] == 1
+    # The TTL comes once the MiniCluster's end is recorded (handlers._expire), never with a running Job.
+    assert "ttlSecondsAfterFinished" not in broker["spec"] and "ttlSecondsAfterFinished" not in workers["spec"]
+
+
+def test_without_per_rank_budgets_the_ranks_share_a_bounded_one(make_body: Any) -> None:
+    """An API server before 1.29 (or with JobBackoffLimitPerIndex off) drops backoffLimitPerIndex and keeps the
+    unlimited backoffLimit beside it: the operator bounds it (the user's backoffLimit, else 10)."""
+    for spec, limit, patch in [({}, manifests.BACKOFF_LIMIT, {"backoffLimit": manifests.BACKOFF_LIMIT}),
+                               ({"failurePolicy": {"backoffLimit": 7}}, 7, {})]:
+        mc = MiniCluster.from_body(make_body(**spec))
+        [wanted] = manifests.jobs(mc)
+        dropped = copy.deepcopy(wanted)
+        del dropped["spec"]["backoffLimitPerIndex"], dropped["spec"]["maxFailedIndexes"]
+        assert manifests.kept_backoff_limit(mc, wanted, dropped) == limit
+        assert reconcile.job_patch(mc, dropped, 4, manifests.kept_backoff_limit(mc, wanted, dropped)) == patch
+        assert reconcile.job_patch(mc, wanted, 4, manifests.kept_backoff_limit(mc, wanted, wanted)) == {}
+        assert manifests.dropped_fields(wanted, dropped) == []  # not a reason to call the cluster unsupported
+
+
+def test_a_changed_failure_limit_reaches_the_job(make_body: Any) -> None:
+    before = MiniCluster.from_body(make_body())
+    [job] = manifests.jobs(before)
+    after = MiniCluster.from_body(make_body(failurePolicy={"backoffLimit": 20}))
+    [wanted] = manifests.jobs(after)
+    assert reconcile.job_patch(after, job, 4, manifests.kept_backoff_limit(after, wanted, job)) == {
+        "backoffLimit": 20}
+    assert reconcile.job_patch(before, wanted, 4, manifests.kept_backoff_limit(before, job, wanted)) == {
+        "backoffLimit": 2**31 - 1}
 
 
 def test_dropped_job_fields_are_those_the_api_server_did_not_keep(make_body: Any) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from minicluster.operator.metrics import Metrics
 from minicluster.operator.spec import MiniCluster
-from minicluster.operator.status import Observed, changed, derive, set_condition
+from minicluster.operator.status import Observed, changed, derive, progress, set_condition
 
 NOW, LATER = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 BROKER = {"ready": False, "ranks": {"up": 1, "expected": 4, "unresponsive": 1, "lost": 0},
@@ -73,6 +73,47 @@ def test_transition_time_moves_only_on_a_flip() -> None:
 def test_unchanged_status_costs_no_write(mc: MiniCluster) -> None:
     fields = derive(mc, {}, Observed(job(), BROKER), NOW)
     assert changed(fields, derive(mc, fields, Observed(job(), BROKER), LATER)) == {}
+
+
+def test_every_condition_carries_the_generation_it_was_computed_from(make_body: Any) -> None:
+    body = make_body()
+    body["metadata"]["generation"] = 7
+    fields = derive(MiniCluster.from_body(body), {}, Observed(job(), BROKER), NOW)
+    assert {c["type"]: c["observedGeneration"] for c in fields["conditions"]} == {
+        "Ready": 7, "Suspended": 7, "Succeeded": 7, "Failed": 7, "StateDurable": 7}
+    assert all(c["observedGeneration"] == 9 for c in progress({**fields, "observedGeneration": 9}, 9, NOW)[-2:])
+
+
+def kstatus(fields: dict[str, Any], generation: int = 1) -> dict[str, tuple[str, str]]:
+    got = conditions({"conditions": progress({"observedGeneration": 1, **fields}, generation, NOW)})
+    return {t: got[t] for t in ("Reconciling", "Stalled")}
+
+
+def test_reconciling_while_the_ranks_are_being_brought_to_the_spec(mc: MiniCluster) -> None:
+    joining = derive(mc, {}, Observed(job(), BROKER), NOW)
+    assert kstatus(joining) == {"Reconciling": ("True", "RanksJoining"), "Stalled": ("False", "NotStalled")}
+    running = derive(mc, {}, Observed(job(), {**BROKER, "ready": True}), NOW)
+    assert kstatus(running) == {"Reconciling": ("False", "Running"), "Stalled": ("False", "NotStalled")}
+    # An edit the operator has not reconciled yet (status.observedGeneration 1, the spec's generation 2).
+    assert kstatus(running, generation=2)["Reconciling"] == ("True", "NewGeneration")
+    for the_job in (job(suspend=True), job(Complete="Completed")):
+        assert kstatus(derive(mc, {}, Observed(the_job), NOW))["Reconciling"][0] == "False"
+
+
+@pytest.mark.parametrize("reason", ["InvalidSpec", "TemplateImmutable", "NotOwned", "Rejected", "UnsupportedCluster"])
+def test_stalled_when_only_a_change_of_the_spec_can_help(mc: MiniCluster, reason: str) -> None:
+    running = derive(mc, {}, Observed(job(), {**BROKER, "ready": True}), NOW)
+    refused = {**running, "conditions": set_condition(running["conditions"], "Reconciled", False, reason, "why", NOW)}
+    assert kstatus(refused) == {"Reconciling": ("False", "Stalled"), "Stalled": ("True", reason)}
+    fixed = {**running, "conditions": set_condition(running["conditions"], "Reconciled", True, "ChildrenUpToDate", "",
+                                                    NOW)}
+    assert kstatus(fixed)["Stalled"] == ("False", "NotStalled")
+
+
+def test_a_failed_minicluster_is_stalled_with_the_failures_reason(mc: MiniCluster) -> None:
+    # E.g. the Job's FailJob rule: a rank's program failed, and a new pod would fail the same way.
+    failed = derive(mc, {}, Observed(job(Failed="PodFailurePolicy")), NOW)
+    assert kstatus(failed) == {"Reconciling": ("False", "Stalled"), "Stalled": ("True", "PodFailurePolicy")}
 
 
 def pod(name: str, index: int | None, phase: str = "Pending", created: str = NOW, **status: Any) -> dict[str, Any]:
