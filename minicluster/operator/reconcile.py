@@ -76,6 +76,12 @@ async def _check_storage_unchanged(kube: Kube, mc: MiniCluster, existing: Mappin
 
 
 async def _check_template(kube: Kube, mc: MiniCluster, wanted: Mapping[str, Any], job: Mapping[str, Any]) -> None:
+    per_rank = (job.get("spec") or {}).get("backoffLimitPerIndex")
+    if per_rank is not None and per_rank != wanted["spec"].get("backoffLimitPerIndex"):
+        # A CEL rule refuses the edit where there is CEL; elsewhere it would be ignored without a word.
+        raise TemplateChanged(
+            f"spec.failurePolicy.backoffLimitPerRank is fixed at creation (the ranks' Job keeps "
+            f"backoffLimitPerIndex {per_rank}, which a Job never changes); the other changes were applied")
     annotations = (job.get("metadata") or {}).get("annotations") or {}
     recorded, asked = annotations.get(manifests.SPEC_HASH), wanted["metadata"]["annotations"][manifests.SPEC_HASH]
     if recorded is None:

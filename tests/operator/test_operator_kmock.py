@@ -567,3 +567,15 @@ async def test_the_ttl_reaches_a_job_only_once_its_end_is_recorded(
         assert resp.status < 300
     await eventually(lambda: obj(kmock, JOB, "demo")["spec"].get("ttlSecondsAfterFinished") == 0)
     assert obj(kmock, MC, "demo")["status"]["phase"] == "Succeeded"
+
+
+async def test_a_changed_per_rank_budget_is_reported_not_ignored(operator: None, kmock: Kmock, make_body: Make) -> None:
+    # Where no CEL rule refuses the edit (before 1.25), the Job's backoffLimitPerIndex would silently stay.
+    await create(kmock, make_body(failurePolicy={"backoffLimitPerRank": 2}))
+    await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled")["status"] == "True")
+    await patch(kmock, "demo", {"spec": {"failurePolicy": {"backoffLimitPerRank": 5, "backoffLimit": 30}}})
+    stalled = await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Stalled")["status"] == "True"
+                               and condition(obj(kmock, MC, "demo")["status"], "Stalled"))
+    assert stalled["reason"] == "TemplateImmutable" and "backoffLimitPerIndex 2" in stalled["message"]
+    assert obj(kmock, JOB, "demo")["spec"]["backoffLimitPerIndex"] == 2
+    assert obj(kmock, JOB, "demo")["spec"]["backoffLimit"] == 30  # what a Job lets change still is
