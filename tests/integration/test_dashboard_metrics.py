@@ -21,9 +21,9 @@ import pytest
 
 from broker.journal import Journal
 from broker.status_http import metrics_text
-from minicluster.testing import LocalCluster, temp_journal
+from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, wait_for
-from tests.integration.test_disk_full import DRAIN, fill, small_tmpfs
+from tests.integration.test_disk_full import journal_stalled_on_a_full_disk
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "minicluster-dashboard.json"
@@ -202,21 +202,13 @@ def test_fair_share_usage_per_bank_and_user(cluster: tuple[LocalCluster, int]) -
 
 @pytest.mark.needs("mount", "umount", root=True)  # a small tmpfs to fill
 async def test_a_stall_is_counted_and_its_commit_latency_kept(tmp_path: Path) -> None:
-    with small_tmpfs(tmp_path / "state", "1m") as state:
-        async with temp_journal(state) as journal:
-            await journal.write([(DRAIN, (1, "before"))])
-            filler = fill(state)
-            pending = journal.write([(DRAIN, (2, "x" * 200_000))])
-            deadline = time.monotonic() + 10
-            while journal.stalled is None:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.02)
-            text = metrics_text(status(journal))
-            assert "minicluster_journal_stalled 1" in text and "minicluster_journal_stalls_total 1" in text
-            await asyncio.sleep(0.3)
-            filler.unlink()
-            await asyncio.wait_for(pending, 10)
-            text = metrics_text(status(journal))
+    async with journal_stalled_on_a_full_disk(tmp_path / "state") as (journal, filler, pending):
+        text = metrics_text(status(journal))
+        assert "minicluster_journal_stalled 1" in text and "minicluster_journal_stalls_total 1" in text
+        await asyncio.sleep(0.3)
+        filler.unlink()
+        await asyncio.wait_for(pending, 10)
+        text = metrics_text(status(journal))
     assert "minicluster_journal_stalled 0" in text and "minicluster_journal_stalls_total 1" in text
     assert value(text, "minicluster_journal_commit_duration_seconds_count") == journal.commits == 2
     # The stalled commit waited at least the 0.3 s slept above: it is counted above the 0.25 s bucket.

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -211,8 +211,11 @@ def test_nothing_new_starts_while_results_cannot_be_recorded_and_the_array_ends_
 DRAIN = "INSERT OR REPLACE INTO drains (rank, reason) VALUES (?, ?)"
 
 
-async def test_a_commit_waits_out_a_full_disk_and_goes_through(tmp_path: Path) -> None:
-    with small_tmpfs(tmp_path / "state", "1m") as state:
+@contextlib.asynccontextmanager
+async def journal_stalled_on_a_full_disk(directory: Path) -> AsyncIterator[tuple[Journal, Path, asyncio.Future]]:
+    """A journal on a 1 MB tmpfs with one commit made, then the disk filled and a 200 kB write stalled on it:
+    (the journal, the file to unlink for space, the stalled write)."""
+    with small_tmpfs(directory, "1m") as state:
         async with temp_journal(state) as journal:
             await journal.write([(DRAIN, (1, "before"))])
             filler = fill(state)
@@ -221,15 +224,20 @@ async def test_a_commit_waits_out_a_full_disk_and_goes_through(tmp_path: Path) -
             while journal.stalled is None:
                 assert time.monotonic() < deadline and not pending.done()
                 await asyncio.sleep(0.02)
-            assert "full" in journal.stalled
-            later = journal.write([(DRAIN, (3, "later"))])
-            await asyncio.sleep(0.3)
-            assert not pending.done() and not later.done()  # nothing acknowledged that is not durable
-            filler.unlink()
-            await asyncio.wait_for(asyncio.gather(pending, later), 10)
-            assert journal.stalled is None
-            rows = journal.query("SELECT rank, length(reason) FROM drains ORDER BY rank")
-            assert rows == [(1, 6), (2, 200_000), (3, 5)]
+            yield journal, filler, pending
+
+
+async def test_a_commit_waits_out_a_full_disk_and_goes_through(tmp_path: Path) -> None:
+    async with journal_stalled_on_a_full_disk(tmp_path / "state") as (journal, filler, pending):
+        assert journal.stalled is not None and "full" in journal.stalled
+        later = journal.write([(DRAIN, (3, "later"))])
+        await asyncio.sleep(0.3)
+        assert not pending.done() and not later.done()  # nothing acknowledged that is not durable
+        filler.unlink()
+        await asyncio.wait_for(asyncio.gather(pending, later), 10)
+        assert journal.stalled is None
+        rows = journal.query("SELECT rank, length(reason) FROM drains ORDER BY rank")
+        assert rows == [(1, 6), (2, 200_000), (3, 5)]
 
 
 async def test_a_write_with_a_time_limit_is_refused_whole_and_never_commits(tmp_path: Path) -> None:

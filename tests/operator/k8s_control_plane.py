@@ -107,6 +107,14 @@ def collection_path(obj: dict) -> str:
     return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
 
 
+async def crd_established(kube: Any, name: str = "miniclusters.minicluster.dev") -> bool:
+    """Whether the API server serves the CRD `name` yet: its Established condition (a create right after the CRD's
+    own would otherwise get a 404)."""
+    crd = await kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+    return any(c["type"] == "Established" and c["status"] == "True"
+               for c in (crd.get("status") or {}).get("conditions") or [])
+
+
 async def operator_token(kube: Any, namespace: str = "minicluster-system") -> str | None:
     """The token kube-controller-manager minted for the operator's ServiceAccount, once it exists (1.20 keeps
     service-account tokens in Secrets)."""

@@ -21,7 +21,8 @@ import kopf
 import pytest
 import yaml
 
-from k8s_control_plane import ADMIN_TOKEN, Cluster, collection_path, binaries_or_skip, operator_token
+from k8s_control_plane import (ADMIN_TOKEN, Cluster, binaries_or_skip, collection_path, crd_established,
+                               operator_token)
 from minicluster.operator import operate
 from minicluster.operator.runner import service_account_login
 from minicluster.operator.kube import ApiError, Kube
@@ -86,13 +87,7 @@ def installed(cluster: Cluster) -> str:
         await admin_apply(cluster, *docs)
         kube = Kube(login_as(cluster, ADMIN_TOKEN))
         try:
-            crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/miniclusters.minicluster.dev"
-
-            async def established() -> bool:
-                crd = await kube.get(crd_path) or {}
-                return any(c["type"] == "Established" and c["status"] == "True"
-                           for c in crd.get("status", {}).get("conditions", []))
-            await until(established)
+            await until(lambda: crd_established(kube))
             return await service_account_token(kube)
         finally:
             await kube.close()

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 import yaml
 
-from k8s_control_plane import ADMIN_TOKEN, Cluster, binaries_or_skip
+from k8s_control_plane import ADMIN_TOKEN, Cluster, binaries_or_skip, crd_established
 from minicluster.operator.kube import ApiError, Kube
 from test_operator_apiserver import (
     MC_PATH, REPO, REPORTS, _Broker, _finish_the_broker, _phase, _when, admin_apply, body, condition, login_as,
@@ -57,13 +57,7 @@ async def _install(cluster: Cluster) -> None:
     await admin_apply(cluster, yaml.safe_load((REPO / "crds" / "minicluster.yaml").read_text()))
     kube = Kube(login_as(cluster, ADMIN_TOKEN))
     try:
-        crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/miniclusters.minicluster.dev"
-
-        async def established() -> bool:
-            crd = await kube.get(crd_path) or {}
-            return any(c["type"] == "Established" and c["status"] == "True"
-                       for c in (crd.get("status") or {}).get("conditions") or [])
-        await until(established)
+        await until(lambda: crd_established(kube))
     finally:
         await kube.close()
 

@@ -20,7 +20,8 @@ import kopf
 import pytest
 import yaml
 
-from k8s_control_plane import ADMIN_TOKEN, Cluster, binaries_or_skip, collection_path, operator_token
+from k8s_control_plane import (ADMIN_TOKEN, Cluster, binaries_or_skip, collection_path, crd_established,
+                               operator_token)
 from minicluster.operator import operate
 from minicluster.operator.kube import ApiError, Kube
 from minicluster.operator.status import HttpStatusFetcher
@@ -107,13 +108,7 @@ def tokens(cluster: Cluster) -> dict[str, str]:
                 docs += [service_account(account, team), role_binding(account, team, role, account)]
             for doc in docs:
                 await kube.create(collection_path(doc), doc)
-            crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/miniclusters.minicluster.dev"
-
-            async def established() -> bool:
-                crd = await kube.get(crd_path) or {}
-                return any(c["type"] == "Established" and c["status"] == "True"
-                           for c in crd.get("status", {}).get("conditions", []))
-            await until(established)
+            await until(lambda: crd_established(kube))
             found = {"operator": str(await until(lambda: operator_token(kube)))}
             for account in ("editor", "viewer", "mc-editor"):
                 found[account] = await account_token(kube, team, account)

@@ -23,7 +23,8 @@ from tests.e2e import endpoints
 from tests.e2e.jobs import JobRules, by_job, index_of, phase
 from tests.e2e.podsecurity import ENFORCE_LABEL
 from tests.e2e.polling import until
-from tests.operator.k8s_control_plane import ADMIN_TOKEN, Cluster, binaries_or_skip, serving_certificate
+from tests.operator.k8s_control_plane import (ADMIN_TOKEN, Cluster, binaries_or_skip, crd_established,
+                                             serving_certificate)
 from tests.realnode import indexed
 
 # The real-node tier's stand-in, tested in that tier's step (`pytest -m realnode`), against the API server alone.
@@ -61,12 +62,7 @@ async def _install_crd(cluster: Cluster) -> None:
     try:
         crd = yaml.safe_load((REPO / "crds" / "minicluster.yaml").read_text())
         await kube.create(CRD, crd)
-
-        async def established() -> bool:
-            got = await kube.get(f"{CRD}/{crd['metadata']['name']}") or {}
-            return any(c["type"] == "Established" and c["status"] == "True"
-                       for c in (got.get("status") or {}).get("conditions") or [])
-        await until(established, 60)
+        await until(lambda: crd_established(kube, crd["metadata"]["name"]), 60)
     finally:
         await kube.close()
 
