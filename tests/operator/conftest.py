@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from k8s_control_plane import Cluster, binaries_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "minicluster.yaml"
@@ -43,3 +45,12 @@ def crd() -> dict[str, Any]:
 @pytest.fixture
 def cr_schema(crd: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A real kube-apiserver, etcd and kube-controller-manager for one module of tier c (skips without them)."""
+    control_plane = Cluster(tmp_path_factory.mktemp("k8s"), binaries_or_skip())
+    control_plane.start()
+    yield control_plane
+    control_plane.stop()

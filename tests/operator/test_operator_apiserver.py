@@ -21,7 +21,7 @@ import kopf
 import pytest
 import yaml
 
-from k8s_control_plane import (ADMIN_TOKEN, Cluster, binaries_or_skip, collection_path, crd_established,
+from k8s_control_plane import (ADMIN_TOKEN, Cluster, collection_path, crd_established,
                                operator_token)
 from minicluster.operator import operate
 from minicluster.operator.runner import service_account_login
@@ -35,14 +35,6 @@ MC_PATH = "/apis/minicluster.dev/v1alpha1/namespaces/{ns}/miniclusters"
 
 # Broker reports served over real HTTP, keyed by "namespace/name".
 REPORTS: dict[str, dict[str, Any]] = {}
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    control_plane = Cluster(tmp_path_factory.mktemp("k8s"), binaries_or_skip())
-    control_plane.start()
-    yield control_plane
-    control_plane.stop()
 
 
 def login_as(cluster: Cluster, token: str) -> Callable[[], Any]:

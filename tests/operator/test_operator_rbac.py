@@ -20,7 +20,7 @@ import kopf
 import pytest
 import yaml
 
-from k8s_control_plane import (ADMIN_TOKEN, Cluster, binaries_or_skip, collection_path, crd_established,
+from k8s_control_plane import (ADMIN_TOKEN, Cluster, collection_path, crd_established,
                                operator_token)
 from minicluster.operator import operate
 from minicluster.operator.kube import ApiError, Kube
@@ -82,14 +82,6 @@ async def account_token(kube: Kube, ns: str, name: str) -> str:
                 return base64.b64decode(secret["data"]["token"]).decode()
         return None
     return str(await until(minted))
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    control_plane = Cluster(tmp_path_factory.mktemp("k8s"), binaries_or_skip())
-    control_plane.start()
-    yield control_plane
-    control_plane.stop()
 
 
 @pytest.fixture(scope="module")
