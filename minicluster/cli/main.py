@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bank": ("minicluster.cli.banks", "main", "banks (projects) and fair share: list, add, remove"),
     "usage": ("minicluster.cli.usage", "usage", "core-, GPU- and wall-hours per user and bank"),
     "job": ("minicluster.cli.usage", "job", "about one job: eff ID (CPU and memory efficiency)"),
+    "report": ("minicluster.cli.report", "main", "write an HTML report of jobs, a workflow or a time span"),
     "runtime": ("minicluster.cli.runtime", "main", "the injected runtime: install DEST (init container), info"),
 }
 
