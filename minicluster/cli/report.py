@@ -138,9 +138,9 @@ def gather(client: Client, jobs: dict[int, JobInfo], command: str, since: float 
     timeline = Timeline(t0, t1)
     for job, info in jobs.items():
         if info.record.get("t_run"):
-            cores = info.cores_per_task()
+            per_task = info.cores_per_task()
             for row in attempts(client, job):
-                timeline.add(job, cores, row, now)
+                timeline.add(job, per_task, row, now)
     cores = {int(r["rank"]): int(r.get("cores_total") or 0) for r in client.resources()}
     title = (f"Jobs {_idlist(jobs)}" if since is None else f"Jobs that ran from {time.ctime(t0)} to {time.ctime(t1)}")
     return Report(command, title, now, list(jobs.values()), timeline, cores, usage_by_user(list(jobs.values())))

@@ -27,7 +27,8 @@ TABLE_ROWS = 60
 _CSS = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222;max-width:1000px}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}
-table{border-collapse:collapse;font-size:12px;margin:.5em 0}td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}
+table{border-collapse:collapse;font-size:12px;margin:.5em 0}
+td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}
 th{background:#f3f3f3}td.l,th.l{text-align:left}code{background:#f3f3f3;padding:2px 4px}
 svg text{font:11px system-ui,sans-serif}#tip{position:fixed;background:#ffe;border:1px solid #999;padding:3px 6px;
 font-size:12px;pointer-events:none;display:none;white-space:pre}.legend span{display:inline-block;width:10px;
