@@ -68,7 +68,9 @@ def attempts(broker: BrokerView, peer: Peer, req: requests.Attempts) -> Any:
     task = _task_of_index(record, index) if index is not None else None
 
     async def answer() -> dict[str, Any]:
-        earlier, final = await broker.manager.store.attempts(record.id, start, task)
+        # Only failed ones: which those are is known only after reading them all, so no bound in SQL then.
+        earlier, final = await broker.manager.store.attempts(record.id, start, task,
+                                                             None if only_failed else limit)
         retried = {r[0] for r in earlier}
         if only_failed:
             final = [r for r in final if r[4] != 0 or r[0] in retried]

@@ -223,21 +223,25 @@ class JobStore:
                f"WHERE job=? AND task>=?{errors} ORDER BY task LIMIT ?")
         return await self.journal.read(lambda c: [list(r) for r in c.execute(sql, (job_id, start, limit))])
 
-    async def attempts(self, job_id: int, start: int, task: int | None) -> tuple[list[list[Any]], list[list[Any]]]:
+    async def attempts(self, job_id: int, start: int, task: int | None,
+                       limit: int | None = None) -> tuple[list[list[Any]], list[list[Any]]]:
         """(earlier attempts, final results) from task `start` on (or of `task`), as ATTEMPT_COLUMNS rows; a
-        final result's attempt is the number of earlier ones and its outcome 'final'."""
+        final result's attempt is the number of earlier ones and its outcome 'final'. With `limit`, at most that
+        many of each, the first in (task, attempt) order: enough for the first `limit` of both merged, so a page
+        never reads the rest of a large array's history."""
         where, params = "job=? AND task>=?", [job_id, start]
         if task is not None:
             where += " AND task=?"
             params.append(task)
+        bound, bounded = ("", params) if limit is None else (" LIMIT ?", [*params, limit])
 
         def query(c: sqlite3.Connection) -> tuple[list[list[Any]], list[list[Any]]]:
             earlier = [list(r) for r in c.execute(
-                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {where} ORDER BY task, attempt", params)]
+                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {where} ORDER BY task, attempt{bound}", bounded)]
             final = [list(r) for r in c.execute(
                 f"SELECT task, idx, (SELECT COUNT(*) FROM attempts a WHERE a.job=t.job AND a.task=t.task), rank, "
                 f"status, exit_code, signal, error, started, ended, 'final' FROM tasks t WHERE {where} "
-                "ORDER BY task", params)]
+                f"ORDER BY task{bound}", bounded)]
             return earlier, final
         return await self.journal.read(query)
 
