@@ -128,6 +128,20 @@ def test_report_of_a_time_span_finds_the_jobs_that_ran_in_it(tmp_path) -> None:
         assert sum(int(r["ok"]) for r in page.rows("ranks")) == 30
 
 
+def test_a_requeued_job_shows_its_preempted_attempt_then_its_final_one(tmp_path) -> None:
+    with LocalCluster(tmp_path / "state", size=1, test_exec=True) as cluster, cluster.client() as c:
+        j = c.submit(job(["true"], env={"MC_TEST_RUN_DURATION": "1"}))
+        next(e for e in c.eventlog(j, follow=True) if e[2] == "start")
+        c.requeue([j])
+        assert wait_for(c, j)["status"] == 0
+        done = mc(cluster, "report", str(j), "-o", "-", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = Page()
+    page.feed(done.stdout)
+    bars = sorted((int(b["data-attempt"]), b["data-kind"]) for b in page.all("rect", **{"class": "task"}))
+    assert bars == [(0, "preempted"), (1, "ok")]
+
+
 @pytest.mark.slow
 def test_a_20000_task_array_makes_a_bounded_report(tmp_path) -> None:
     with LocalCluster(tmp_path / "state", size=2, test_exec=True, resources="cores=4") as cluster, \
