@@ -17,7 +17,8 @@ from typing import Any
 from minicluster.cli.argparser import Parser
 from minicluster.cli.common import UsageError, job_id
 from minicluster.cli.format import job_json
-from minicluster.cli.reportdata import JobInfo, Report, Timeline, dependency_targets, usage_by_user
+from minicluster.cli.reportdata import (JobInfo, Report, Timeline, dependency_targets, rank_groups,
+                                         usage_by_user)
 from minicluster.cli.reporthtml import page
 from minicluster.cli.usage import when
 from minicluster.client import Client, ClientError
@@ -143,7 +144,8 @@ def gather(client: Client, jobs: dict[int, JobInfo], command: str, since: float 
                 timeline.add(job, per_task, row, now)
     cores = {int(r["rank"]): int(r.get("cores_total") or 0) for r in client.resources()}
     title = (f"Jobs {_idlist(jobs)}" if since is None else f"Jobs that ran from {time.ctime(t0)} to {time.ctime(t1)}")
-    return Report(command, title, now, list(jobs.values()), timeline, cores, usage_by_user(list(jobs.values())))
+    return Report(command, title, now, list(jobs.values()), timeline, cores, usage_by_user(list(jobs.values())),
+                  rank_groups(client.resource_tree()))
 
 
 def attempts(client: Client, job: int) -> Iterable[list[object]]:

@@ -145,6 +145,7 @@ class Report:
     timeline: Timeline
     cores: dict[int, int]                  # rank -> cores it has now
     usage: list[dict[str, Any]]            # per user and bank: {user, project, jobs, core_hours, cpu_hours}
+    groups: dict[int, str] = field(default_factory=dict)   # rank -> its topology path (zone=a/rack=r1)
 
 
 def usage_by_user(jobs: list[JobInfo]) -> list[dict[str, Any]]:
@@ -160,3 +161,17 @@ def usage_by_user(jobs: list[JobInfo]) -> list[dict[str, Any]]:
         row["core_hours"] += float(info.usage.get("core_seconds") or 0) / 3600
         row["cpu_hours"] += float(info.usage.get("cpu_seconds") or 0) / 3600
     return sorted(out.values(), key=lambda r: (-r["core_hours"], r["user"], r["project"]))
+
+
+def rank_groups(vertex: dict[str, Any], path: str = "") -> dict[int, str]:
+    """Each node's rank -> the path of topology levels above it (`zone=a/rack=r1`) in a `resources` tree
+    (protocol.md §3.3); empty when the instance has no levels."""
+    kind = vertex.get("type")
+    if kind == "node":
+        return {int(vertex["rank"]): path} if path else {}
+    if kind not in ("cluster", "socket", None):
+        path = f"{path}/{kind}={vertex.get('name')}".lstrip("/")
+    out: dict[int, str] = {}
+    for child in vertex.get("children") or ():
+        out.update(rank_groups(child, path))
+    return out

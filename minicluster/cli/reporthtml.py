@@ -18,6 +18,7 @@ STATE_COLORS = {"COMPLETED": "#4c9a2a", "FAILED": "#d62728", "CANCELLED": "#7f7f
                 "RUN": "#1f77b4", "SCHED": "#bcbd22", "DEPEND": "#bcbd22", "PRIORITY": "#bcbd22"}
 WIDTH = 960
 LEFT = 90
+GROUP_COLORS = ("#2ca02c", "#e377c2", "#8c564b", "#17becf", "#bcbd22", "#ff7f0e")
 LANE = 14
 # Above this many jobs the dependency graph is given as a table only: boxes would be unreadable.
 GRAPH_LIMIT = 400
@@ -193,12 +194,25 @@ def gantt_table(timeline: Timeline) -> str:
 # ------------------------------------------------------------------------------------------------ cores busy
 
 
-def cores_busy(timeline: Timeline, cores: dict[int, int]) -> str:
-    """Mean cores busy per time bin, in total and per rank, as step lines under the cores the ranks have."""
+def by_group(per_rank: dict[int, list[float]], groups: dict[int, str]) -> dict[str, list[float]]:
+    """The per-rank series summed per topology group (rack, zone); ranks outside any group are left out."""
+    out: dict[str, list[float]] = {}
+    for rank, values in per_rank.items():
+        if rank in groups:
+            sums = out.setdefault(groups[rank], [0.0] * len(values))
+            for b, v in enumerate(values):
+                sums[b] += v
+    return dict(sorted(out.items()))
+
+
+def cores_busy(timeline: Timeline, cores: dict[int, int], groups: dict[int, str]) -> str:
+    """Mean cores busy per time bin, in total, per topology group and per rank, as step lines under the cores
+    the ranks have."""
     per_rank = timeline.cores_busy()
     if not per_rank:
         return ""
     total = [sum(values) for values in zip(*per_rank.values(), strict=True)]
+    per_group = by_group(per_rank, groups)
     available = sum(cores.values()) or max(total)
     height, plot_h = 240, 200
     top = max(available, max(total)) or 1.0
@@ -221,25 +235,35 @@ def cores_busy(timeline: Timeline, cores: dict[int, int]) -> str:
         for rank, values in per_rank.items():
             out.append(f'<path d="{path(values)}" fill="none" stroke="#aaa" stroke-width="0.8" data-rank="{rank}" '
                        f'data-tip="rank {rank} ({cores.get(rank, "?")} cores)"/>')
+    for n, (name, values) in enumerate(per_group.items()):
+        color = GROUP_COLORS[n % len(GROUP_COLORS)]
+        out.append(f'<path d="{path(values)}" fill="none" stroke="{color}" stroke-width="1.5" '
+                   f'stroke-dasharray="6 2" data-group="{esc(name)}" data-tip="{esc(name)}"/>')
     out.append(f'<path d="{path(total)}" fill="none" stroke="#1f77b4" stroke-width="2" data-tip="all ranks"/>')
     out.append(_time_axis(timeline, 10 + plot_h))
+    named = "".join(f'<span style="background:{GROUP_COLORS[n % len(GROUP_COLORS)]}"></span>{esc(name)}'
+                    for n, name in enumerate(per_group))
     return ("<p>Blue: cores busy in all ranks (mean per bin); grey: per rank; dashed red: cores the ranks "
-            "have now.</p>" + svg(WIDTH, height, "".join(out), "cores") + _cores_table(timeline, per_rank, total))
+            "have now" + ("; dashed colors: per topology group" if per_group else "") + ".</p>" +
+            (f'<div class="legend">{named}</div>' if named else "") + svg(WIDTH, height, "".join(out), "cores") +
+            _cores_table(timeline, {**{f"rank {r}": v for r, v in per_rank.items()}, **per_group}, total))
 
 
-def _cores_table(timeline: Timeline, per_rank: dict[int, list[float]], total: list[float]) -> str:
+def _cores_table(timeline: Timeline, series: dict[str, list[float]], total: list[float]) -> str:
+    """The curves' numbers, bins grouped to at most TABLE_ROWS rows; the groups' columns, then the first ranks'."""
     group = max(1, -(-timeline.nbins // TABLE_ROWS))
-    ranks = list(per_rank)[:16]
+    ranks = [name for name in series if not name.startswith("rank ")]
+    ranks += [name for name in series if name.startswith("rank ")][:max(0, 16 - len(ranks))]
     rows = []
     for start in range(0, timeline.nbins, group):
         end = min(timeline.nbins, start + group)
 
         def mean(values: list[float], start: int = start, end: int = end) -> str:
             return f"{sum(values[start:end]) / (end - start):.2f}"
-        rows.append([f"+{start * timeline.width:.1f}s", mean(total), *(mean(per_rank[r]) for r in ranks)])
-    more = f" (the first {len(ranks)} ranks)" if len(per_rank) > len(ranks) else ""
+        rows.append([f"+{start * timeline.width:.1f}s", mean(total), *(mean(series[r]) for r in ranks)])
+    more = f" ({len(ranks)} of {len(series)} series)" if len(series) > len(ranks) else ""
     return (f"<details><summary>cores busy, mean per {group * timeline.width:.2f} s{more}</summary>" +
-            table(["from", "total", *(f"rank {r}" for r in ranks)], rows, cls="cores") + "</details>")
+            table(["from", "total", *ranks], rows, cls="cores") + "</details>")
 
 
 # ------------------------------------------------------------------------------------------------ dependency graph
@@ -349,7 +373,7 @@ def page(report: Report) -> str:
     t = report.timeline
     sections = [
         ("Tasks per rank", gantt(t) + gantt_table(t)),
-        ("Cores busy", cores_busy(t, report.cores) or "<p>No task ran in this report's span.</p>"),
+        ("Cores busy", cores_busy(t, report.cores, report.groups) or "<p>No task ran in this report's span.</p>"),
         ("Jobs and their dependencies", graph(report.jobs) + jobs_table(report.jobs)),
         ("Efficiency", histogram(report.jobs, "cpu", "CPU efficiency per job") +
          histogram(report.jobs, "mem", "Memory efficiency per job")),

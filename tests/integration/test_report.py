@@ -142,6 +142,28 @@ def test_a_requeued_job_shows_its_preempted_attempt_then_its_final_one(tmp_path)
     assert bars == [(0, "preempted"), (1, "ok")]
 
 
+def test_cores_busy_is_drawn_per_rack_and_the_racks_add_up_to_the_total(tmp_path) -> None:
+    cluster = LocalCluster(tmp_path / "state", size=4, resources="cores=2", topology="rack", test_exec=True)
+    try:
+        for rank in range(4):
+            cluster.start_rank(rank, env={"MC_PROPERTIES": f"rack=r{rank // 2}"})
+        cluster.wait_up()
+        with cluster.client() as c:
+            array = c.submit(job(["true"], array="0-15", env={"MC_TEST_RUN_DURATION": "0.3"}))
+            wait_for(c, array)
+        done = mc(cluster, "report", str(array), "-o", "-", cwd=tmp_path)
+    finally:
+        cluster.stop()
+    assert done.returncode == 0, done.stderr
+    page = Page()
+    page.feed(done.stdout)
+    assert {p["data-group"] for p in page.all("path") if "data-group" in p} == {"rack=r0", "rack=r1"}
+    rows = page.rows("cores")
+    assert any(float(r["total"]) > 0 for r in rows)
+    for r in rows:
+        assert abs(float(r["rack=r0"]) + float(r["rack=r1"]) - float(r["total"])) < 0.02, r
+
+
 @pytest.mark.slow
 def test_a_20000_task_array_makes_a_bounded_report(tmp_path) -> None:
     with LocalCluster(tmp_path / "state", size=2, test_exec=True, resources="cores=4") as cluster, \

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import re
 
-from minicluster.cli.reportdata import JobInfo, Report, Timeline, attempt_kind, dependency_targets, usage_by_user
-from minicluster.cli.reporthtml import layers, page
+from minicluster.cli.reportdata import (JobInfo, Report, Timeline, attempt_kind, dependency_targets, rank_groups,
+                                         usage_by_user)
+from minicluster.cli.reporthtml import by_group, layers, page
 
 
 def row(task: int, rank: int, started: float, ended: float | None, status: int | None = 0,
@@ -73,3 +74,15 @@ def test_text_from_jobs_is_escaped() -> None:
     jobs = [JobInfo({"id": 1, "name": "<script>x</script>", "state": "INACTIVE", "result": "COMPLETED"})]
     html = page(Report("mc report --name '<b>'", "t", 0.0, jobs, timeline, {}, []))
     assert "<script>x" not in html and "&lt;script&gt;x" in html and "<b>" not in html
+
+
+def test_ranks_are_grouped_by_the_topology_levels_above_them() -> None:
+    def node(rank: int) -> dict[str, object]:
+        return {"type": "node", "name": f"n{rank}", "rank": rank, "children": [{"type": "socket", "id": 0}]}
+    tree = {"type": "cluster", "name": "c", "children": [
+        {"type": "zone", "name": "a", "children": [{"type": "rack", "name": "r0", "children": [node(0), node(1)]}]},
+        {"type": "zone", "name": "b", "children": [{"type": "rack", "name": "r1", "children": [node(2)]}]}]}
+    assert rank_groups(tree) == {0: "zone=a/rack=r0", 1: "zone=a/rack=r0", 2: "zone=b/rack=r1"}
+    assert rank_groups({"type": "cluster", "name": "c", "children": [node(0)]}) == {}
+    assert by_group({0: [1.0, 2.0], 1: [0.5, 0.0], 2: [3.0, 3.0]}, {0: "r0", 1: "r0", 2: "r1"}) == \
+        {"r0": [1.5, 2.0], "r1": [3.0, 3.0]}
