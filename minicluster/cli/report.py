@@ -132,10 +132,10 @@ def gather(client: Client, jobs: dict[int, JobInfo], command: str, since: float 
            now: float) -> Report:
     for job, info in jobs.items():
         info.usage = _usage(client, job) if info.record.get("state") == "INACTIVE" else None
-    starts = [float(i.record["t_run"]) for i in jobs.values() if i.record.get("t_run")]
-    t0 = since if since is not None else min(starts, default=now)
-    t1 = until if since is not None else max((float(i.record.get("t_inactive") or now) for i in jobs.values()),
-                                             default=now)
+    # The jobs' span, cut to the asked one: a report of the last day about jobs of the last minute draws a minute.
+    ran = [i.record for i in jobs.values() if i.record.get("t_run")]
+    t0 = max(since or 0.0, min((float(r["t_run"]) for r in ran), default=now))
+    t1 = min(until, max((float(r.get("t_inactive") or now) for r in ran), default=now))
     timeline = Timeline(t0, t1)
     for job, info in jobs.items():
         if info.record.get("t_run"):

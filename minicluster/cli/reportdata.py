@@ -59,7 +59,8 @@ class RankRow:
     marked: dict[int, str] = field(default_factory=dict)   # bin -> the worst kind that ended in it
 
 
-_SEVERITY = {"failed": 3, "preempted": 2, "retried": 1}
+# Which kind a bin of the binned Gantt shows when attempts of several kinds ended in it.
+SEVERITY = {"failed": 3, "preempted": 2, "retried": 1}
 
 
 class Timeline:
@@ -91,9 +92,9 @@ class Timeline:
         rank_row = self.ranks.setdefault(rank, RankRow([0.0] * self.nbins))
         rank_row.kinds[kind] += 1
         self._spread(rank_row.busy, started, now if ended is None else ended, cores)
-        if kind in _SEVERITY:
+        if kind in SEVERITY:
             at = self._bin(now if ended is None else ended)
-            if _SEVERITY[kind] > _SEVERITY.get(rank_row.marked.get(at, ""), 0):
+            if SEVERITY[kind] > SEVERITY.get(rank_row.marked.get(at, ""), 0):
                 rank_row.marked[at] = kind
 
     def _bin(self, t: float) -> int:

@@ -11,13 +11,15 @@ import html
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from minicluster.cli.reportdata import KINDS, JobInfo, Report, Timeline
+from minicluster.cli.reportdata import KINDS, SEVERITY, JobInfo, Report, Timeline
 
 COLORS = {"ok": "#4c9a2a", "failed": "#d62728", "retried": "#ff7f0e", "preempted": "#9467bd", "running": "#1f77b4"}
 STATE_COLORS = {"COMPLETED": "#4c9a2a", "FAILED": "#d62728", "CANCELLED": "#7f7f7f", "TIMEOUT": "#d62728",
                 "RUN": "#1f77b4", "SCHED": "#bcbd22", "DEPEND": "#bcbd22", "PRIORITY": "#bcbd22"}
 WIDTH = 960
 LEFT = 90
+# The binned Gantt draws at most this many rows; more ranks share rows, consecutive ranks together.
+GANTT_ROWS = 128
 GROUP_COLORS = ("#2ca02c", "#e377c2", "#8c564b", "#17becf", "#bcbd22", "#ff7f0e")
 LANE = 14
 # Above this many jobs the dependency graph is given as a table only: boxes would be unreadable.
@@ -151,30 +153,60 @@ def _gantt_bars(timeline: Timeline) -> str:
     return legend() + svg(WIDTH, y + 24, "".join(out), "gantt")
 
 
-def _gantt_bins(timeline: Timeline) -> str:
+def _rank_rows(timeline: Timeline) -> list[tuple[str, list[float], dict[int, str]]]:
+    """The binned Gantt's rows: one per rank, or per run of consecutive ranks when there are more than GANTT_ROWS
+    (busy summed, the worst mark of each bin kept), so the drawing stays bounded however many ranks ran."""
     ranks = sorted(timeline.ranks)
-    row_h = max(3, min(LANE, 600 // max(1, len(ranks))))
+    per_row = -(-len(ranks) // GANTT_ROWS)
+    rows = []
+    for i in range(0, len(ranks), per_row):
+        chunk = ranks[i:i + per_row]
+        busy = [sum(col) for col in zip(*(timeline.ranks[r].busy for r in chunk), strict=True)]
+        marked: dict[int, str] = {}
+        for r in chunk:
+            for b, kind in timeline.ranks[r].marked.items():
+                if SEVERITY[kind] > SEVERITY.get(marked.get(b, ""), 0):
+                    marked[b] = kind
+        label = f"rank {chunk[0]}" if len(chunk) == 1 else f"ranks {chunk[0]}-{chunk[-1]}"
+        rows.append((label, busy, marked))
+    return rows
+
+
+def _runs(values: list[float], peak: float) -> list[tuple[int, int, int]]:
+    """(first bin, bins, shade 1-10) of each run of busy bins whose busy fraction of `peak` shades alike."""
+    out: list[tuple[int, int, int]] = []
+    for b, v in enumerate(values):
+        shade = 0 if v <= 0 else 1 + min(9, int(10 * v / peak))
+        if out and shade and out[-1][2] == shade and out[-1][0] + out[-1][1] == b:
+            out[-1] = (out[-1][0], out[-1][1] + 1, shade)
+        elif shade:
+            out.append((b, 1, shade))
+    return out
+
+
+def _gantt_bins(timeline: Timeline) -> str:
+    rows = _rank_rows(timeline)
+    row_h = max(3, min(LANE, 600 // len(rows)))
     bin_w = (WIDTH - LEFT - 10) / timeline.nbins
-    peak = max((max(r.busy) for r in timeline.ranks.values()), default=0.0) or 1.0
     out = []
-    for n, rank in enumerate(ranks):
-        row = timeline.ranks[rank]
+    for n, (label, busy, marked) in enumerate(rows):
         y = 5 + n * row_h
+        peak = max(busy) or 1.0
         if row_h >= 9 or n % max(1, 10 // row_h) == 0:
-            out.append(f'<text x="4" y="{y + row_h - 2}">rank {rank}</text>')
-        for b, busy in enumerate(row.busy):
-            if busy > 0:
-                out.append(f'<rect x="{LEFT + b * bin_w:.1f}" y="{y}" width="{bin_w + 0.2:.1f}" '
-                           f'height="{row_h - 1}" fill="#1f77b4" fill-opacity="{0.15 + 0.85 * busy / peak:.2f}"/>')
-        for b, kind in sorted(row.marked.items()):
+            out.append(f'<text x="4" y="{y + row_h - 2}">{label}</text>')
+        for first, count, shade in _runs(busy, peak):
+            out.append(f'<rect x="{LEFT + first * bin_w:.1f}" y="{y}" width="{count * bin_w + 0.2:.1f}" '
+                       f'height="{row_h - 1}" fill="#1f77b4" fill-opacity="{0.1 * shade:.1f}"/>')
+        for b, kind in sorted(marked.items()):
             out.append(f'<rect class="mark" x="{LEFT + b * bin_w:.1f}" y="{y}" width="{max(2.0, bin_w):.1f}" '
-                       f'height="{row_h - 1}" fill="{COLORS[kind]}" data-rank="{rank}" data-kind="{kind}" '
-                       f'data-tip="rank {rank}: {kind} attempts near +{b * timeline.width:.1f}s"/>')
-    y = 5 + len(ranks) * row_h
+                       f'height="{row_h - 1}" fill="{COLORS[kind]}" data-ranks="{label}" data-kind="{kind}" '
+                       f'data-tip="{label}: {kind} attempts near +{b * timeline.width:.1f}s"/>')
+    y = 5 + len(rows) * row_h
     out.append(_time_axis(timeline, y + 2))
-    note = (f"<p>{timeline.count:,} attempts: each rank's row shows how busy it was in each of "
-            f"{timeline.nbins} time bins ({timeline.width:.2f} s each, darker is busier); bins where an "
-            "attempt failed, was retried or preempted are drawn in that kind's color.</p>")
+    note = (f"<p>{timeline.count:,} attempts: each row shows how busy its ranks were in each of "
+            f"{timeline.nbins} time bins ({timeline.width:.2f} s each, darker is busier, relative to the row's "
+            "busiest bin); bins where an attempt failed, was retried or preempted are drawn in that kind's "
+            "color.</p>")
     return note + legend() + svg(WIDTH, y + 24, "".join(out), "gantt")
 
 

@@ -5,7 +5,7 @@ import re
 
 from minicluster.cli.reportdata import (JobInfo, Report, Timeline, attempt_kind, dependency_targets, rank_groups,
                                          usage_by_user)
-from minicluster.cli.reporthtml import by_group, layers, page
+from minicluster.cli.reporthtml import GANTT_ROWS, by_group, layers, page
 
 
 def row(task: int, rank: int, started: float, ended: float | None, status: int | None = 0,
@@ -86,3 +86,14 @@ def test_ranks_are_grouped_by_the_topology_levels_above_them() -> None:
     assert rank_groups({"type": "cluster", "name": "c", "children": [node(0)]}) == {}
     assert by_group({0: [1.0, 2.0], 1: [0.5, 0.0], 2: [3.0, 3.0]}, {0: "r0", 1: "r0", 2: "r1"}) == \
         {"r0": [1.5, 2.0], "r1": [3.0, 3.0]}
+
+
+def test_thousands_of_ranks_share_a_bounded_number_of_gantt_rows() -> None:
+    timeline = Timeline(0.0, 100.0, detail_limit=10)
+    for rank in range(3000):
+        timeline.add(1, 1, row(rank, rank, rank % 90, rank % 90 + 10, status=1 if rank == 2999 else 0), now=100.0)
+    html = page(Report("mc report 1", "t", 0.0, [], timeline, dict.fromkeys(range(3000), 4), []))
+    gantt = html[html.index('data-plot="gantt"'):html.index("</svg>", html.index('data-plot="gantt"'))]
+    assert gantt.count("<text") <= GANTT_ROWS + 6 and "ranks 0-23" in gantt
+    assert 'data-kind="failed"' in gantt
+    assert len(html) < 1_000_000
