@@ -34,13 +34,14 @@ DEPENDENT_SCAN = 20_000
 
 def main(argv: list[str]) -> int:
     parser = Parser(prog="mc report", description=HELP, epilog=(
-        "Select jobs by ID (a job or an array), by --name, with --deps the IDs' whole workflow (what they depend "
-        "on and what depends on them), or every job that ran between --since and --until. The file needs no "
+        "Select jobs by ID (a job or an array), by --name, with --deps the IDs' whole workflow (the jobs linked "
+        "to them by dependencies), or every job that ran between --since and --until. The file needs no "
         "network: inline CSS, SVG and a few lines of script for tooltips."))
     parser.add_argument("ids", nargs="*", type=job_id, metavar="ID")
     parser.add_argument("--name", action="append", metavar="NAME", help="the jobs of this name (repeatable)")
     parser.add_argument("--deps", action="store_true",
-                        help="add the jobs the selected ones depend on and the jobs that depend on them, transitively")
+                        help="add their whole workflow: every job linked to them by dependencies, either way, "
+                             f"transitively (dependents are looked for among the {DEPENDENT_SCAN:,} newest jobs)")
     parser.add_argument("--since", type=when, metavar="TIME", help="jobs that ran from TIME on (2025-06-01, 2h)")
     parser.add_argument("--until", type=when, metavar="TIME", help="jobs that ran before TIME (default: now)")
     parser.add_argument("-o", "--output", default="report.html", metavar="FILE",
