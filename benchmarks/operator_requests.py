@@ -21,13 +21,11 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -37,13 +35,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "operator")]
 from k8s_control_plane import (ADMIN_TOKEN, Cluster, binaries_or_skip, collection_path,  # noqa: E402
-                               crd_established, operator_token)
+                               crd_established, operator_token, request_counts)
 
 from minicluster.operator.kube import Kube, path_of  # noqa: E402
 
 MC_PATH = "/apis/minicluster.dev/v1alpha1/namespaces/{ns}/miniclusters"
-SAMPLE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
-LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 class _NoBroker(BaseHTTPRequestHandler):
@@ -79,25 +75,6 @@ def run_operator(namespace: str, server: str, ca: str, token: str, broker_port: 
         finally:
             await fetcher.close()
     asyncio.run(main())
-
-
-async def request_counts(kube: Kube) -> Counter[tuple[str, str]]:
-    """apiserver_request_total summed by (verb, resource[/subresource])."""
-    text = await _metrics_text(kube)
-    counts: Counter[tuple[str, str]] = Counter()
-    for line in text.splitlines():
-        match = SAMPLE.match(line)
-        if match:
-            labels = dict(LABEL.findall(match["labels"]))
-            resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
-            counts[(labels.get("verb", ""), resource)] += int(float(match["value"]))
-    return counts
-
-
-async def _metrics_text(kube: Kube) -> str:
-    session, conn = await kube._ensure_session(stale=None)  # the admin's session: /metrics is plain text
-    async with session.get(conn.server.rstrip("/") + "/metrics", headers=conn.as_http_headers()) as resp:
-        return await resp.text()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -144,14 +121,14 @@ async def measure(cluster: Cluster, token: str, broker_port: int, count: int, si
                   interval: float) -> dict[str, Any]:
     ns = f"bench-{count}"
     kube = Kube(login(cluster.server, str(cluster.ca_path), ADMIN_TOKEN))
-    operator: subprocess.Popen[bytes] | None = None
+    operator: asyncio.subprocess.Process | None = None
     try:
         await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         for i in range(count):
             await kube.create(MC_PATH.format(ns=ns), minicluster(f"mc{i}", size))
-        operator = subprocess.Popen(
-            [sys.executable, __file__, "--run-operator", ns, cluster.server, str(cluster.ca_path), token,
-             str(broker_port), str(interval)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        operator = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--run-operator", ns, cluster.server, str(cluster.ca_path), token,
+            str(broker_port), str(interval), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         pods = path_of("Pod", ns) + "?labelSelector=app.kubernetes.io/managed-by"
 
         async def settled() -> bool:
@@ -160,16 +137,16 @@ async def measure(cluster: Cluster, token: str, broker_port: int, count: int, si
             return len(listed) == count and all(ready_reason(m) for m in listed) and made >= count * size
         await until(settled, 120 + count * size / 20)
         await asyncio.sleep(2 * interval)
-        before, cpu0, t0 = await request_counts(kube), cpu_seconds(operator.pid), time.monotonic()
+        before, cpu0, t0 = request_counts(cluster), cpu_seconds(operator.pid), time.monotonic()
         await asyncio.sleep(window)
-        after, cpu1, t1 = await request_counts(kube), cpu_seconds(operator.pid), time.monotonic()
+        after, cpu1, t1 = request_counts(cluster), cpu_seconds(operator.pid), time.monotonic()
         latency = await pod_change_latency(kube, ns, "mc0", 60 + 4 * interval)
         operator.terminate()
-        operator.wait(30)
+        await asyncio.wait_for(operator.wait(), 30)
         operator = None
-        base0 = await request_counts(kube)
+        base0 = request_counts(cluster)
         await asyncio.sleep(window)
-        base1 = await request_counts(kube)
+        base1 = request_counts(cluster)
         minutes = (t1 - t0) / 60
         with_op = after - before
         without = base1 - base0
@@ -183,7 +160,7 @@ async def measure(cluster: Cluster, token: str, broker_port: int, count: int, si
     finally:
         if operator is not None:
             operator.kill()
-            operator.wait()
+            await operator.wait()
         await kube.close()
 
 

@@ -19,12 +19,16 @@ from minicluster.operator import manifests, reconcile, status
 from minicluster.operator import pods as pods_mod
 from minicluster.operator.kube import ApiError, Kube, path_of
 from minicluster.operator.metrics import Metrics
-from minicluster.operator.spec import GROUP, PLURAL, VERSION, MiniCluster, problems
+from minicluster.operator.spec import GROUP, MANAGER, NAME_LABEL, PLURAL, VERSION, MiniCluster, problems
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 logger = logging.getLogger(__name__)
 # With storage: how long workers may take to obey rank 0's shutdown before their Job is suspended.
 STRAGGLER_GRACE = 30.0
+# The operator's own pods and Jobs: watched with this selector (the API server filters, runner.configure), once
+# for every MiniCluster, instead of a GET and a LIST per MiniCluster and poll.
+OWN = {"app.kubernetes.io/managed-by": MANAGER}
+OWN_SELECTOR = ",".join(f"{key}={value}" for key, value in OWN.items())
 
 
 @dataclass
@@ -46,11 +50,23 @@ def register(registry: kopf.OperatorRegistry, deps: Deps) -> None:
         deps.metrics.reconciled("reconcile")
         await _reconcile(deps, body)
 
+    # kopf keeps these in memory from one watch each and hands them to every handler by their ids.
+    @kopf.index("v1", "pods", id="minicluster_pods", labels=OWN, registry=registry)
+    def pods_by_minicluster(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                            **_: Any) -> dict[tuple[str | None, str], dict[str, Any]] | None:
+        name = labels.get(NAME_LABEL)
+        return {(namespace, name): dict(body)} if name else None
+
+    @kopf.index("batch", "v1", "jobs", id="minicluster_jobs", labels=OWN, registry=registry)
+    def jobs_by_name(namespace: str | None, name: str, body: kopf.Body,
+                     **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
+        return {(namespace, name): dict(body)}
+
     @kopf.timer(*RESOURCE, id="status", interval=deps.poll_interval, registry=registry)
-    async def poll_status(body: kopf.Body, **_: Any) -> None:
+    async def poll_status(body: kopf.Body, **kwargs: Any) -> None:
         deps.metrics.reconciled("status")
         try:
-            await _poll(deps, body)
+            await _poll(deps, body, Children(kwargs["minicluster_pods"], kwargs["minicluster_jobs"]))
         except Exception:
             deps.metrics.failed("status")
             raise
@@ -135,11 +151,27 @@ async def _refuse(deps: Deps, body: kopf.Body, reason: str, message: str,
         kopf.warn(body, reason=reason, message=message)
 
 
-async def _poll(deps: Deps, body: kopf.Body) -> None:
+@dataclass(frozen=True)
+class Children:
+    """The operator's own pods (by MiniCluster) and Jobs (by name) as its watches last saw them."""
+    pods: Mapping[tuple[str, str], Any]
+    jobs: Mapping[tuple[str, str], Any]
+
+    def pods_of(self, mc: MiniCluster) -> list[Any]:
+        return list(self.pods.get((mc.namespace, mc.name), ()))
+
+    async def job(self, kube: Kube, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The Job as watched; one GET where the watch has none (just made, gone, or not ours: the poll then
+        acts on what the API server says, not on a watch that may lag)."""
+        seen = next(iter(self.jobs.get((namespace, name), ())), None)
+        return seen if seen is not None else await kube.get(path_of("Job", namespace, name))
+
+
+async def _poll(deps: Deps, body: kopf.Body, children: Children) -> None:
     # With a refused edit (the reconcile handler said why) the children still run as last accepted.
     invalid = bool(problems(body))
     mc = _last_accepted(body) if invalid else MiniCluster.from_body(body)
-    job = await deps.kube.get(path_of("Job", mc.namespace, mc.broker_job_name))
+    job = await children.job(deps.kube, mc.namespace, mc.broker_job_name)
     if job is None:
         if _finished(body) or _finished(await _fresh(deps, body)):
             # Deleted after the end (a TTL, an admin): making it again would run the batch command twice. The
@@ -151,7 +183,7 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
         return
     if not reconcile.is_owned(job, mc):
         return  # someone else's Job: the reconcile handler has reported it
-    workers = await deps.kube.get(path_of("Job", mc.namespace, mc.name)) if mc.storage else None
+    workers = await children.job(deps.kube, mc.namespace, mc.name) if mc.storage else None
     # Without storage both names are the same Job (and workers is None).
     if deps.check_jobs and not invalid and reconcile.lacks_fields(mc, {mc.name: workers, mc.broker_job_name: job}):
         # The reconcile handler stops the Job and says why; again here only if that has not been done yet.
@@ -160,7 +192,8 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
         return
     active = not status.job_finished(job) and not status.job_suspended(job)
     failed = "Failed" in status.job_conditions(job) or "Failed" in status.job_conditions(workers)
-    pods, events = await _pods_and_events(deps.kube, mc) if active or failed else ([], [])
+    pods = children.pods_of(mc) if active or failed else []
+    events = await _refusals(deps.kube, mc) if (active or failed) and len(pods) < mc.size else []
     broker = await deps.fetch_status(mc, pods_mod.broker_pod(mc, pods)) if active else None
     seen = status.Observed(job=job, broker=broker, workers=workers, pods=pods, events=events)
     lost: list[str] = []
@@ -178,7 +211,7 @@ async def _poll(deps: Deps, body: kopf.Body) -> None:
             lost[:] = [after["message"]]
         return fields
     try:
-        await _write_status(deps, body, polled)
+        await _write_status(deps, body, polled, known=body)
     except ApiError as exc:
         # Logged, not raised: kopf does not restart a timer that failed.
         deps.metrics.failed("status")
@@ -241,15 +274,14 @@ async def _has_jobs(kube: Kube, mc: MiniCluster) -> bool:
     return False
 
 
-async def _pods_and_events(kube: Kube, mc: MiniCluster) -> tuple[list[Any], list[Any]]:
-    """The MiniCluster's pods, and its Jobs' FailedCreate events (pods that admission refused never exist)."""
-    selector = f"labelSelector={manifests.selector(mc)}"
-    pods = (await kube.get(f"{path_of('Pod', mc.namespace)}?{selector}") or {}).get("items") or []
+async def _refusals(kube: Kube, mc: MiniCluster) -> list[Any]:
+    """The Jobs' FailedCreate events: pods that admission refused never exist (so asked only while pods are
+    missing)."""
     events: list[Any] = []
     for name in {mc.name, mc.broker_job_name}:
         query = f"fieldSelector=involvedObject.kind=Job,involvedObject.name={name},reason=FailedCreate"
         events += (await kube.get(f"{path_of('Event', mc.namespace)}?{query}") or {}).get("items") or []
-    return pods, events
+    return events
 
 
 async def _expire(kube: Kube, mc: MiniCluster, *jobs: Mapping[str, Any] | None) -> None:
@@ -278,24 +310,25 @@ async def _stop_workers(kube: Kube, mc: MiniCluster, job: Mapping[str, Any], wor
 
 async def _write_status(
     deps: Deps, body: kopf.Body, compute: Callable[[Mapping[str, Any]], dict[str, Any]],
+    known: Mapping[str, Any] | None = None,
 ) -> None:
     """Read-modify-write of the status subresource, guarded by resourceVersion.
 
     Two writers share `status.conditions` (reconcile and the poller); a list
     is replaced whole by a merge patch, so each write starts from a fresh read
     and is refused (409) if the object changed in between, then retried.
+    `known`: the MiniCluster as the watch last saw it (the poller's): a poll that would change nothing in it
+    reads nothing either (most polls; one the watch is behind on is made good by the next), any other reads.
     """
     meta = body["metadata"]
     path = path_of("MiniCluster", meta["namespace"], meta["name"])
+    if known is not None and not _status_changes(known, compute):
+        return
     for attempt in range(3):
         current = await deps.kube.get(path)
         if current is None:
             return  # deleted meanwhile
-        old = current.get("status") or {}
-        new = compute(old)
-        # Reconciling and Stalled follow from the rest of the status, whichever writer changed it.
-        new["conditions"] = status.progress({**old, **new}, int(current["metadata"].get("generation") or 0), _now())
-        changes = status.changed(old, new)
+        changes = _status_changes(current, compute)
         if not changes:
             return
         guard = {"resourceVersion": current["metadata"].get("resourceVersion")}
@@ -305,6 +338,16 @@ async def _write_status(
         except ApiError as exc:
             if exc.status != 409 or attempt == 2:
                 raise
+
+
+def _status_changes(
+    current: Mapping[str, Any], compute: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    old = current.get("status") or {}
+    new = compute(old)
+    # Reconciling and Stalled follow from the rest of the status, whichever writer changed it.
+    new["conditions"] = status.progress({**old, **new}, int(current["metadata"].get("generation") or 0), _now())
+    return status.changed(old, new)
 
 
 def _now(offset: float = 0.0) -> str:

@@ -83,6 +83,9 @@ def configure(settings: kopf.OperatorSettings, namespaced: bool = False) -> None
     # watch Namespaces and CRDs (cluster-scoped). It still discovers its resource once at start-up through the
     # discovery API, which every authenticated user may read; a CRD installed later needs a restart.
     settings.scanning.disabled = namespaced
+    # The operator's own pods and Jobs only, filtered by the API server (kopf's `labels=` filters in the client).
+    for resource in (("v1", "pods"), ("batch", "jobs")):
+        settings.watching.label_selectors[resource] = handlers.OWN_SELECTOR
 
 
 async def operate(

@@ -12,12 +12,14 @@ import base64
 import datetime
 import ipaddress
 import os
+import re
 import socket
 import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,25 @@ def collection_path(obj: dict) -> str:
     ns = obj["metadata"].get("namespace")
     plural = PLURALS[obj["kind"]]
     return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
+
+
+_REQUESTS = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$', re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def request_counts(cluster: Cluster) -> Counter[tuple[str, str]]:
+    """The API server's own count of the requests it served (apiserver_request_total, every client's), by
+    (verb, resource[/subresource]). Long-running WATCHes are counted when they end."""
+    context = ssl.create_default_context(cafile=str(cluster.ca_path))
+    request = urllib.request.Request(f"{cluster.server}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, context=context, timeout=30) as resp:
+        text = resp.read().decode()
+    counts: Counter[tuple[str, str]] = Counter()
+    for match in _REQUESTS.finditer(text):
+        labels = dict(_LABEL.findall(match["labels"]))
+        resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        counts[(labels.get("verb", ""), resource)] += int(float(match["value"]))
+    return counts
 
 
 async def crd_established(kube: Any, name: str = "miniclusters.minicluster.dev") -> bool:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from k8s_control_plane import (ADMIN_TOKEN, Cluster, collection_path, crd_established,
-                               operator_token)
+                               operator_token, request_counts)
 from minicluster.operator import operate
 from minicluster.operator.runner import service_account_login
 from minicluster.operator.kube import ApiError, Kube
@@ -377,6 +377,38 @@ async def test_a_finished_minicluster_is_not_run_again(operator: None, admin: Ku
     assert again is None, f"the Job was made again (uid {again['metadata']['uid']}, was {job['metadata']['uid']})"
     assert "not made again" in condition(await admin.get(path), "Reconciled")["message"]
     assert (await admin.get(path))["status"]["phase"] == "Succeeded"
+
+
+async def test_status_comes_from_watches_not_a_pod_list_per_minicluster(
+    operator: None, admin: Kube, cluster: Cluster,
+) -> None:
+    """Issue 28 item 6: the operator watches its own pods once for all MiniClusters; its polls (every 0.5 s here)
+    LIST no pods, however many MiniClusters there are, and a pod's change still reaches the status."""
+    names = [f"watched-{i}" for i in range(3)]
+    for name in names:
+        await admin.create(MC_PATH.format(ns="default"), body(name))
+
+    async def pods_of(name: str) -> list[dict[str, Any]]:
+        found = await admin.get(f"/api/v1/namespaces/default/pods?labelSelector=minicluster.dev/name={name}")
+        return (found or {}).get("items") or []
+
+    async def all_reported() -> bool:
+        reported = [condition(await admin.get(f"{MC_PATH.format(ns='default')}/{n}") or {}, "Ready") for n in names]
+        return all(reported) and all([len(await pods_of(n)) == 2 for n in names])
+    await until(all_reported)
+    before = await asyncio.to_thread(request_counts, cluster)
+    await asyncio.sleep(3)  # about 6 polls of each of the 3 (and of the module's other MiniClusters)
+    after = await asyncio.to_thread(request_counts, cluster)
+    # A pod LIST per MiniCluster and poll would be 18 and more; the watch may at most re-list once.
+    assert after[("LIST", "pods")] - before[("LIST", "pods")] <= 1, after - before
+    [pod, _] = await pods_of("watched-1")
+    pod["status"] = {"phase": "Pending", "containerStatuses": [{
+        "name": "minicluster", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}}}]}
+    await admin.request("PUT", f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}/status", pod)
+    path = f"{MC_PATH.format(ns='default')}/watched-1"
+    ready = await until(lambda: _when(lambda: _cond(admin, path, "Ready"), lambda c: c.get("reason") == "ErrImagePull"))
+    assert "pull access denied" in ready["message"]
 
 
 async def test_delete_garbage_collects_children(operator: None, admin: Kube) -> None:

@@ -25,6 +25,8 @@ from minicluster.operator.status import HttpStatusFetcher
 MC = "minicluster.dev/v1alpha1/miniclusters"
 MC_URL = "/apis/minicluster.dev/v1alpha1/namespaces/default/miniclusters"
 JOB = "batch/v1/jobs"
+# The labels the Job controller copies from the operator's pod template onto every pod: what its watch selects.
+OWN = {"app.kubernetes.io/managed-by": "minicluster-operator"}
 
 pytestmark = [
     # kmock 0.8 reads its bundled resources with a deprecated importlib API.
@@ -377,7 +379,7 @@ async def test_pods_own_reasons_reach_the_ready_condition(
     await eventually(lambda: obj(kmock, JOB, "demo"))
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "demo-3-abcde", "namespace": "default",
-                        "labels": {"minicluster.dev/name": "demo"},
+                        "labels": {"minicluster.dev/name": "demo", **OWN},
                         "annotations": {"batch.kubernetes.io/job-completion-index": "3"}},
            "spec": {"containers": [{"name": "minicluster", "image": "nope:1"}]},
            "status": {"phase": "Pending", "containerStatuses": [{"name": "minicluster", "state": {"waiting": {
@@ -399,7 +401,8 @@ async def test_an_image_the_runtime_cannot_start_in_reaches_the_ready_condition(
              'failed: unable to start container process: exec: "/mnt/minicluster/bin/mc": '
              'stat /mnt/minicluster/bin/mc: no such file or directory: unknown')
     pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "demo-0-fghij", "namespace": "default", "labels": {"minicluster.dev/name": "demo"},
+           "metadata": {"name": "demo-0-fghij", "namespace": "default",
+                        "labels": {"minicluster.dev/name": "demo", **OWN},
                         "annotations": {"batch.kubernetes.io/job-completion-index": "0"}},
            "spec": {"containers": [{"name": "minicluster", "image": "debian:bookworm"}]},
            "status": {"phase": "Failed", "containerStatuses": [{
@@ -481,7 +484,7 @@ async def test_a_poll_with_a_body_older_than_the_end_does_not_run_a_finished_min
     fetcher = HttpStatusFetcher(lambda mc: "http://127.0.0.1:9/status")
     deps = handlers.Deps(kube=Kube(login), fetch_status=fetcher, metrics=Metrics())
     try:
-        await handlers._poll(deps, kopf.Body(cast(kopf.RawBody, stale)))
+        await handlers._poll(deps, kopf.Body(cast(kopf.RawBody, stale)), handlers.Children(pods={}, jobs={}))
     finally:
         await deps.kube.close()
         await fetcher.close()

@@ -210,8 +210,8 @@ def test_rbac_lists_exactly_what_the_operator_does() -> None:
         ("networking.k8s.io", "networkpolicies"): {"get", "create"},
         ("", "configmaps"): {"get", "create", "patch"},
         ("", "persistentvolumeclaims"): {"get", "create"},
-        ("batch", "jobs"): {"get", "create", "patch"},
-        ("", "pods"): {"get", "list"},
+        ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},
+        ("", "pods"): {"get", "list", "watch"},
         ("", "events"): {"create", "list"},
     }
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
