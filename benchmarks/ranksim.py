@@ -1,0 +1,148 @@
+"""Rank 0 at 1,000+ ranks, measured with the rank simulator (minicluster/testing/ranksim.py; issue 29).
+
+    python benchmarks/ranksim.py [--ranks 1000,4000] [--processes 4] [--tasks 100000] [--idle 20] [--json]
+
+Rank 0 is the real broker process (test executor, journal on, 64 cores a rank); every other rank is a simulated
+leaf: the real WorkerAgent with the test executor on its own CURVE DEALER, many to a process. What is left out:
+process start, and the per-task process work of a real worker (spawn, cgroups, output pipes). The simulator
+processes share this machine's cores with rank 0, so rates are lower bounds; CPU per task and per second are
+rank 0's own (utime + stime from /proc).
+
+For each size N: the time until every rank has joined, from the first simulator's first connect (polled through
+`status` every 0.2 s); rank 0's CPU per second while idle (heartbeats every 1 s only); rank 0's settled RSS, and
+per rank against a small instance (`--base` ranks); an array of `--tasks` elements over all ranks: tasks/s and
+rank 0's CPU per task; the answer times of `status`, `resources` and HTTP `/status` (medians of 5). The same
+array at `--base` ranks gives the ratio the issue asks for (≥ 90 % of the small rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from throughput import cpu_seconds, loadavg, progress, run_all, settled_rss, spec
+
+from minicluster.testing.ranksim import SimulatedCluster, raise_fd_limit
+
+GOALS = {  # name: (goal, "min" | "max"), from issue 29 (10,000 ranks)
+    "join_s": (10.0, "max"),
+    "idle_cpu_fraction": (0.02, "max"),
+    "rss_kb_per_rank": (20.0, "max"),
+    "array_rate_vs_base": (0.90, "min"),
+    "status_ms": (100.0, "max"),
+    "resources_ms": (100.0, "max"),
+    "http_status_ms": (100.0, "max"),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def answer_ms(call: Callable[[], object], repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def array_rate(sim: SimulatedCluster, tasks: int) -> dict[str, float]:
+    with sim.local.client() as client:
+        run_all(client, [client.submit(spec(["true"], array="1-100"))])  # warm-up
+        cpu0, start = cpu_seconds(sim.broker_pid), time.perf_counter()
+        run_all(client, [client.submit(spec(["true", "{cc}"], array=f"1-{tasks}"))])
+        elapsed = time.perf_counter() - start
+    return {"array_tasks_per_s": tasks / elapsed,
+            "array_broker_cpu_us_per_task": (cpu_seconds(sim.broker_pid) - cpu0) / tasks * 1e6}
+
+
+def measure(size: int, processes: int, tasks: int, idle_s: float, fanout: int | None) -> dict[str, Any]:
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="mc-ranksim-") as state_dir, \
+            SimulatedCluster(state_dir, size=size, processes=processes, fanout=fanout, status_port=port) as sim:
+        out: dict[str, Any] = {"ranks": size, "processes": len(sim.simulators), "interior_ranks": len(sim.interior),
+                               "load_before": loadavg()}
+        out["join_s"] = sim.wait_joined(timeout=max(120.0, size / 20))
+        progress(f"{size} ranks joined in {out['join_s']:.2f}s")
+        time.sleep(2.0)  # let the joins' journal writes settle before the idle window
+        interior = [sim.local.procs[r].pid for r in sim.interior]
+        cpu0, inner0, start = cpu_seconds(sim.broker_pid), sum(map(cpu_seconds, interior)), time.perf_counter()
+        time.sleep(idle_s)
+        elapsed = time.perf_counter() - start
+        out["idle_cpu_fraction"] = (cpu_seconds(sim.broker_pid) - cpu0) / elapsed
+        if interior:
+            out["interior_idle_cpu_fraction_each"] = (sum(map(cpu_seconds, interior)) - inner0) / elapsed / len(interior)
+        out["rss_mb"] = settled_rss(sim.broker_pid) / 2**20
+        with sim.local.client() as client:
+            out["status_ms"] = answer_ms(client.status)
+            out["resources_ms"] = answer_ms(client.resources)
+        url = f"http://127.0.0.1:{port}/status"
+        out["http_status_ms"] = answer_ms(lambda: urllib.request.urlopen(url, timeout=30).read())
+        progress(f"{size} ranks: idle {out['idle_cpu_fraction']:.1%} of a core, RSS {out['rss_mb']:.0f} MB, "
+                 f"status {out['status_ms']:.0f} ms")
+        if tasks:
+            out.update(array_rate(sim, tasks))
+            progress(f"{size} ranks: {out['array_tasks_per_s']:,.0f} tasks/s, "
+                     f"{out['array_broker_cpu_us_per_task']:.0f} µs broker CPU/task")
+        out["load_after"] = loadavg()
+    return out
+
+
+def verdicts(result: dict[str, Any]) -> dict[str, bool]:
+    met = {}
+    for name, (goal, kind) in GOALS.items():
+        if name in result:
+            met[name] = result[name] <= goal if kind == "max" else result[name] >= goal
+    return met
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", default="1000", help="comma-separated instance sizes (default 1000)")
+    parser.add_argument("--base", type=int, default=64, help="the small instance to compare with (default 64)")
+    parser.add_argument("--processes", type=int, default=4, help="simulator processes (default 4)")
+    parser.add_argument("--fanout", type=int, default=0, help="tree fanout (default: flat, every rank under rank 0)")
+    parser.add_argument("--tasks", type=int, default=100_000, help="array elements (default 100,000; 0: none)")
+    parser.add_argument("--idle", type=float, default=20.0, help="idle window in seconds (default 20)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    args = parser.parse_args()
+    raise_fd_limit()
+    sizes = [int(n) for n in args.ranks.split(",")]
+    fanout = args.fanout or None
+    base = measure(args.base, min(args.processes, 2), args.tasks, args.idle, fanout)
+    results = []
+    for size in sizes:
+        result = measure(size, args.processes, args.tasks, args.idle, fanout)
+        result["rss_kb_per_rank"] = (result["rss_mb"] - base["rss_mb"]) * 1024 / (size - args.base)
+        if args.tasks:
+            result["array_rate_vs_base"] = result["array_tasks_per_s"] / base["array_tasks_per_s"]
+        result["goals_met"] = verdicts(result)
+        results.append(result)
+    doc = {"benchmark": "ranksim", "machine": {"cpus": len(os.sched_getaffinity(0)),
+                                                 "python": platform.python_version()},
+           "tasks": args.tasks, "idle_s": args.idle, "fanout": args.fanout or "flat", "base": base,
+           "sizes": results, "goals": {k: list(v) for k, v in GOALS.items()}}
+    print(json.dumps(doc, indent=None if args.json else 2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
