@@ -30,12 +30,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "operator")]
-from k8s_control_plane import (ADMIN_TOKEN, Cluster, binaries_or_skip, collection_path,  # noqa: E402
-                               crd_established, operator_token, request_counts)
+from k8s_control_plane import (  # type: ignore[import-not-found]  # noqa: E402
+    ADMIN_TOKEN, Cluster, binaries_or_skip, collection_path, crd_established, operator_token, request_counts,
+)
 
 from minicluster.operator.kube import Kube, path_of  # noqa: E402
 

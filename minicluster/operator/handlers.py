@@ -6,12 +6,14 @@ its own dependencies.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import datetime
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -29,6 +31,8 @@ STRAGGLER_GRACE = 30.0
 # for every MiniCluster, instead of a GET and a LIST per MiniCluster and poll.
 OWN = {"app.kubernetes.io/managed-by": MANAGER}
 OWN_SELECTOR = ",".join(f"{key}={value}" for key, value in OWN.items())
+# How many MiniClusters one poll round works on at once (each is mostly a wait on its broker's HTTP answer).
+POLL_CONCURRENCY = 32
 
 
 @dataclass
@@ -62,20 +66,67 @@ def register(registry: kopf.OperatorRegistry, deps: Deps) -> None:
                      **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
         return {(namespace, name): dict(body)}
 
-    @kopf.timer(*RESOURCE, id="status", interval=deps.poll_interval, registry=registry)
-    async def poll_status(body: kopf.Body, **kwargs: Any) -> None:
-        deps.metrics.reconciled("status")
-        try:
-            await _poll(deps, body, Children(kwargs["minicluster_pods"], kwargs["minicluster_jobs"]))
-        except Exception:
-            deps.metrics.failed("status")
-            raise
+    # One task polls every MiniCluster, not a kopf timer per MiniCluster: kopf puts a finalizer on every object
+    # that has a timer (kopf issue #1074), with which a MiniCluster (and its CRD) can stick in Terminating.
+    stopping = asyncio.Event()
+    polling: list[asyncio.Task[None]] = []
+    views: dict[str, Any] = {}
+
+    @kopf.on.startup(registry=registry)
+    async def find_views(**kwargs: Any) -> None:
+        views.update(kwargs)
+
+    @kopf.index(*RESOURCE, id="miniclusters", registry=registry)
+    async def miniclusters_by_name(namespace: str | None, name: str, body: kopf.Body,
+                                   **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
+        if not polling and not stopping.is_set():
+            # Started from a MiniCluster's handler, not at startup: kopf's event poster (kopf.event, kopf.warn)
+            # exists only for its object handlers and the tasks they start.
+            children = Children(views["minicluster_pods"], views["minicluster_jobs"])
+            polling.append(asyncio.create_task(_poll_all(deps, views["miniclusters"], children, stopping)))
+        return {(namespace, name): dict(body)}
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_polling(**_: Any) -> None:
+        stopping.set()
+        for task in polling:
+            # An in-flight round may finish its status writes, briefly.
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(task, 5.0)
 
     @kopf.on.delete(*RESOURCE, id="forget", optional=True, registry=registry)
     def forget(name: str, namespace: str | None, **_: Any) -> None:
         # Children go with the MiniCluster through their ownerReferences.
         if namespace is not None:  # always, for a namespaced resource
             deps.metrics.forget(namespace, name)
+
+
+async def _poll_all(deps: Deps, miniclusters: Mapping[Any, Any], children: Children, stopping: asyncio.Event) -> None:
+    """Every watched MiniCluster's status, every poll interval, from the watches' view (one broker call each).
+    A pod's change reaches its MiniCluster's status within about one interval."""
+    loop = asyncio.get_running_loop()
+    limit = asyncio.Semaphore(POLL_CONCURRENCY)
+    started = loop.time()  # the first round one interval on: the watches' first lists have come in by then
+
+    async def poll(body: Mapping[str, Any]) -> None:
+        async with limit:
+            deps.metrics.reconciled("status")
+            try:
+                await _poll(deps, kopf.Body(cast(kopf.RawBody, body)), children)
+            except Exception:
+                # The next round tries again; one MiniCluster's trouble stops no other's status.
+                deps.metrics.failed("status")
+                logger.exception("polling the status of %s/%s failed", body["metadata"].get("namespace"),
+                                 body["metadata"].get("name"))
+    while True:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stopping.wait(), max(0.0, started + deps.poll_interval - loop.time()))
+        if stopping.is_set():
+            return
+        started = loop.time()
+        bodies = [body for store in list(miniclusters.values()) for body in store
+                  if not body["metadata"].get("deletionTimestamp")]
+        await asyncio.gather(*(poll(body) for body in bodies))
 
 
 async def _reconcile(deps: Deps, body: kopf.Body) -> None:
@@ -86,7 +137,9 @@ async def _reconcile(deps: Deps, body: kopf.Body) -> None:
         await _refuse(deps, body, "InvalidSpec", "; ".join(found), phase=None if made else "Invalid")
         return
     mc = MiniCluster.from_body(body)
-    if _finished(body):
+    # The body may predate the status that recorded the end (kopf hands a creation it re-processes the body of
+    # its event): what the API server has now decides, or a Job deleted after the end would be made again.
+    if _finished(body) or _finished(await _fresh(deps, body)):
         await _say_finished(deps, body, "its children are left as they are")
         return
     try:

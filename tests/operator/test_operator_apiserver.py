@@ -411,6 +411,16 @@ async def test_status_comes_from_watches_not_a_pod_list_per_minicluster(
     assert "pull access denied" in ready["message"]
 
 
+async def test_no_finalizer_holds_a_minicluster(operator: None, admin: Kube) -> None:
+    """kopf puts a finalizer on every object that has a kopf timer (kopf issue #1074): a MiniCluster deleted while
+    no operator runs, or with its CRD, would stick in Terminating. The operator polls without one."""
+    await admin.create(MC_PATH.format(ns="default"), body("unheld"))
+    path = f"{MC_PATH.format(ns='default')}/unheld"
+    reported = await until(lambda: _when(lambda: admin.get(path), lambda mc: bool(condition(mc or {}, "Ready"))))
+    await asyncio.sleep(1)  # more polls: none adds one either
+    assert not (await admin.get(path) or {})["metadata"].get("finalizers"), reported["metadata"]
+
+
 async def test_delete_garbage_collects_children(operator: None, admin: Kube) -> None:
     await admin.create(MC_PATH.format(ns="default"), body("gone"))
     await until(lambda: admin.get("/apis/batch/v1/namespaces/default/jobs/gone"))
