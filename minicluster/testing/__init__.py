@@ -6,6 +6,7 @@
   (protocol.md §2.3) and keeps it for the test to read.
 - temp_journal / flushed (journal.py): the broker's real sqlite journal in a test's directory.
 - builders (builders.py): jobspecs, job records and node resources with sensible defaults.
+- SimulatedCluster (ranksim.py): a real rank 0 with thousands of simulated worker ranks in a few processes.
 
 Importing this package imports the whole stack (LocalCluster needs the launcher); test code only.
 """

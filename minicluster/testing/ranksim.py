@@ -89,16 +89,21 @@ class SimulatedRank:
             self.sock.close(linger=200)
 
 
-async def run_simulator(config: InstanceConfig, cert: curve.Certificate, ranks: range) -> None:
-    """Run `ranks` as simulated leaves in this event loop until each got `shutdown` (or SIGTERM)."""
+async def run_simulator(config: InstanceConfig, cert: curve.Certificate, ranks: range, stagger: float = 0.0) -> None:
+    """Run `ranks` as simulated leaves in this event loop until each got `shutdown` (or SIGTERM); with `stagger`,
+    their connects are spread evenly over that many seconds, as pods that come up one after another."""
     ctx = zmq.asyncio.Context()
     ctx.set(zmq.MAX_SOCKETS, len(ranks) + 64)
     # Every rank's node looks the same; discovery (reading /proc, /sys) is done once, not per rank.
     node = discover(config.resources, config.node_properties)
     loop = asyncio.get_running_loop()
-    print(json.dumps({"first_connect": time.time(), "pid": os.getpid(), "ranks": len(ranks)}), flush=True)
-    sims = [SimulatedRank(ctx, config, cert, rank, node) for rank in ranks]
-    runs = [loop.create_task(sim.run()) for sim in sims]
+    started = time.time()
+    print(json.dumps({"first_connect": started, "pid": os.getpid(), "ranks": len(ranks)}), flush=True)
+    runs = []
+    for i, rank in enumerate(ranks):
+        if stagger:
+            await asyncio.sleep(max(0.0, stagger * i / len(ranks) - (time.time() - started)))
+        runs.append(loop.create_task(SimulatedRank(ctx, config, cert, rank, node).run()))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: [t.cancel() for t in runs])
     await asyncio.gather(*runs, return_exceptions=True)
@@ -121,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minicluster.testing.ranksim", description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, help="the instance config rank 0 was started with")
     parser.add_argument("--ranks", required=True, help="FIRST-LAST: the ranks this process simulates")
+    parser.add_argument("--stagger", type=float, default=0.0, help="spread the connects over this many seconds")
     args = parser.parse_args(argv)
     config = config_mod.load(args.config)
     cert = curve.load(config.curve_cert)
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if ranks.start < 1 or ranks.stop > config.tree_size:
         parser.error(f"--ranks {args.ranks}: outside 1..{config.tree_size - 1}")
     raise_fd_limit()
-    asyncio.run(run_simulator(config, cert, ranks))
+    asyncio.run(run_simulator(config, cert, ranks, args.stagger))
     return 0
 
 
@@ -140,7 +146,7 @@ class SimulatedCluster:
     """
 
     def __init__(self, state_dir: str | os.PathLike[str], size: int, processes: int = 2, fanout: int | None = None,
-                 **settings: Any) -> None:
+                 stagger: float = 0.0, **settings: Any) -> None:
         fanout = fanout or size  # flat by default: every simulated rank is a child of rank 0
         values: dict[str, Any] = dict(test_exec=True, resources="cores=64", heartbeat_interval=1.0,
                                       unresponsive_after=10.0, lost_after=30.0)
@@ -154,6 +160,7 @@ class SimulatedCluster:
         # Contiguous blocks of leaves: the ranks of one process share their parent as far as possible.
         self.blocks = [leaves[i:i + per] for i in range(0, len(leaves), per)] if per else []
         self.simulators: list[subprocess.Popen[bytes]] = []
+        self.stagger = stagger
         self.first_connect = 0.0
 
     @property
@@ -170,7 +177,7 @@ class SimulatedCluster:
             for part in _runs(block):
                 self.simulators.append(subprocess.Popen(
                     [*runtime.python_argv(), "-m", "minicluster.testing.ranksim", "--config", self.local.config_path,
-                     "--ranks", f"{part.start}-{part.stop - 1}"],
+                     "--ranks", f"{part.start}-{part.stop - 1}", "--stagger", str(self.stagger)],
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env={**os.environ, "MC_URI": self.local.uri}))
         starts = []
         for proc in self.simulators:
@@ -190,8 +197,10 @@ class SimulatedCluster:
             if len(states) == self.config.size and all(s == "up" for s in states.values()):
                 return time.time() - self.first_connect
             time.sleep(poll)
-        up = sum(s == "up" for s in self.local.rank_states().values())
-        raise TimeoutError(f"{up} of {self.config.size} ranks joined in {timeout}s")
+        raise TimeoutError(f"{self.joined()} of {self.config.size} ranks joined in {timeout}s")
+
+    def joined(self) -> int:
+        return sum(s == "up" for s in self.local.rank_states().values())
 
     def stop(self) -> None:
         self.local.stop()
