@@ -266,7 +266,7 @@ async def _poll(deps: Deps, body: kopf.Body, children: Children) -> None:
     try:
         await _write_status(deps, body, polled, known=body)
     except ApiError as exc:
-        # Logged, not raised: kopf does not restart a timer that failed.
+        # Logged, not raised: one MiniCluster's failed write is retried at the next round, as it is.
         deps.metrics.failed("status")
         logger.warning("writing the status of %s/%s failed: %s", mc.namespace, mc.name, exc)
         recorded.clear()
