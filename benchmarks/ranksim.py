@@ -82,6 +82,8 @@ def measure(size: int, processes: int, tasks: int, idle_s: float, fanout: int | 
                              status_port=port) as sim:
         out: dict[str, Any] = {"ranks": size, "processes": len(sim.simulators), "interior_ranks": len(sim.interior),
                                "load_before": loadavg()}
+        # Rank 0's CPU for the joins: unlike join_s, it hardly depends on what else runs on the machine.
+        join_cpu0 = cpu_seconds(sim.broker_pid)
         try:
             out["join_s"] = sim.wait_joined(timeout=join_timeout)
             progress(f"{size} ranks joined in {out['join_s']:.2f}s")
@@ -89,6 +91,7 @@ def measure(size: int, processes: int, tasks: int, idle_s: float, fanout: int | 
             # Measured all the same, on the ranks that did join: how many is itself the finding.
             out["join_s"], out["joined_at_timeout"] = None, sim.joined()
             progress(str(exc))
+        out["join_broker_cpu_s"] = cpu_seconds(sim.broker_pid) - join_cpu0
         time.sleep(2.0)  # let the joins' journal writes settle before the idle window
         interior = [sim.local.procs[r].pid for r in sim.interior]
         cpu0, inner0, start = cpu_seconds(sim.broker_pid), sum(map(cpu_seconds, interior)), time.perf_counter()
