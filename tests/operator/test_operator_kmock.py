@@ -306,7 +306,8 @@ async def test_a_standing_problem_is_reported_once(operator: None, kmock: Kmock,
     def reported() -> int:
         return [e.data["reason"] for e in kmock[kmocklib.resource("v1/events")]
                 if e.method == "POST"].count("NotOwned")
-    await asyncio.sleep(0.5)
+    await eventually(reported)  # the event may trail the condition on a loaded machine
+    await asyncio.sleep(0.5)  # and a second writer's (below)
     before = reported()
     await asyncio.sleep(1.5)  # several polls, each retrying the reconcile
     # (kmock has no resourceVersion conflicts, so create and the first poll
