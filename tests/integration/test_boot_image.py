@@ -102,7 +102,10 @@ def test_a_read_only_root_filesystem_leaves_the_state_dir_for_home_and_tmp(tmp_p
     _chown_tree(tmp_path, UID)
     seen = tmp_path / "seen"
     env = {"PATH": os.environ["PATH"], "HOME": "/", "MC_URI": cluster.uri}
-    read_only = (f"mount --bind {tmp_path} {tmp_path} && mount -o remount,bind,ro / && exec \"$@\"")
+    # /tmp too where it is a mount of its own (a tmpfs, or the minimal-Debian root's bind mount): not a mount point,
+    # it is on the root and already read-only, and the remount fails harmlessly.
+    read_only = (f"mount --bind {tmp_path} {tmp_path} && mount -o remount,bind,ro / "
+                 f"&& {{ mount -o remount,bind,ro /tmp 2>/dev/null || true; }} && exec \"$@\"")
     wrapper = ("unshare", "--mount", "--propagation", "private", "sh", "-c", read_only, "sh", *AS_IMAGE_USER)
     command = ["sh", "-c", f'touch "$HOME/x" && mktemp > {seen}']
     [(status, err)] = _wait_all([_boot(cluster, 0, env, command, wrapper)])
