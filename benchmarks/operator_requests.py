@@ -39,6 +39,7 @@ from k8s_control_plane import (  # type: ignore[import-not-found]  # noqa: E402
 )
 
 from minicluster.operator.kube import Kube, path_of  # noqa: E402
+from tests.e2e.polling import until  # noqa: E402
 
 MC_PATH = "/apis/minicluster.dev/v1alpha1/namespaces/{ns}/miniclusters"
 
@@ -81,17 +82,6 @@ def run_operator(namespace: str, server: str, ca: str, token: str, broker_port: 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def until(check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not true within {timeout}s")
-        await asyncio.sleep(0.5)
 
 
 def minicluster(name: str, size: int) -> dict[str, Any]:
