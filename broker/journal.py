@@ -2,7 +2,7 @@
 
 Every write is a list of (sql, params) statements.  The writer thread takes everything queued, runs it in one
 transaction, commits, and only then resolves the callers' futures, so "acknowledged" always means "durable"
-(docs/architecture.md#durability).  Reads go through a second connection on a reader thread so the event loop
+(docs/architecture.md#where-state-lives).  Reads go through a second connection on a reader thread so the event loop
 never waits on the disk.
 
 When the disk cannot take a commit (full, an I/O error, the file locked or made read-only) nothing fails: the

@@ -1,4 +1,4 @@
-"""One instance per state dir: an exclusive flock held for the broker's lifetime (architecture.md#durability).
+"""One instance per state dir: an exclusive flock held for the broker's lifetime (architecture.md#where-state-lives).
 
 Two brokers on one journal would each take the other's workers and interleave their writes. The lock is a
 `flock` on `STATE_DIR/lock`, which names the holder's pid; the kernel drops it when the holder dies, even by

@@ -1,8 +1,9 @@
 """Every statement on the job tables (meta, jobs, events, tasks, output, output_attempts, attempts, drains).
 
-The rest of the broker never writes SQL (tests/unit/test_sql_owner.py keeps it so; docs/architecture.md#where-
-state-lives): it builds statements with the functions below, named after what they record, and hands them to the
-journal in the groups that must commit together (a job row with its first events, a result with its usage row).
+The rest of the broker never writes SQL (tests/unit/test_sql_owner.py keeps it so;
+docs/architecture.md#where-state-lives): it builds statements with the functions below, named after what they
+record, and hands them to the journal in the groups that must commit together (a job row with its first events, a
+result with its usage row).
 Reads go through `JobStore`: the synchronous ones only at start-up, before the event loop serves anyone; the
 asynchronous ones on the journal's reader thread.  The sharing tables have their own module, broker/share/store.py.
 """

@@ -1,4 +1,4 @@
-"""The exit-code contract of `mc boot`, `mc broker` and `mc worker` (docs/operator.md#how-the-job-ends).
+"""The exit-code contract of `mc boot`, `mc broker` and `mc worker` (docs/operator.md#how-the-job-ends-the-exact-rules).
 
 Kubernetes' podFailurePolicy acts on these codes, so they are part of the operator's interface:
   * 0 — the MiniCluster ended: its batch command exited 0, or `mc shutdown` (a worker: told to stop by rank 0);

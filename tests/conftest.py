@@ -69,7 +69,7 @@ def nothing_left_running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         pytest.fail("the test session left behind (processes now killed):\n  " + "\n  ".join(found), pytrace=False)
 
 
-# The tiers (CONTRIBUTING.md#tiers). The fast tier, `-m 'not slow and not apiserver'`, is the unit tests plus the
+# The tiers (CONTRIBUTING.md#test-tiers). The fast tier, `-m 'not slow and not apiserver'`, is the unit tests plus the
 # real-process tests marked `smoke`; every other test that starts processes or runs the operator is `slow`.
 # `pytest` with no -m, as .ci/run calls it, runs every tier but the pod-level one and the soak test (pyproject's
 # addopts), which .ci/run runs next with `pytest -m 'e2e or soak'`.
