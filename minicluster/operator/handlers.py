@@ -236,6 +236,9 @@ async def _poll(deps: Deps, body: kopf.Body, children: Children) -> None:
         return
     if not reconcile.is_owned(job, mc):
         return  # someone else's Job: the reconcile handler has reported it
+    if mc.queue_name and mc.suspend and not invalid and not status.job_suspended(job):
+        # Kueue admitted a Workload it made after the suspension (and so un-suspended the Job): hold it too.
+        await _reconcile(deps, body)
     workers = await children.job(deps.kube, mc.namespace, mc.name) if mc.storage else None
     # Without storage both names are the same Job (and workers is None).
     if deps.check_jobs and not invalid and reconcile.lacks_fields(mc, {mc.name: workers, mc.broker_job_name: job}):

@@ -18,8 +18,8 @@ from minicluster.model.restree import parse_levels
 from minicluster.operator import podfields
 from minicluster.runtime import RUNTIME_ROOT
 from minicluster.operator.spec import (
-    API_VERSION, CONTAINER, KIND, MANAGER, NAME_LABEL, OVERLAY_PORT, QUEUE_LABEL, ROLE_LABEL, RUNTIME_IMAGE,
-    RUNTIME_UID, STATUS_PORT, MiniCluster,
+    API_VERSION, CONTAINER, KIND, MANAGER, NAME_LABEL, OVERLAY_PORT, PRIORITY_LABEL, QUEUE_LABEL, ROLE_LABEL,
+    RUNTIME_IMAGE, RUNTIME_UID, STATUS_PORT, MiniCluster,
 )
 
 CONFIG_DIR = "/etc/minicluster"
@@ -243,6 +243,8 @@ def kept_backoff_limit(mc: MiniCluster, wanted: Mapping[str, Any], kept: Mapping
 
 def _job_manifest(mc: MiniCluster, name: str, spec: dict[str, Any], role: str = "ranks") -> Manifest:
     extra = {QUEUE_LABEL: mc.queue_name} if mc.queue_name else {}
+    if mc.queue_priority_class:
+        extra[PRIORITY_LABEL] = mc.queue_priority_class
     metadata = _metadata(mc, name, **extra)
     metadata["annotations"] = {SPEC_HASH: spec_hash(mc, role)}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}

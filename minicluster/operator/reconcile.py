@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import zmq
 
-from minicluster.operator import manifests, network
+from minicluster.operator import kueue, manifests, network
 from minicluster.operator.kube import ApiError, Kube, path_of
 from minicluster.operator.spec import MiniCluster
 
@@ -52,6 +52,9 @@ async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.loc
         kept = current if current is not None else await _create(kube, wanted)
         if check_jobs and kept is not None:
             await check_kept(kube, mc, wanted, kept)
+        if kept is not None and mc.queue_name:
+            # Before the Job's suspend: Kueue would un-suspend the Job of a Workload still active and admitted.
+            await kueue.hold(kube, kept, active=not mc.suspend)
         if kept is not None:  # a new Job too: its backoffLimit depends on what the API server kept
             await _update_job(kube, mc, wanted, kept)
     if old_config is not None and old_config.get("data") != config["data"]:
@@ -202,7 +205,8 @@ def job_patch(mc: MiniCluster, job: Mapping[str, Any], completions: int | None =
 
 
 def wanted_suspend(mc: MiniCluster, current: bool) -> bool:
-    # Under Kueue, un-suspending is Kueue's admission decision, never ours.
+    # Under Kueue, un-suspending is Kueue's admission decision, never ours; suspending goes through the Workload
+    # too (kueue.hold), which keeps Kueue from un-suspending the Job again.
     if mc.suspend:
         return True
     return current if mc.queue_name else False

@@ -25,6 +25,8 @@ PLURAL = "miniclusters"
 
 NAME_LABEL = f"{GROUP}/name"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Kueue reads a Job's WorkloadPriorityClass from this label (spec.queuePriorityClass).
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 MANAGER = "minicluster-operator"
 
 OVERLAY_PORT = 8050
@@ -66,6 +68,7 @@ CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KIL
                 "NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT", "IPC_LOCK", "SYS_NICE",
                 "SYS_RESOURCE", "SYS_PTRACE")
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 # The operator's own pod volumes and mount paths (manifests.py: config and key, state, /dev/shm, the injected
 # runtime and its copy): a user's of the same name or at the same path would make the pod template invalid.
@@ -140,6 +143,7 @@ class MiniCluster:
     log_level: str = "info"
     suspend: bool = False
     queue_name: str = ""
+    queue_priority_class: str = ""
     deadline_seconds: int | None = None
     service_account_name: str = ""
     # spec.networkPolicy: the NetworkPolicy child (network.py), made when the MiniCluster is.
@@ -188,6 +192,7 @@ class MiniCluster:
             log_level=(spec.get("logging") or {}).get("level", "info"),
             suspend=bool(spec.get("suspend", False)),
             queue_name=spec.get("queueName", "") or "",
+            queue_priority_class=spec.get("queuePriorityClass", "") or "",
             deadline_seconds=spec.get("deadlineSeconds"),
             service_account_name=spec.get("serviceAccountName", "") or "",
             network_policy=spec.get("networkPolicy", True) is not False,
@@ -273,6 +278,7 @@ def problems(body: Mapping[str, Any]) -> list[str]:
     if level not in LOG_LEVELS:
         found.append(f"spec.logging.level {level!r} is not one of {', '.join(LOG_LEVELS)}")
     found.extend(_storage_problems(spec, max_size))
+    found.extend(_kueue_problems(spec, (body.get("status") or {}).get("size")))
     found.extend(_collision_problems(spec))
     found.extend(_runtime_problems(spec))
     found.extend(_security_problems(spec))
@@ -314,6 +320,29 @@ def _collision_problems(spec: Mapping[str, Any]) -> list[str]:
     if queue and not (_LABEL_VALUE.match(str(queue)) and len(str(queue)) <= 63):
         found.append(f"spec.queueName {queue!r} is not a label value (at most 63 letters, digits, '-', '_', '.', "
                      f"beginning and ending with a letter or digit): Kueue reads it from a label")
+    return found
+
+
+def _kueue_problems(spec: Mapping[str, Any], applied_size: Any) -> list[str]:
+    """What Kueue's batch/Job integration cannot honour (docs/operator.md#kueue)."""
+    queue = spec.get("queueName", "") or ""
+    priority = spec.get("queuePriorityClass", "") or ""
+    found = []
+    if priority and not (_DNS_1123.match(str(priority)) and len(str(priority)) <= 63):
+        found.append(f"spec.queuePriorityClass {priority!r} is not a WorkloadPriorityClass name (a lowercase DNS "
+                     f"subdomain of at most 63 characters: Kueue reads it from a label)")
+    if priority and not queue:
+        found.append("spec.queuePriorityClass needs spec.queueName: it is Kueue's priority among queued workloads")
+    if queue and spec.get("storage"):
+        # Rank 0 runs in a Job of its own with storage, and Kueue admits each Job as a Workload of its own.
+        found.append("spec.storage cannot be combined with spec.queueName: rank 0 would run in a second Job, which "
+                     "Kueue admits as a second workload, so the ranks would not be admitted as one gang")
+    if queue and applied_size and int(spec.get("size", 1)) != int(applied_size):
+        # Kueue's batch/Job integration treats a Job whose parallelism no longer matches its Workload as another
+        # job: it suspends it (every rank stops), deletes the Workload and queues the Job again.
+        found.append(f"spec.size of a MiniCluster queued in Kueue (spec.queueName) is fixed at {applied_size}: "
+                     f"Kueue admitted that many pods as one workload, and a resized Job would be stopped and "
+                     f"queued again; the MiniCluster keeps running at {applied_size} (recreate it to change size)")
     return found
 
 
@@ -372,7 +401,7 @@ def _config_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
 
 
 __all__ = [
-    "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "NAME_LABEL", "QUEUE_LABEL",
+    "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "NAME_LABEL", "QUEUE_LABEL", "PRIORITY_LABEL",
     "POLICIES", "LOG_LEVELS", "TEMPLATE_FIELDS", "MiniCluster", "Storage", "effective_max_size", "problems",
     "RUNTIME_IMAGE", "RUNTIME_MODES", "PULL_POLICIES", "POD_SECURITY_FIELDS", "CAPABILITIES", "Runtime",
 ]

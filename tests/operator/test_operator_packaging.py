@@ -211,6 +211,7 @@ def test_rbac_lists_exactly_what_the_operator_does() -> None:
         ("", "configmaps"): {"get", "create", "patch"},
         ("", "persistentvolumeclaims"): {"get", "create"},
         ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},
+        ("kueue.x-k8s.io", "workloads"): {"list", "patch"},
         ("", "pods"): {"get", "list", "watch"},
         ("", "events"): {"create", "list"},
     }
