@@ -31,6 +31,9 @@ class RankInfo:
 
 
 class RankTable:
+    """Every rank's state, and how many of the expected ranks (those below `size`) are in each state: kept on
+    every transition, so `all_up` and `counts` cost nothing at 10,000 ranks (a join storm asks after each join)."""
+
     def __init__(self, size: int, tree_size: int, endpoint_of: Any, unresponsive_after: float,
                  lost_after: float, wall: Callable[[], float] = time.time) -> None:
         self.size = size
@@ -38,15 +41,30 @@ class RankTable:
         self.unresponsive_after = unresponsive_after
         self.lost_after = lost_after
         self.ranks = {r: RankInfo(r, endpoint=endpoint_of(r)) for r in range(tree_size)}
+        self._expected_in: dict[RankState, int] = {}
+        self._recount()
+
+    def _recount(self) -> None:
+        self._expected_in = {s: 0 for s in RankState}
+        for r in range(self.size):
+            self._expected_in[self.ranks[r].state] += 1
+
+    def _enter(self, info: RankInfo, state: RankState) -> None:
+        """The one place a rank changes state, so the counts stay exact."""
+        if info.rank < self.size:
+            self._expected_in[info.state] -= 1
+            self._expected_in[state] += 1
+        info.state, info.since = state, self.wall()
 
     def resize(self, size: int) -> None:
         self.size = size
+        self._recount()
 
     def joined(self, rank: int, now: float, pid: int | None, hostname: str) -> None:
         info = self.ranks[rank]
-        info.state = RankState.UP
+        self._enter(info, RankState.UP)
         info.pid, info.hostname = pid, hostname
-        info.last_seen, info.since = now, self.wall()
+        info.last_seen = now
 
     def heartbeat(self, rank: int, now: float) -> bool:
         """Record a heartbeat; False when the rank has not joined (it must be told to rejoin)."""
@@ -55,15 +73,17 @@ class RankTable:
             return False
         info.last_seen = now
         if info.state == RankState.UNRESPONSIVE:
-            info.state, info.since = RankState.UP, self.wall()
+            self._enter(info, RankState.UP)
         return True
 
     def seen(self, rank: int, now: float) -> None:
         """Any message from a member proves it alive, not only heartbeats (they queue behind work)."""
         info = self.ranks[rank]
-        if info.state in (RankState.UP, RankState.UNRESPONSIVE):
+        if info.state == RankState.UP:
             info.last_seen = now
-            info.state = RankState.UP
+        elif info.state == RankState.UNRESPONSIVE:
+            info.last_seen = now
+            self._enter(info, RankState.UP)
 
     def sweep(self, now: float, stalled: float = 0.0) -> list[int]:
         """Advance states by silence; returns the ranks that became lost now.
@@ -81,25 +101,22 @@ class RankTable:
                 continue
             silent = now - info.last_seen
             if silent >= self.lost_after:
-                info.state, info.since = RankState.LOST, self.wall()
+                self._enter(info, RankState.LOST)
                 lost.append(info.rank)
             elif silent >= self.unresponsive_after and info.state == RankState.UP:
-                info.state, info.since = RankState.UNRESPONSIVE, self.wall()
+                self._enter(info, RankState.UNRESPONSIVE)
         return lost
 
     def is_member(self, rank: int) -> bool:
         return self.ranks[rank].state in (RankState.UP, RankState.UNRESPONSIVE)
 
     def counts(self) -> dict[str, int]:
-        expected = range(self.size)
-        out = {s.value: 0 for s in RankState}
-        for r in expected:
-            out[self.ranks[r].state.value] += 1
+        out = {s.value: n for s, n in self._expected_in.items()}
         out["expected"] = self.size
         return out
 
     def all_up(self) -> bool:
-        return all(self.ranks[r].state == RankState.UP for r in range(self.size))
+        return self._expected_in[RankState.UP] == self.size
 
     def rows(self) -> list[dict[str, Any]]:
         return [

@@ -264,7 +264,9 @@ class Broker:
         handler(self, msg.src, typed)
 
     def _on_join(self, rank: int, join: messages.Join) -> None:
-        now = time.monotonic()
+        if self._is_repeat(rank, join):
+            self._on_repeated_join(rank, join)
+            return
         try:
             if rank != 0 or self.config.broker_runs_tasks:
                 self._add_resources(rank, join.resources)
@@ -272,24 +274,37 @@ class Broker:
             messages.send(self.overlay.send, rank,
                           messages.Refusal("bad-request", f"bad resources: {exc}", messages.Join.KIND))
             return
-        # A repeat sent before the worker read our welcome (protocol.md §2.6): it cannot list the runs sent since.
-        repeat = (self.ranks.is_member(rank) and self.ranks.ranks[rank].pid == join.pid
-                  and join.epoch != self.epoch)
-        self.ranks.joined(rank, now, join.pid, join.hostname)
+        self.ranks.joined(rank, time.monotonic(), join.pid, join.hostname)
         if join.results:
             self.execution.on_done(rank, join.results)
         if self.reattach is not None:
             self.reattach.report(rank, join.running)
-        elif not repeat:
+        else:
             self.execution.reconcile(rank, join.running)
         messages.send(self.overlay.send, rank, messages.Welcome(self.epoch, self.config.size))
         if self.ranks.all_up():
             self._all_up.set()
-        if self.ranks.all_up() and not self.manager.all_ranks_seen:
-            self.manager.all_ranks_seen = True
-            # The resource graph and the job table are long-lived: keep the collector from rescanning them.
-            gc.freeze()
+            if not self.manager.all_ranks_seen:
+                self.manager.all_ranks_seen = True
+                # The resource graph and the job table are long-lived: keep the collector from rescanning them.
+                gc.freeze()
         self._wake_scheduler()
+
+    def _is_repeat(self, rank: int, join: messages.Join) -> bool:
+        """A repeat sent before the worker read our welcome (protocol.md §2.6)."""
+        return (self.ranks.is_member(rank) and self.ranks.ranks[rank].pid == join.pid
+                and join.epoch != self.epoch)
+
+    def _on_repeated_join(self, rank: int, join: messages.Join) -> None:
+        """Its place and resources are known: only its results may be new. Its `running` cannot list the runs
+        sent since the welcome, so it is not compared (while reattaching it is the latest report); the welcome
+        goes again in case the first one was dropped."""
+        if self.reattach is not None:
+            self.reattach.report(rank, join.running)
+        if join.results:
+            self.execution.on_done(rank, join.results)
+            self._wake_scheduler()
+        messages.send(self.overlay.send, rank, messages.Welcome(self.epoch, self.config.size))
 
     def _add_resources(self, rank: int, wire: dict[str, Any]) -> None:
         if rank in self.known_ranks:

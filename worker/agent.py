@@ -18,6 +18,7 @@ from minicluster.config import InstanceConfig
 from minicluster.model import outputpath
 from minicluster.model.text import cut
 from minicluster.proto import messages, topology
+from minicluster.proto.backoff import Backoff
 from minicluster.proto.envelope import BadMessage, Message
 from worker.containment import contain
 from worker.helpers import helper_count
@@ -95,6 +96,8 @@ class WorkerAgent:
         self._heartbeats_since_resend = 0
         self.epoch = 0
         self.welcomed = asyncio.Event()
+        self.join_repeats = Backoff()
+        self._join_due: float | None = None  # monotonic: when an unanswered join goes again; None: none sent
         self.stopped = asyncio.Event()
         self._out: list[list[Any]] = []
         self._out_bytes = 0
@@ -120,19 +123,39 @@ class WorkerAgent:
     # --- lifecycle -----------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Join, then heartbeat until told to shut down."""
+        """Join, repeating the join with backoff until welcomed (protocol.md §2.6), then heartbeat until told to
+        shut down."""
         while not self.stopped.is_set():
             if not self.welcomed.is_set():
-                self.join()
+                await self._join_until_welcomed()
+                continue
             self._hb_seq += 1
             messages.send(self.send, 0, messages.Heartbeat(self._hb_seq, len(self.running)))
-            if self.unacked and self.welcomed.is_set():
+            if self.unacked:
                 self._resend_overdue_results()
             try:
-                wait = self.config.heartbeat_interval if self.welcomed.is_set() else 0.2
-                await asyncio.wait_for(self.stopped.wait(), wait)
+                await asyncio.wait_for(self.stopped.wait(), self.config.heartbeat_interval)
             except TimeoutError:
                 pass
+
+    async def _join_until_welcomed(self) -> None:
+        """One step of joining: the first join, or a repeat once due; then wait for the welcome, the stop or
+        the next repeat. No heartbeat before the welcome: rank 0 would only answer it with `rejoin`."""
+        if self._join_due is None:
+            self._start_join()
+        elif time.monotonic() >= self._join_due:
+            self.join()
+            self._join_due = time.monotonic() + self.join_repeats.next_wait()
+        waits = [asyncio.ensure_future(self.welcomed.wait()), asyncio.ensure_future(self.stopped.wait())]
+        await asyncio.wait(waits, timeout=max(0.0, self._join_due - time.monotonic()),
+                           return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+
+    def _start_join(self) -> None:
+        self.join_repeats.reset()
+        self.join()
+        self._join_due = time.monotonic() + self.join_repeats.next_wait()
 
     def join(self) -> None:
         # Rank 0 counts what waited in the window as not started (protocol.md §2.10): it must not start now.
@@ -187,8 +210,10 @@ class WorkerAgent:
         self.welcomed.set()
 
     def _on_rejoin(self, _rejoin: messages.Rejoin) -> None:
-        self.welcomed.clear()
-        self.join()
+        # Not welcomed yet: a join is out and repeats; this answers a message sent before rank 0 read it.
+        if self.welcomed.is_set():
+            self.welcomed.clear()
+            self._start_join()
 
     def _on_run(self, run: messages.Run) -> None:
         self.jobs.update(run.jobs)

@@ -102,3 +102,59 @@ def test_counts_and_rows_cover_the_expected_size_and_every_joined_rank(clock: Fa
     assert t.counts()["expected"] == 4 and t.all_up()
     t.resize(2)
     assert t.counts() == {"never-joined": 0, "up": 2, "unresponsive": 0, "lost": 0, "expected": 2}
+
+
+def scanned_counts(t: RankTable) -> dict[str, int]:
+    """The counts as a scan of every expected rank finds them: what RankTable's kept counts must equal."""
+    out = {s.value: 0 for s in RankState}
+    for r in range(t.size):
+        out[t.ranks[r].state.value] += 1
+    return out | {"expected": t.size}
+
+
+def test_the_kept_counts_stay_exact_through_every_transition(clock: FakeClock) -> None:
+    """Joins, repeated joins, heartbeats, messages, silence (unresponsive, lost), rejoins and resizes in a
+    seeded random order, with ranks beyond `size` among them: after each step the counts and all_up are a scan's."""
+    import random
+    rng = random.Random(29)
+    t = RankTable(8, 12, lambda r: f"ipc:///tmp/r{r}", UNRESPONSIVE, LOST)
+    kinds = set()
+    for _ in range(3000):
+        rank = rng.randrange(12)
+        step = rng.choice(("join", "heartbeat", "seen", "sweep", "stalled sweep", "resize"))
+        kinds.add((step, t.ranks[rank].state))
+        if step == "join":
+            t.joined(rank, clock(), pid=rng.randrange(3), hostname="n")
+        elif step == "heartbeat":
+            t.heartbeat(rank, clock())
+        elif step == "seen":
+            t.seen(rank, clock())
+        elif step == "sweep":
+            t.sweep(clock.advance(rng.choice((0.0, 0.5, UNRESPONSIVE, LOST))))
+        elif step == "stalled sweep":
+            t.sweep(clock.advance(LOST), stalled=LOST)
+        else:
+            t.resize(rng.randrange(1, 13))
+        assert t.counts() == scanned_counts(t), step
+        assert t.all_up() == all(t.ranks[r].state is RankState.UP for r in range(t.size)), step
+    assert len(kinds) == 6 * len(RankState), "every step was taken from every state"
+
+
+def test_all_up_follows_a_resize_and_an_unresponsive_rank(clock: FakeClock) -> None:
+    t = joined(clock, 0, 1, 2)
+    assert t.all_up()
+    t.resize(4)
+    assert not t.all_up() and t.counts()["never-joined"] == 1
+    t.joined(3, clock(), pid=1, hostname="n3")
+    assert t.all_up()
+    clock.advance(UNRESPONSIVE)
+    t.heartbeat(1, clock())
+    t.heartbeat(2, clock())
+    t.sweep(clock())
+    assert not t.all_up() and t.counts()["unresponsive"] == 1
+    t.resize(3)
+    assert t.all_up(), "the silent rank is no longer expected"
+    t.resize(4)
+    assert not t.all_up()
+    t.seen(3, clock())
+    assert t.all_up()
