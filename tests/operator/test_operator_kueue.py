@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from kueue_emulator import EmulatedKueue, admitted, controller_name, install
-from test_operator_kmock import (  # noqa: F401 (broker and operator are fixtures)
-    JOB, MC, Kmock, Make, broker, condition, create, eventually, exists, obj, operator, patch,
-)
+import test_operator_kmock as kmock_tier
+from test_operator_kmock import JOB, MC, Kmock, Make, condition, create, eventually, exists, obj, patch
+
+# The kmock tier's fixtures: the operator in a thread of its own against kmock, and the broker's status endpoint.
+operator, broker = kmock_tier.operator, kmock_tier.broker
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning"),

@@ -180,6 +180,17 @@ def test_queued_job_is_created_suspended_with_the_kueue_label(make_body: Any) ->
     job = manifests.job(MiniCluster.from_body(make_body(queueName="team-a")))
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     assert job["spec"]["suspend"] is True
+    assert "kueue.x-k8s.io/priority-class" not in job["metadata"]["labels"]
+    ranked = manifests.job(MiniCluster.from_body(make_body(queueName="team-a", queuePriorityClass="high")))
+    assert ranked["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+
+
+def test_a_queued_minicluster_keeps_the_size_it_was_admitted_at(make_body: Any) -> None:
+    # Kueue takes a Job of another parallelism for another job: it would stop every rank and queue it again.
+    resized = {**make_body(queueName="team-a", size=5), "status": {"size": 4}}
+    assert any("fixed at 4" in p for p in problems(resized))
+    assert not problems({**make_body(queueName="team-a", size=4), "status": {"size": 4}})
+    assert not problems({**make_body(size=5), "status": {"size": 4}})  # elastic without Kueue
 
 
 def test_interactive_mode_has_no_command_separator(body: dict[str, Any]) -> None:
@@ -239,6 +250,10 @@ def test_config_and_key_share_one_projected_directory(body: dict[str, Any]) -> N
     ({"volumes": [{"name": "data", "emptyDir": {}}],
       "volumeMounts": [{"name": "data", "mountPath": "/etc/minicluster2"}]}, ""),
     ({"queueName": "team a"}, "spec.queueName 'team a' is not a label value"),
+    ({"queueName": "q", "queuePriorityClass": "High"}, "spec.queuePriorityClass 'High' is not a Workload"),
+    ({"queuePriorityClass": "high"}, "spec.queuePriorityClass needs spec.queueName"),
+    ({"queueName": "q", "queuePriorityClass": "high"}, ""),
+    ({"queueName": "q", "storage": {"size": "1Gi"}}, "spec.storage cannot be combined with spec.queueName"),
 ])
 def test_problems(make_body: Any, spec: dict[str, Any], message: str) -> None:
     found = problems(make_body(**spec))

@@ -63,6 +63,10 @@ def test_what_shapes_the_pods_cannot_change_at_the_api_server(cr_schema: dict[st
         assert f"has(self.{field}) == has(oldSelf.{field})" in " ".join(_rules(spec)), field
     # A MiniCluster made without maxSize has a fixed size: `kubectl scale` is refused, not left to the operator.
     assert "self.size == oldSelf.size || (has(self.maxSize) && has(oldSelf.maxSize))" in _rules(spec)
+    # Under Kueue: the size it admitted, one Job (no storage), a priority class only with a queue, never changed.
+    assert "self.size == oldSelf.size || !has(oldSelf.queueName) || oldSelf.queueName == ''" in _rules(spec)
+    assert "!has(self.queueName) || self.queueName == '' || !has(self.storage)" in _rules(spec)
+    assert "self == oldSelf" in _rules(spec["properties"]["queuePriorityClass"])
 
 
 def test_scale_and_printer_paths_exist_in_the_schema(crd: dict[str, Any], cr_schema: dict[str, Any]) -> None:
@@ -91,6 +95,7 @@ def test_good_minicluster_is_accepted(cr_schema: dict[str, Any], body: dict[str,
     ({"command": "echo hi"}, "command"),
     ({"env": [{"value": "no name"}]}, "env"),
     ({"queueName": "team a"}, "queueName"),
+    ({"queueName": "team-a", "queuePriorityClass": "High"}, "queuePriorityClass"),
     ({"storage": {"size": "0"}}, "size"),
     ({"storage": {"size": "0.0Gi"}}, "size"),
 ])
