@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import kopf
 
-from minicluster.operator import manifests, reconcile, status
+from minicluster.operator import kueue, manifests, reconcile, status
 from minicluster.operator import pods as pods_mod
 from minicluster.operator.kube import ApiError, Kube, path_of
 from minicluster.operator.metrics import Metrics
@@ -152,6 +152,9 @@ async def _reconcile(deps: Deps, body: kopf.Body) -> None:
         return
     except reconcile.TemplateChanged as exc:
         await _refuse(deps, body, "TemplateImmutable", str(exc), applied={"size": mc.size})
+        return
+    except kueue.Forbidden as exc:
+        await _refuse(deps, body, "KueueForbidden", str(exc), applied={"size": mc.size})
         return
     except ApiError as exc:
         if exc.status in (400, 422):

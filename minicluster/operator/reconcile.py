@@ -47,6 +47,7 @@ async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.loc
         await _create(kube, network.policy(mc))
     if mc.storage and existing[("PersistentVolumeClaim", manifests.claim_name(mc))] is None:
         await _create(kube, manifests.claim(mc))
+    forbidden: kueue.Forbidden | None = None
     for wanted in wanted_jobs:
         current = existing.get(("Job", wanted["metadata"]["name"]))
         kept = current if current is not None else await _create(kube, wanted)
@@ -54,7 +55,10 @@ async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.loc
             await check_kept(kube, mc, wanted, kept)
         if kept is not None and mc.queue_name:
             # Before the Job's suspend: Kueue would un-suspend the Job of a Workload still active and admitted.
-            await kueue.hold(kube, kept, active=not mc.suspend)
+            try:
+                await kueue.hold(kube, kept, active=not mc.suspend)
+            except kueue.Forbidden as exc:
+                forbidden = exc  # said once the rest is in line
         if kept is not None:  # a new Job too: its backoffLimit depends on what the API server kept
             await _update_job(kube, mc, wanted, kept)
     if old_config is not None and old_config.get("data") != config["data"]:
@@ -64,6 +68,8 @@ async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.loc
         current = existing.get(("Job", wanted["metadata"]["name"]))
         if current is not None:
             await _check_template(kube, mc, wanted, current)
+    if forbidden is not None:
+        raise forbidden
 
 
 async def _check_storage_unchanged(kube: Kube, mc: MiniCluster, existing: Mapping[tuple[str, str], Any]) -> None:

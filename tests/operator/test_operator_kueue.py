@@ -12,9 +12,10 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import kmock as kmocklib
 import pytest
 
-from kueue_emulator import EmulatedKueue, admitted, controller_name, install
+from kueue_emulator import WORKLOADS, EmulatedKueue, admitted, controller_name, install
 import test_operator_kmock as kmock_tier
 from test_operator_kmock import JOB, MC, Kmock, Make, condition, create, eventually, exists, obj, patch
 
@@ -154,3 +155,15 @@ async def test_without_kueue_installed_a_queued_minicluster_still_suspends(
     await eventually(lambda: obj(kmock, JOB, "demo")["spec"]["suspend"] is True)
     await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Suspended")
     assert condition(obj(kmock, MC, "demo")["status"], "Reconciled")["status"] == "True"
+
+
+async def test_without_the_rights_to_workloads_a_queued_minicluster_says_so(
+    operator: None, kmock: Kmock, make_body: Make,
+) -> None:
+    # An operator bound to an older role: Kueue is there, but the Workloads are forbidden to it.
+    install(kmock)
+    kmock[kmocklib.resource(WORKLOADS)] << 403
+    await create(kmock, make_body(queueName="team-a", suspend=True))
+    refused = await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
+    assert refused["reason"] == "KueueForbidden" and "deploy/operator/rbac.yaml" in refused["message"]
+    assert obj(kmock, JOB, "demo")["spec"]["suspend"] is True  # what the operator can do, it did
