@@ -37,11 +37,21 @@ def job(argv: list[str], **fields: Any) -> dict[str, Any]:
     return {"argv": argv, "env": {"PATH": os.environ["PATH"]}, "cwd": "/tmp", **fields}
 
 
-def wait_for(client: Client, job_id: int, timeout: float = 30.0) -> dict[str, Any]:
-    deadline = time.time() + timeout
-    for result in client.wait([job_id]):
-        return result
-    raise AssertionError(f"no result for job {job_id} within {timeout - (deadline - time.time()):.1f}s")
+def wait_for(client: Client, job_id: int, timeout: float = 90.0) -> dict[str, Any]:
+    """The job's `wait` result once it is inactive; AssertionError, with the job as the broker shows it, when it is
+    not within `timeout` seconds (the default stays below pytest-timeout's 120 s, so a stuck job fails here)."""
+    rid = client.request("wait", jobs=[job_id])
+    deadline = time.monotonic() + timeout
+    try:
+        while (got := client.next_response((rid,), timeout=max(0.0, deadline - time.monotonic()))) is not None:
+            msg = got[1]
+            if "job" in msg:
+                return {k: v for k, v in msg.items() if k not in ("v", "id", "ok", "more")}
+            if not msg.get("more"):
+                raise AssertionError(f"the wait for job {job_id} ended without its result: {msg}")
+    finally:
+        client.discard(rid)
+    raise AssertionError(f"job {job_id} not inactive within {timeout:g}s: {client.job(job_id)}")
 
 
 def output_of(client: Client, job_id: int) -> dict[int, bytes]:

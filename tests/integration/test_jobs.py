@@ -89,6 +89,18 @@ def test_cancel_running_job(client4: Client) -> None:
     assert client4.cancel([job_id])[1][job_id].endswith("already ended")
 
 
+def test_the_tests_wait_for_enforces_its_timeout(client4: Client) -> None:
+    """wait_for(timeout=) once waited for ever: a stuck job hung its test until pytest-timeout's thread dump."""
+    job_id = client4.submit(job(["sleep", "60"]))
+    try:
+        with pytest.raises(AssertionError, match=rf"job {job_id} not inactive within 0.5s: .*'state': '"):
+            wait_for(client4, job_id, timeout=0.5)
+        assert client4.job(job_id)["state"] in ("SCHED", "RUN"), "the client goes on after the timeout"
+    finally:
+        client4.cancel([job_id])
+    assert wait_for(client4, job_id)["exception"] == "cancel"
+
+
 def test_cancel_pending_job_and_unknown_job(client4: Client) -> None:
     blocker = client4.submit(job(["sleep", "30"], nnodes=4, ntasks=8, mpi="none"))
     queued = client4.submit(job(["true"], nnodes=4, ntasks=8, mpi="none"))

@@ -217,10 +217,18 @@ def test_usage_and_efficiency_reports(shared: LocalCluster) -> None:
 
 
 def test_fair_share_puts_the_user_of_the_lighter_bank_first(shared: LocalCluster) -> None:
-    nodes = mc_json(shared, "bank", "list")["banks"]
+    # Usage of its own in both banks, not what earlier tests of the module left: it runs alone too.
+    with shared.client() as c:
+        wait_for(c, c.submit(job(["sleep", "0.3"], cores_per_task=2)))
+        wait_for(c, guest(shared, lambda g: g.submit(job(["sleep", "0.3"])))["ok"])
+
+    def used_by_both() -> list[dict[str, Any]] | None:  # usage is folded in every fairshare_interval (0.2 s)
+        nodes: list[dict[str, Any]] = mc_json(shared, "bank", "list")["banks"]
+        usage = {n["parent"]: n["usage"] for n in nodes if n.get("uid") in (0, GUEST)}
+        return nodes if usage.get("physics", 0) > 0 and usage.get("chem", 0) > 0 else None
+
+    nodes = _until(used_by_both)
     level = {n["name"]: n["level_fs"] for n in nodes if "uid" not in n}     # None: no usage yet (infinite)
-    usage = {n["parent"]: n["usage"] for n in nodes if n.get("uid") in (0, GUEST)}
-    assert usage["physics"] > 0 and usage["chem"] > 0
     lighter_bank = max(level, key=lambda b: float("inf") if level[b] is None else level[b])
     with shared.client() as c:
         c.drain([0, 1], "hold everything")
