@@ -25,6 +25,8 @@ from minicluster.proto.envelope import BadMessage, Message
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], None]
+# Messages read at most in one go once the first is in; then the loop's other work (timers, writes) gets its turn.
+RECEIVE_BATCH = 256
 
 
 @functools.cache
@@ -207,9 +209,22 @@ class Overlay:
             log.debug("rank 0 dropped a message for unknown rank %d", dst)
 
     async def _receive(self, sock: zmq.asyncio.Socket, from_child: bool) -> None:
+        # What is already queued is read without pyzmq's asyncio machinery (a future, an EVENTS check), which costs
+        # several times the read itself: at 1,000 ranks rank 0 reads a heartbeat every millisecond (issue 29).
+        plain: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
         while True:
             frames = await sock.recv_multipart()
             self._on_frames(frames, from_child)
+            for _ in range(RECEIVE_BATCH):
+                if sock.closed:  # a handler may have closed the overlay: its shadow must not be read then
+                    return
+                try:
+                    frames = plain.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._on_frames(frames, from_child)
+            else:
+                await asyncio.sleep(0)
 
     def _on_frames(self, frames: list[bytes], from_child: bool) -> None:
         if from_child:
