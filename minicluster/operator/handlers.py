@@ -242,6 +242,7 @@ async def _poll(deps: Deps, body: kopf.Body, children: Children) -> None:
     if mc.queue_name and mc.suspend and not invalid and not status.job_suspended(job):
         # Kueue admitted a Workload it made after the suspension (and so un-suspended the Job): hold it too.
         await _reconcile(deps, body)
+    mc = dataclasses.replace(mc, size=reconcile.admitted_size(mc, job))
     workers = await children.job(deps.kube, mc.namespace, mc.name) if mc.storage else None
     # Without storage both names are the same Job (and workers is None).
     if deps.check_jobs and not invalid and reconcile.lacks_fields(mc, {mc.name: workers, mc.broker_job_name: job}):
@@ -254,6 +255,10 @@ async def _poll(deps: Deps, body: kopf.Body, children: Children) -> None:
     pods = children.pods_of(mc) if active or failed else []
     events = await _refusals(deps.kube, mc) if (active or failed) and len(pods) < mc.size else []
     broker = await deps.fetch_status(mc, pods_mod.broker_pod(mc, pods)) if active else None
+    if mc.min_size and not invalid and broker is not None and \
+            (broker.get("ranks") or {}).get("expected", mc.size) != mc.size:
+        # Kueue started the Job with another number of pods than the broker expects (partial admission).
+        await _reconcile(deps, body)
     seen = status.Observed(job=job, broker=broker, workers=workers, pods=pods, events=events)
     lost: list[str] = []
     moved: list[tuple[str, str]] = []

@@ -18,8 +18,8 @@ from minicluster.model.restree import parse_levels
 from minicluster.operator import podfields
 from minicluster.runtime import RUNTIME_ROOT
 from minicluster.operator.spec import (
-    API_VERSION, CONTAINER, KIND, MANAGER, NAME_LABEL, OVERLAY_PORT, PRIORITY_LABEL, QUEUE_LABEL, ROLE_LABEL,
-    RUNTIME_IMAGE, RUNTIME_UID, STATUS_PORT, MiniCluster,
+    API_VERSION, COMPLETIONS_EQUAL_PARALLELISM, CONTAINER, KIND, MANAGER, MIN_PARALLELISM, NAME_LABEL,
+    OVERLAY_PORT, PRIORITY_LABEL, QUEUE_LABEL, ROLE_LABEL, RUNTIME_IMAGE, RUNTIME_UID, STATUS_PORT, MiniCluster,
 )
 
 CONFIG_DIR = "/etc/minicluster"
@@ -246,8 +246,16 @@ def _job_manifest(mc: MiniCluster, name: str, spec: dict[str, Any], role: str = 
     if mc.queue_priority_class:
         extra[PRIORITY_LABEL] = mc.queue_priority_class
     metadata = _metadata(mc, name, **extra)
-    metadata["annotations"] = {SPEC_HASH: spec_hash(mc, role)}
+    metadata["annotations"] = {SPEC_HASH: spec_hash(mc, role), **partial_admission(mc)}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+
+
+def partial_admission(mc: MiniCluster) -> dict[str, str]:
+    """The annotations with which Kueue may start the Job with spec.minSize pods or more, lowering completions
+    with parallelism (an Indexed Job's ranks are its completions); none without a lower minimum."""
+    if not (mc.queue_name and mc.min_size and mc.min_size < mc.size):
+        return {}
+    return {MIN_PARALLELISM: str(mc.min_size), COMPLETIONS_EQUAL_PARALLELISM: "true"}
 
 
 def dropped_fields(wanted: Manifest, kept: Manifest) -> list[str]:

@@ -7,6 +7,7 @@ the API server has accepted the new parallelism.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 from collections.abc import Mapping
 
@@ -31,6 +32,8 @@ class Unsupported(Exception):
 
 async def ensure(kube: Kube, mc: MiniCluster, cluster_domain: str = "cluster.local", check_jobs: bool = True) -> None:
     existing = {(kind, name): await _get_owned(kube, mc, kind, name) for kind, name in _children(mc)}
+    # Partially admitted by Kueue: the ranks run (and the broker expects) as many as Kueue started.
+    mc = dataclasses.replace(mc, size=admitted_size(mc, existing[("Job", mc.name)]))
     wanted_jobs = manifests.jobs(mc)
     await _check_storage_unchanged(kube, mc, existing)
     if existing[("Secret", manifests.secret_name(mc))] is None:
@@ -105,6 +108,16 @@ async def _check_template(kube: Kube, mc: MiniCluster, wanted: Mapping[str, Any]
             "changes to what the pods are made from (image, command, env, resources, volumes, placement, runtime, "
             "security, ...) do not reach running pods (a Job's pod template is immutable); size and suspend were "
             "applied. Recreate the MiniCluster to apply them")
+
+
+def admitted_size(mc: MiniCluster, job: Mapping[str, Any] | None) -> int:
+    """spec.size, or the parallelism Kueue started the Job with where it may admit fewer (spec.minSize): its
+    partial admission lowers parallelism and completions, which the operator then keeps (Kueue would take a Job
+    of another size for another job), and restores them when it stops the Job."""
+    spec = (job or {}).get("spec") or {}
+    if mc.queue_name and mc.min_size and spec.get("parallelism") and not spec.get("suspend"):
+        return int(spec["parallelism"])
+    return mc.size
 
 
 def _children(mc: MiniCluster) -> list[tuple[str, str]]:

@@ -27,6 +27,10 @@ NAME_LABEL = f"{GROUP}/name"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Kueue reads a Job's WorkloadPriorityClass from this label (spec.queuePriorityClass).
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+# Kueue's partial admission of a batch/Job (spec.minSize): it may start the Job with as few pods as this, lowering
+# parallelism (and, with the second annotation, completions with it).
+MIN_PARALLELISM = "kueue.x-k8s.io/job-min-parallelism"
+COMPLETIONS_EQUAL_PARALLELISM = "kueue.x-k8s.io/job-completions-equal-parallelism"
 MANAGER = "minicluster-operator"
 
 OVERLAY_PORT = 8050
@@ -144,6 +148,8 @@ class MiniCluster:
     suspend: bool = False
     queue_name: str = ""
     queue_priority_class: str = ""
+    # spec.minSize: the fewest ranks Kueue may admit the MiniCluster with (partial admission).
+    min_size: int | None = None
     deadline_seconds: int | None = None
     service_account_name: str = ""
     # spec.networkPolicy: the NetworkPolicy child (network.py), made when the MiniCluster is.
@@ -193,6 +199,7 @@ class MiniCluster:
             suspend=bool(spec.get("suspend", False)),
             queue_name=spec.get("queueName", "") or "",
             queue_priority_class=spec.get("queuePriorityClass", "") or "",
+            min_size=spec.get("minSize"),
             deadline_seconds=spec.get("deadlineSeconds"),
             service_account_name=spec.get("serviceAccountName", "") or "",
             network_policy=spec.get("networkPolicy", True) is not False,
@@ -333,6 +340,13 @@ def _kueue_problems(spec: Mapping[str, Any], applied_size: Any) -> list[str]:
                      f"subdomain of at most 63 characters: Kueue reads it from a label)")
     if priority and not queue:
         found.append("spec.queuePriorityClass needs spec.queueName: it is Kueue's priority among queued workloads")
+    least = spec.get("minSize")
+    if least is not None and not queue:
+        found.append("spec.minSize needs spec.queueName: it is the fewest ranks Kueue may admit")
+    if isinstance(least, int) and not 1 <= least <= int(spec.get("size", 1)):
+        found.append(f"spec.minSize {least} must be from 1 to spec.size")
+    elif isinstance(least, int) and least < 2 and spec.get("brokerRunsTasks") is False:
+        found.append("spec.minSize must be at least 2 with brokerRunsTasks: false (rank 0 runs no tasks)")
     if queue and spec.get("storage"):
         # Rank 0 runs in a Job of its own with storage, and Kueue admits each Job as a Workload of its own.
         found.append("spec.storage cannot be combined with spec.queueName: rank 0 would run in a second Job, which "
@@ -402,6 +416,7 @@ def _config_problems(spec: Mapping[str, Any], max_size: int) -> list[str]:
 
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "NAME_LABEL", "QUEUE_LABEL", "PRIORITY_LABEL",
+    "MIN_PARALLELISM", "COMPLETIONS_EQUAL_PARALLELISM",
     "POLICIES", "LOG_LEVELS", "TEMPLATE_FIELDS", "MiniCluster", "Storage", "effective_max_size", "problems",
     "RUNTIME_IMAGE", "RUNTIME_MODES", "PULL_POLICIES", "POD_SECURITY_FIELDS", "CAPABILITIES", "Runtime",
 ]

@@ -7,21 +7,29 @@ machine has no image registry and no Go module proxy, and the real API server ti
 Jobs and Workloads that the operator and this emulator write to kmock:
 
 * a Job labelled `kueue.x-k8s.io/queue-name` gets one Workload (kueue.x-k8s.io/v1beta1), controlled by the Job,
-  labelled with the Job's uid, with one podSet `main` whose count is the Job's parallelism, the queue name, and
-  the WorkloadPriorityClass of the Job's `kueue.x-k8s.io/priority-class` label (name and value);
+  labelled with the Job's uid, with one podSet `main` whose count is the Job's parallelism (or completions, if
+  fewer) and whose minCount is the Job's `kueue.x-k8s.io/job-min-parallelism`, the queue name, and the
+  WorkloadPriorityClass of the Job's `kueue.x-k8s.io/priority-class` label (name and value);
 * the scheduler admits pending active Workloads, highest priority first and then oldest, while their pods fit
-  the cluster queue's quota (in pods; BestEffortFIFO: one that does not fit does not block the next);
-* a suspended Job whose Workload is admitted is started (un-suspended): also when someone else suspended it, so a
-  Job's `spec.suspend: true` does not stick while its Workload is admitted and active;
-* a running Job whose Workload is not admitted is stopped (suspended);
+  the cluster queue's quota (in pods; BestEffortFIFO: one that does not fit does not block the next); one with
+  a minCount that does not fit whole is admitted with as many pods as fit, if that is at least minCount
+  (partial admission);
+* a suspended Job whose Workload is admitted is started (un-suspended; a partially admitted one with
+  parallelism, and with `kueue.x-k8s.io/job-completions-equal-parallelism` completions, set to the admitted
+  count): also when someone else suspended it, so a Job's `spec.suspend: true` does not stick while its
+  Workload is admitted and active;
+* a running Job whose Workload is not admitted is stopped (suspended; a partially admittable one gets its
+  Workload's parallelism back);
+* an admitted Workload matches its Job when the Job's count is the admitted count (the podSet's count unless
+  partially admitted);
 * a Workload with `spec.active: false` is evicted (condition Evicted, reason InactiveWorkload): its Job is
   suspended and its admission cleared, and it stays out of admission until it is active again, when it is
   queued anew;
 * a Job whose podSets no longer match its Workload (e.g. another parallelism) is a different job: a running one
   is suspended, the Workload is deleted, and a new one is made and queued.
 
-Not emulated: resource flavors, cohorts and borrowing, preemption, admission checks, partial admission,
-waitForPodsReady, finished Jobs (these tests' Jobs never finish).
+Not emulated: resource flavors (and the node selectors Kueue injects for them), cohorts and borrowing,
+preemption, admission checks, waitForPodsReady, finished Jobs (these tests' Jobs never finish).
 """
 from __future__ import annotations
 
@@ -40,6 +48,8 @@ JOBS_URL = "/apis/batch/v1/namespaces/default/jobs"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+MIN_PARALLELISM = "kueue.x-k8s.io/job-min-parallelism"
+COMPLETIONS_EQUAL = "kueue.x-k8s.io/job-completions-equal-parallelism"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 Obj = dict[str, Any]
 
@@ -95,10 +105,11 @@ class EmulatedKueue:
     async def _reconcile_job(self, job: Obj, workloads: list[Obj]) -> None:
         name = job["metadata"]["name"]
         owned = [w for w in workloads if controller_name(w) == name]
-        match = next((w for w in owned if pod_counts(w["spec"]["podSets"]) == pod_counts(pod_sets(job))), None)
         suspended = bool(job["spec"].get("suspend"))
+        match = next((w for w in owned if matches(job, w)), None)
         if match is None and not suspended:
-            await self._suspend(name)  # a different job now: StopReasonNoMatchingWorkload
+            # A different job now (StopReasonNoMatchingWorkload): stopped, its pod counts as the Workload had them.
+            await self._suspend(name, owned[0] if len(owned) == 1 else None)
             suspended = True
         stale = [w for w in owned if w is not match]
         for workload in stale:
@@ -109,14 +120,14 @@ class EmulatedKueue:
             await self._create_workload(job)
         elif evicted(match):
             if not suspended:
-                await self._suspend(name)
+                await self._suspend(name, match)
             if admitted(match):
                 await self._status(match["metadata"]["name"], {"admission": None})
         elif suspended and admitted(match):
-            await self._patch(f"{JOBS_URL}/{name}", {"spec": {"suspend": False}})
+            await self._patch(f"{JOBS_URL}/{name}", {"spec": {"suspend": False, **counts(job, assigned(match))}})
             self.actions.append(("started", name))
         elif not suspended and not admitted(match):
-            await self._suspend(name)
+            await self._suspend(name, match)
 
     async def _create_workload(self, job: Obj) -> None:
         meta = job["metadata"]
@@ -146,18 +157,22 @@ class EmulatedKueue:
         pending = [w for w in workloads if not admitted(w) and not evicted(w) and w["spec"].get("active", True)]
         pending.sort(key=lambda w: -int(w["spec"].get("priority") or 0))  # stable: oldest first within a priority
         for workload in pending:
-            pods = sum(pod_counts(workload["spec"]["podSets"]))
-            if used + pods <= self.quota_pods:
+            [wanted] = workload["spec"]["podSets"]
+            pods = min(wanted["count"], self.quota_pods - used)
+            if pods == wanted["count"] or (wanted.get("minCount") is not None and pods >= wanted["minCount"]):
                 used += pods
-                assignments = [{"name": s["name"], "count": s["count"]} for s in workload["spec"]["podSets"]]
+                assignments = [{"name": wanted["name"], "count": pods}]
                 await self._status(workload["metadata"]["name"], {
                     "admission": {"clusterQueue": "cluster-queue", "podSetAssignments": assignments},
                     "conditions": [condition("QuotaReserved", "QuotaReserved", "reserved"),
                                    condition("Admitted", "Admitted", "admitted")]})
                 self.actions.append(("admitted", workload["metadata"]["name"]))
 
-    async def _suspend(self, job: str) -> None:
-        await self._patch(f"{JOBS_URL}/{job}", {"spec": {"suspend": True}})
+    async def _suspend(self, job: str, workload: Obj | None = None) -> None:
+        """stopJob: suspend, and give a partially admittable Job its Workload's count back (RestorePodSetsInfo)."""
+        current = await self._get(f"{JOBS_URL}/{job}")
+        restored = counts(current, workload["spec"]["podSets"][0]["count"]) if workload else {}
+        await self._patch(f"{JOBS_URL}/{job}", {"spec": {"suspend": True, **restored}})
         self.actions.append(("stopped", job))
 
     async def _delete(self, workload: str) -> None:
@@ -172,6 +187,11 @@ class EmulatedKueue:
         async with self.kmock.patch(url, data=json.dumps(data), headers=MERGE) as resp:
             assert resp.status < 300, await resp.text()
 
+    async def _get(self, url: str) -> Obj:
+        async with self.kmock.get(url) as resp:
+            assert resp.status < 300, await resp.text()
+            return dict(await resp.json())
+
     async def _list(self, url: str) -> list[Obj]:
         async with self.kmock.get(url) as resp:
             assert resp.status < 300, await resp.text()
@@ -179,9 +199,35 @@ class EmulatedKueue:
 
 
 def pod_sets(job: Obj) -> list[Obj]:
-    """The podSets of a batch/Job as Kueue derives them: one, `main`, of `parallelism` pods."""
-    return [{"name": "main", "count": int(job["spec"].get("parallelism", 1)),
-             "template": job["spec"].get("template") or {}}]
+    """The podSets of a batch/Job as Kueue derives them: one, `main`, of `parallelism` pods (`completions` if
+    fewer), at least job-min-parallelism of them where the Job may be admitted partially."""
+    spec, annotations = job["spec"], job["metadata"].get("annotations") or {}
+    count = min(int(spec.get("parallelism", 1)), int(spec.get("completions") or spec.get("parallelism", 1)))
+    least = {"minCount": int(annotations[MIN_PARALLELISM])} if MIN_PARALLELISM in annotations else {}
+    return [{"name": "main", "count": count, **least, "template": spec.get("template") or {}}]
+
+
+def matches(job: Obj, workload: Obj) -> bool:
+    """equivalentToWorkload: the Job's count is the admitted one (a suspended Job may still have the asked one)."""
+    [count] = pod_counts(pod_sets(job))
+    asked = workload["spec"]["podSets"][0]["count"]
+    if admitted(workload):
+        return count == assigned(workload) or (bool(job["spec"].get("suspend")) and count == asked)
+    return count == asked
+
+
+def assigned(workload: Obj) -> int:
+    return int(workload["status"]["admission"]["podSetAssignments"][0]["count"])
+
+
+def counts(job: Obj, pods: int) -> Obj:
+    """RunWithPodSetsInfo / RestorePodSetsInfo of a Job that may be admitted partially: parallelism (and
+    completions with job-completions-equal-parallelism) set to `pods`; nothing for any other Job."""
+    annotations = job["metadata"].get("annotations") or {}
+    if MIN_PARALLELISM not in annotations:
+        return {}
+    equal = annotations.get(COMPLETIONS_EQUAL, "").lower() == "true"
+    return {"parallelism": pods, **({"completions": pods} if equal else {})}
 
 
 def pod_counts(sets: list[Obj]) -> list[int]:

@@ -167,3 +167,21 @@ async def test_without_the_rights_to_workloads_a_queued_minicluster_says_so(
     refused = await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
     assert refused["reason"] == "KueueForbidden" and "deploy/operator/rbac.yaml" in refused["message"]
     assert obj(kmock, JOB, "demo")["spec"]["suspend"] is True  # what the operator can do, it did
+
+
+async def test_with_a_minimum_size_kueue_admits_what_fits_and_the_ranks_run_at_that_size(
+    operator: None, kmock: Kmock, make_body: Make, kueue: EmulatedKueue, broker: dict[str, Any],
+) -> None:
+    # 8 ranks asked, at least 4, room for 6: Kueue starts the Job with 6 pods (partial admission).
+    await create(kmock, make_body(queueName="team-a", size=8, maxSize=8, minSize=4))
+    await eventually(lambda: obj(kmock, JOB, "demo")["spec"]["suspend"] is False)
+    job = obj(kmock, JOB, "demo")
+    assert (job["spec"]["parallelism"], job["spec"]["completions"]) == (6, 6)
+    # The broker expects the ranks that run, and the operator keeps the Job at the size Kueue admitted.
+    await eventually(lambda: "size = 6\n" in obj(kmock, "v1/configmaps", "demo-config")["data"]["config.toml"])
+    broker["ranks"]["expected"] = 6
+    await rounds(kueue, 20)
+    assert obj(kmock, JOB, "demo")["spec"]["parallelism"] == 6
+    assert kueue.did("stopped") == [] and kueue.did("deleted") == [] and len(kueue.did("created")) == 1
+    mc = obj(kmock, MC, "demo")
+    assert condition(mc["status"], "Reconciled")["reason"] == "ChildrenUpToDate" and mc["status"]["size"] == 8

@@ -185,6 +185,16 @@ def test_queued_job_is_created_suspended_with_the_kueue_label(make_body: Any) ->
     assert ranked["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
 
 
+def test_a_minimum_size_asks_kueue_for_partial_admission(make_body: Any) -> None:
+    job = manifests.job(MiniCluster.from_body(make_body(queueName="q", size=4, minSize=2)))
+    annotations = job["metadata"]["annotations"]
+    assert annotations["kueue.x-k8s.io/job-min-parallelism"] == "2"
+    assert annotations["kueue.x-k8s.io/job-completions-equal-parallelism"] == "true"
+    # Kueue accepts a minimum below parallelism only: minSize == size asks for nothing.
+    whole = manifests.job(MiniCluster.from_body(make_body(queueName="q", size=4, minSize=4)))
+    assert "kueue.x-k8s.io/job-min-parallelism" not in whole["metadata"]["annotations"]
+
+
 def test_a_queued_minicluster_keeps_the_size_it_was_admitted_at(make_body: Any) -> None:
     # Kueue takes a Job of another parallelism for another job: it would stop every rank and queue it again.
     resized = {**make_body(queueName="team-a", size=5), "status": {"size": 4}}
@@ -254,6 +264,10 @@ def test_config_and_key_share_one_projected_directory(body: dict[str, Any]) -> N
     ({"queuePriorityClass": "high"}, "spec.queuePriorityClass needs spec.queueName"),
     ({"queueName": "q", "queuePriorityClass": "high"}, ""),
     ({"queueName": "q", "storage": {"size": "1Gi"}}, "spec.storage cannot be combined with spec.queueName"),
+    ({"minSize": 2}, "spec.minSize needs spec.queueName"),
+    ({"queueName": "q", "minSize": 5}, "spec.minSize 5 must be from 1 to spec.size"),
+    ({"queueName": "q", "minSize": 1, "brokerRunsTasks": False}, "spec.minSize must be at least 2"),
+    ({"queueName": "q", "minSize": 2}, ""),
 ])
 def test_problems(make_body: Any, spec: dict[str, Any], message: str) -> None:
     found = problems(make_body(**spec))

@@ -67,6 +67,8 @@ def test_what_shapes_the_pods_cannot_change_at_the_api_server(cr_schema: dict[st
     assert "self.size == oldSelf.size || !has(oldSelf.queueName) || oldSelf.queueName == ''" in _rules(spec)
     assert "!has(self.queueName) || self.queueName == '' || !has(self.storage)" in _rules(spec)
     assert "self == oldSelf" in _rules(spec["properties"]["queuePriorityClass"])
+    assert "self == oldSelf" in _rules(spec["properties"]["minSize"])
+    assert any(rule.startswith("!has(self.minSize) || (has(self.queueName)") for rule in _rules(spec))
 
 
 def test_scale_and_printer_paths_exist_in_the_schema(crd: dict[str, Any], cr_schema: dict[str, Any]) -> None:
@@ -96,6 +98,7 @@ def test_good_minicluster_is_accepted(cr_schema: dict[str, Any], body: dict[str,
     ({"env": [{"value": "no name"}]}, "env"),
     ({"queueName": "team a"}, "queueName"),
     ({"queueName": "team-a", "queuePriorityClass": "High"}, "queuePriorityClass"),
+    ({"queueName": "team-a", "minSize": 0}, "minSize"),
     ({"storage": {"size": "0"}}, "size"),
     ({"storage": {"size": "0.0Gi"}}, "size"),
 ])
