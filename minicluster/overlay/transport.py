@@ -211,6 +211,8 @@ class Overlay:
     async def _receive(self, sock: zmq.asyncio.Socket, from_child: bool) -> None:
         # What is already queued is read without pyzmq's asyncio machinery (a future, an EVENTS check), which costs
         # several times the read itself: at 1,000 ranks rank 0 reads a heartbeat every millisecond (issue 29).
+        # Unlike a send (_Sender), a read here cannot strand the edge-triggered ZMQ_FD: the await that follows
+        # checks EVENTS before it waits.
         plain: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
         while True:
             frames = await sock.recv_multipart()
