@@ -45,7 +45,7 @@ class RankTable:
         self._recount()
 
     def _recount(self) -> None:
-        self._expected_in = {s: 0 for s in RankState}
+        self._expected_in = dict.fromkeys(RankState, 0)
         for r in range(self.size):
             self._expected_in[self.ranks[r].state] += 1
 

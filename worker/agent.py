@@ -7,6 +7,7 @@ loses none.  Output and results produced in one loop iteration leave in one mess
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -133,10 +134,8 @@ class WorkerAgent:
             messages.send(self.send, 0, messages.Heartbeat(self._hb_seq, len(self.running)))
             if self.unacked:
                 self._resend_overdue_results()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopped.wait(), self.config.heartbeat_interval)
-            except TimeoutError:
-                pass
 
     async def _join_until_welcomed(self) -> None:
         """One step of joining: the first join, or a repeat once due; then wait for the welcome, the stop or

@@ -3,6 +3,7 @@ backoff.py) and the agent that follows it (worker/agent.py), with a RecordingSen
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from pathlib import Path
 
@@ -69,7 +70,7 @@ async def test_an_agent_repeats_its_join_backing_off_and_sends_no_heartbeat_befo
         kinds = [kind for kind, _ in sender.times]
         assert set(kinds) == {"join"}, f"only joins before the welcome, not {kinds}"
         sent = [t for _, t in sender.times]
-        for n, (before, after) in enumerate(zip(sent, sent[1:], strict=False)):
+        for n, (before, after) in enumerate(itertools.pairwise(sent)):
             # A loaded machine only makes the waits longer: each is at least its step's lower half.
             assert after - before >= min(0.32, 0.04 * 2 ** n) / 2 - 0.005, f"repeat {n + 1} came too soon"
 
