@@ -140,21 +140,23 @@ class WorkerAgent:
     async def _join_until_welcomed(self) -> None:
         """One step of joining: the first join, or a repeat once due; then wait for the welcome, the stop or
         the next repeat. No heartbeat before the welcome: rank 0 would only answer it with `rejoin`."""
-        if self._join_due is None:
-            self._start_join()
-        elif time.monotonic() >= self._join_due:
+        due = self._join_due
+        if due is None:
+            due = self._start_join()
+        elif time.monotonic() >= due:
             self.join()
-            self._join_due = time.monotonic() + self.join_repeats.next_wait()
+            due = self._join_due = time.monotonic() + self.join_repeats.next_wait()
         waits = [asyncio.ensure_future(self.welcomed.wait()), asyncio.ensure_future(self.stopped.wait())]
-        await asyncio.wait(waits, timeout=max(0.0, self._join_due - time.monotonic()),
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=max(0.0, due - time.monotonic()), return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
             wait.cancel()
 
-    def _start_join(self) -> None:
+    def _start_join(self) -> float:
+        """Join now, the backoff started over; returns when the join goes again if it is not answered."""
         self.join_repeats.reset()
         self.join()
         self._join_due = time.monotonic() + self.join_repeats.next_wait()
+        return self._join_due
 
     def join(self) -> None:
         # Rank 0 counts what waited in the window as not started (protocol.md §2.10): it must not start now.
