@@ -2,12 +2,20 @@
 array runs on all of them, each task done exactly once. benchmarks/ranksim.py measures with it at scale."""
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
+import zmq
+import zmq.asyncio
 
-from minicluster.testing.ranksim import SimulatedCluster
+from minicluster.overlay import curve
+from minicluster.proto import envelope, messages
+from minicluster.testing import LocalCluster
+from minicluster.testing.builders import resources
+from minicluster.testing.ranksim import SimulatedCluster, SimulatedRank
 from tests.integration.conftest import job, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -32,3 +40,44 @@ def test_simulated_ranks_join_and_run_an_array_once_each(tmp_path: Path, fanout:
     assert Counter(row[1] for row in rows) == Counter(range(1, TASKS + 1))
     assert all(row[3] == 0 for row in rows)
     assert {row[2] for row in rows} == set(range(SIZE))
+
+
+def test_a_repeated_join_is_welcomed_again_and_redoes_nothing(tmp_path: Path) -> None:
+    """A `join` repeated before the worker read its `welcome` (same pid, an epoch not the broker's: protocol.md
+    §2.6) is answered with the `welcome` again, and rank 0 does not redo the rank's membership: the rank keeps the
+    `since` of its first join. The rank is a simulated rank's DEALER (CURVE, rank 1's routing id) driven by hand."""
+    local = LocalCluster(tmp_path, size=2, test_exec=True, unresponsive_after=60.0, lost_after=120.0)
+    try:
+        local.start_rank(0)
+        local.wait_socket()
+        welcomes, since = asyncio.run(join_twice(local))
+    finally:
+        local.stop()
+    assert len(welcomes) == 2 and welcomes[0] == welcomes[1] and welcomes[0]["epoch"] != 0
+    assert since[0] == since[1], "the repeat was taken for a new join"
+
+
+async def join_twice(local: LocalCluster) -> tuple[list[dict[str, Any]], list[float]]:
+    ctx = zmq.asyncio.Context()
+    node = resources("cores=2")
+    rank = SimulatedRank(ctx, local.config, curve.load(local.config.curve_cert), 1, node)
+    join = messages.Join(4242, "sim-1", node.to_wire(), [], [], 0)
+    welcomes, since = [], []
+    try:
+        for _ in range(2):
+            messages.send(rank.send, 0, join)
+            welcomes.append(await welcome(rank))
+            with local.client() as client:
+                since.append(next(row["since"] for row in client.status()["ranks"] if row["rank"] == 1))
+    finally:
+        rank.sock.close(linger=0)
+        ctx.destroy(linger=0)
+    return welcomes, since
+
+
+async def welcome(rank: SimulatedRank) -> dict[str, Any]:
+    while True:
+        frames = await asyncio.wait_for(rank.sock.recv_multipart(), 30)
+        msg = envelope.decode(frames[-1])
+        if msg.kind == "welcome":
+            return msg.body
