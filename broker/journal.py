@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import os
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -93,6 +95,10 @@ class JournalUnavailable(OSError):
 # sqlite primary result codes of a disk that cannot take a write now, but may later: FULL, IOERR, BUSY,
 # LOCKED, READONLY, NOMEM, CANTOPEN, PROTOCOL.
 _TRANSIENT_CODES = frozenset((13, 10, 5, 6, 8, 7, 14, 15))
+# The one row of values at the end of an INSERT that _execute_run sends many rows at a time.
+_ONE_ROW = re.compile(r"VALUES\s*(\(\?(?:\s*,\s*\?)*\))\s*$", re.IGNORECASE)
+# At most this many rows per INSERT: 100 KB of SQL text for a task result, well below sqlite's 1 MB limit.
+_ROWS_PER_STATEMENT = 4096
 # How long the writer waits between retries of a stalled commit, at most.
 _RETRY_MAX = 1.0
 
@@ -355,6 +361,35 @@ class Journal:
         self._loop.call_soon_threadsafe(_resolve, [w[1] for w in refused], error)
 
 
+def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) -> None:
+    """A run of the same statement (a batch of task results, output chunks, events). An INSERT of one row of
+    values goes as INSERTs of up to 4,096 rows (fewer where sqlite takes fewer variables): every sqlite call lets go of the GIL and
+    must take it back from a busy event loop (up to the 5 ms switch interval), so one call per row
+    (executemany) held the writer to about 23,000 rows/s behind a busy rank 0 and made million-task arrays
+    wait for their journal (docs/performance.md, "A million tasks timed from the user's command")."""
+    row = _values_row(sql)
+    if row is None or len(rows) == 1:
+        conn.executemany(sql, rows)
+        return
+    variables = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    per_statement = max(1, min(_ROWS_PER_STATEMENT, variables // row.count("?")))
+    for start in range(0, len(rows), per_statement):
+        chunk = rows[start:start + per_statement]
+        conn.execute(_rows_of(sql, row, len(chunk)), [value for values in chunk for value in values])
+
+
+@functools.lru_cache(maxsize=64)
+def _values_row(sql: str) -> str | None:
+    """The `(?,...,?)` an INSERT of one row of values ends in; None for any other statement."""
+    match = _ONE_ROW.search(sql)
+    return match.group(1) if match and sql.lstrip().upper().startswith("INSERT") else None
+
+
+@functools.lru_cache(maxsize=128)
+def _rows_of(sql: str, row: str, count: int) -> str:
+    return sql + ("," + row) * (count - 1)
+
+
 def _failure(exc: BaseException) -> JournalError:
     return JournalError(f"journal write failed: {exc}")
 
@@ -362,9 +397,8 @@ def _failure(exc: BaseException) -> JournalError:
 def _run_transaction(conn: sqlite3.Connection, statements: list[Statement]) -> None:
     conn.execute("BEGIN")
     try:
-        # Runs of the same statement (a batch of task results, output chunks) go through executemany.
         for sql, group in itertools.groupby(statements, key=lambda s: s[0]):
-            conn.executemany(sql, [params for _, params in group])
+            _execute_run(conn, sql, [params for _, params in group])
         conn.execute("COMMIT")
     except BaseException:
         # A failed COMMIT (disk full) can leave the transaction open: the next BEGIN would fail, and a later
