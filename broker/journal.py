@@ -363,9 +363,9 @@ class Journal:
 
 def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) -> None:
     """A run of the same statement (a batch of task results, output chunks, events). An INSERT of one row of
-    values goes as INSERTs of up to 4,096 rows (fewer where sqlite takes fewer variables): every sqlite call lets go of the GIL and
-    must take it back from a busy event loop (up to the 5 ms switch interval), so one call per row
-    (executemany) held the writer to about 23,000 rows/s behind a busy rank 0 and made million-task arrays
+    values goes as INSERTs of up to 4,096 rows (fewer where sqlite takes fewer variables): every sqlite call
+    lets go of the GIL and must take it back from a busy event loop (up to the 5 ms switch interval), so one call
+    per row (executemany) held the writer to about 23,000 rows/s behind a busy rank 0 and made million-task arrays
     wait for their journal (docs/performance.md, "A million tasks timed from the user's command")."""
     row = _values_row(sql)
     if row is None or len(rows) == 1:

@@ -27,7 +27,7 @@ def test_a_run_of_results_reaches_sqlite_as_a_few_statements(tmp_path: Path) -> 
     conn.execute("CREATE TABLE events (job, seq, ts, name, context)")
     traced: list[str] = []
     conn.set_trace_callback(traced.append)
-    statements = results(1, TASKS) + [store.event(1, 1, 0.0, "finish", b"")] + results(2, 3)
+    statements = [*results(1, TASKS), store.event(1, 1, 0.0, "finish", b""), *results(2, 3)]
     _run_transaction(conn, statements)
     inserts = [sql for sql in traced if sql.startswith("INSERT")]
     assert len(inserts) <= 5, len(inserts)  # 10,000 results: 3 statements at 4,096 rows; an event; 3 results
