@@ -97,8 +97,10 @@ class JournalUnavailable(OSError):
 _TRANSIENT_CODES = frozenset((13, 10, 5, 6, 8, 7, 14, 15))
 # The one row of values at the end of an INSERT that _execute_run sends many rows at a time.
 _ONE_ROW = re.compile(r"VALUES\s*(\(\?(?:\s*,\s*\?)*\))\s*$", re.IGNORECASE)
-# At most this many rows per INSERT: 100 KB of SQL text for a task result, well below sqlite's 1 MB limit.
+# At most this many rows per INSERT: 100 KB of SQL text for a task result, well below sqlite's 1 MB limit. Runs
+# shorter than _ROWS_AT_LEAST (and what is left of a run) go through executemany, as a few single jobs' events do.
 _ROWS_PER_STATEMENT = 4096
+_ROWS_AT_LEAST = 32
 # How long the writer waits between retries of a stalled commit, at most.
 _RETRY_MAX = 1.0
 
@@ -363,19 +365,23 @@ class Journal:
 
 def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) -> None:
     """A run of the same statement (a batch of task results, output chunks, events). An INSERT of one row of
-    values goes as INSERTs of up to 4,096 rows (fewer where sqlite takes fewer variables): every sqlite call
+    values goes as INSERTs of 32 to 4,096 rows (fewer where sqlite takes fewer variables): every sqlite call
     lets go of the GIL and must take it back from a busy event loop (up to the 5 ms switch interval), so one call
     per row (executemany) held the writer to about 23,000 rows/s behind a busy rank 0 and made million-task arrays
     wait for their journal (docs/performance.md, "A million tasks timed from the user's command")."""
     row = _values_row(sql)
-    if row is None or len(rows) == 1:
-        conn.executemany(sql, rows)
-        return
-    variables = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    per_statement = max(1, min(_ROWS_PER_STATEMENT, variables // row.count("?")))
-    for start in range(0, len(rows), per_statement):
-        chunk = rows[start:start + per_statement]
-        conn.execute(_rows_of(sql, row, len(chunk)), [value for values in chunk for value in values])
+    start = 0
+    if row is not None:
+        variables = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        most = min(_ROWS_PER_STATEMENT, variables // row.count("?"))
+        while len(rows) - start >= _ROWS_AT_LEAST:
+            # Powers of two only: a few distinct statements per table, which sqlite3's statement cache keeps.
+            count = 1 << (min(most, len(rows) - start).bit_length() - 1)
+            chunk = rows[start:start + count]
+            conn.execute(_rows_of(sql, row, count), [value for values in chunk for value in values])
+            start += count
+    if start < len(rows):
+        conn.executemany(sql, rows[start:] if start else rows)
 
 
 @functools.lru_cache(maxsize=64)

@@ -10,7 +10,7 @@ from broker import store
 from broker.journal import JournalError, Statement, _run_transaction
 from minicluster.testing import temp_journal
 
-TASKS = 10_000
+TASKS = 2 * 4096 + 40  # two statements of 4,096 rows, one of 32, 8 rows one by one
 
 
 def results(job: int, count: int) -> list[Statement]:
@@ -30,7 +30,7 @@ def test_a_run_of_results_reaches_sqlite_as_a_few_statements(tmp_path: Path) -> 
     statements = [*results(1, TASKS), store.event(1, 1, 0.0, "finish", b""), *results(2, 3)]
     _run_transaction(conn, statements)
     inserts = [sql for sql in traced if sql.startswith("INSERT")]
-    assert len(inserts) <= 5, len(inserts)  # 10,000 results: 3 statements at 4,096 rows; an event; 3 results
+    assert len(inserts) == 3 + 8 + 1 + 3, len(inserts)  # and the event and the 3 results of job 2 one by one
     rows = conn.execute("SELECT * FROM tasks ORDER BY job, task").fetchall()
     assert rows == [tuple(params) for _, params in sorted(results(1, TASKS) + results(2, 3),
                                                           key=lambda s: (s[1][0], s[1][1]))]
