@@ -21,13 +21,9 @@ from test_operator_kmock import JOB, MC, Kmock, Make, condition, create, eventua
 
 # The kmock tier's fixtures: the operator in a thread of its own against kmock, and the broker's status endpoint.
 operator, broker = kmock_tier.operator, kmock_tier.broker
+# Its warning filters too.
+pytestmark = kmock_tier.pytestmark
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning"),
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in.*(ClientSession|BaseConnector|_SelectorTransport|socket\\.socket)"
-        ":pytest.PytestUnraisableExceptionWarning"),
-]
 
 
 @pytest.fixture
