@@ -144,8 +144,7 @@ class WorkerAgent:
         if due is None:
             due = self._start_join()
         elif time.monotonic() >= due:
-            self.join()
-            due = self._join_due = time.monotonic() + self.join_repeats.next_wait()
+            due = self._send_join()
         waits = [asyncio.ensure_future(self.welcomed.wait()), asyncio.ensure_future(self.stopped.wait())]
         await asyncio.wait(waits, timeout=max(0.0, due - time.monotonic()), return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
@@ -154,6 +153,9 @@ class WorkerAgent:
     def _start_join(self) -> float:
         """Join now, the backoff started over; returns when the join goes again if it is not answered."""
         self.join_repeats.reset()
+        return self._send_join()
+
+    def _send_join(self) -> float:
         self.join()
         self._join_due = time.monotonic() + self.join_repeats.next_wait()
         return self._join_due
