@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import html
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -56,6 +57,18 @@ def when(t: float | None) -> str:
     return datetime.datetime.fromtimestamp(t).isoformat(sep=" ", timespec="seconds")
 
 
+def _decimals(step: float) -> int:
+    """Enough decimals that labels `step` seconds apart differ (0.02 s apart: 2), at most 3."""
+    return min(3, max(0, math.ceil(-math.log10(step)))) if step > 0 else 3
+
+
+def offset(t: float, step: float) -> str:
+    """`t` seconds after the start, as a label among labels `step` apart: +0.25s, +41s, +1:02:05."""
+    if step >= 60:
+        return f"+{datetime.timedelta(seconds=round(t))}"
+    return f"+{t:.{_decimals(step)}f}s"
+
+
 def seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -85,11 +98,13 @@ def _x(timeline: Timeline, t: float) -> float:
 
 def _time_axis(timeline: Timeline, y: float) -> str:
     out = [f'<line x1="{LEFT}" y1="{y}" x2="{WIDTH - 10}" y2="{y}" stroke="#888"/>']
+    step = (timeline.t1 - timeline.t0) / 5
     for i in range(6):
-        t = timeline.t0 + (timeline.t1 - timeline.t0) * i / 5
+        t = timeline.t0 + step * i
         x = _x(timeline, t)
+        anchor = "end" if i == 5 else "middle"  # the last label centred on the axis' end would be cut by the edge
         out.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#888"/>'
-                   f'<text x="{x:.1f}" y="{y + 15}" text-anchor="middle">+{t - timeline.t0:.1f}s</text>')
+                   f'<text x="{x:.1f}" y="{y + 15}" text-anchor="{anchor}">{offset(t - timeline.t0, step)}</text>')
     return "".join(out)
 
 
@@ -200,7 +215,7 @@ def _gantt_bins(timeline: Timeline) -> str:
         for b, kind in sorted(marked.items()):
             out.append(f'<rect class="mark" x="{LEFT + b * bin_w:.1f}" y="{y}" width="{max(2.0, bin_w):.1f}" '
                        f'height="{row_h - 1}" fill="{COLORS[kind]}" data-ranks="{label}" data-kind="{kind}" '
-                       f'data-tip="{label}: {kind} attempts near +{b * timeline.width:.1f}s"/>')
+                       f'data-tip="{label}: {kind} attempts near {offset(b * timeline.width, timeline.width)}"/>')
     y = 5 + len(rows) * row_h
     out.append(_time_axis(timeline, y + 2))
     note = (f"<p>{timeline.count:,} attempts: each row shows how busy its ranks were in each of "
@@ -284,6 +299,7 @@ def cores_busy(timeline: Timeline, cores: dict[int, int], groups: dict[int, str]
 def _cores_table(timeline: Timeline, series: dict[str, list[float]], total: list[float]) -> str:
     """The curves' numbers, bins grouped to at most TABLE_ROWS rows; the groups' columns, then the first ranks'."""
     group = max(1, -(-timeline.nbins // TABLE_ROWS))
+    step = group * timeline.width
     ranks = [name for name in series if not name.startswith("rank ")]
     ranks += [name for name in series if name.startswith("rank ")][:max(0, 16 - len(ranks))]
     rows = []
@@ -292,9 +308,9 @@ def _cores_table(timeline: Timeline, series: dict[str, list[float]], total: list
 
         def mean(values: list[float], start: int = start, end: int = end) -> str:
             return f"{sum(values[start:end]) / (end - start):.2f}"
-        rows.append([f"+{start * timeline.width:.1f}s", mean(total), *(mean(series[r]) for r in ranks)])
+        rows.append([offset(start * timeline.width, step), mean(total), *(mean(series[r]) for r in ranks)])
     more = f" ({len(ranks)} of {len(series)} series)" if len(series) > len(ranks) else ""
-    return (f"<details><summary>cores busy, mean per {group * timeline.width:.2f} s{more}</summary>" +
+    return (f"<details><summary>cores busy, mean per {offset(step, step)[1:]}{more}</summary>" +
             table(["from", "total", *ranks], rows, cls="cores") + "</details>")
 
 

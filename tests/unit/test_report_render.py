@@ -5,7 +5,7 @@ import re
 
 from minicluster.cli.reportdata import (JobInfo, Report, Timeline, attempt_kind, dependency_targets, rank_groups,
                                          usage_by_user)
-from minicluster.cli.reporthtml import GANTT_ROWS, by_group, layers, page
+from minicluster.cli.reporthtml import GANTT_ROWS, by_group, layers, offset, page
 
 
 def row(task: int, rank: int, started: float, ended: float | None, status: int | None = 0,
@@ -97,3 +97,14 @@ def test_thousands_of_ranks_share_a_bounded_number_of_gantt_rows() -> None:
     assert gantt.count("<text") <= GANTT_ROWS + 6 and "ranks 0-23" in gantt
     assert 'data-kind="failed"' in gantt
     assert len(html) < 1_000_000
+
+
+def test_time_labels_differ_at_every_span() -> None:
+    # Five steps across spans from 0.02 s to a day: the labels along an axis are all different.
+    for span in (0.02, 0.1, 0.4, 3, 45, 299, 3_600, 86_400):
+        step = span / 5
+        labels = [offset(step * i, step) for i in range(6)]
+        assert len(set(labels)) == 6, labels
+    assert offset(0.25, 0.05) == "+0.25s"
+    assert offset(41.2, 8) == "+41s"
+    assert offset(3725, 720) == "+1:02:05"
