@@ -53,17 +53,10 @@ from minicluster.testing import LocalCluster  # noqa: E402
 USERS = (65501, 65502, 65503)
 SHARES = (1, 2, 1)
 NOGROUP = 65534
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {message}", file=sys.stderr, flush=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def as_user(uid: int, fn: Callable[[], Any]) -> Any:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from k8s_control_plane import (  # type: ignore[import-not-found]  # noqa: E402
 )
 
 from minicluster.operator.kube import Kube, path_of  # noqa: E402
+from procstat import cpu_seconds  # noqa: E402
 from tests.e2e.polling import until  # noqa: E402
 
 MC_PATH = "/apis/minicluster.dev/v1alpha1/namespaces/{ns}/miniclusters"
@@ -77,11 +77,6 @@ def run_operator(namespace: str, server: str, ca: str, token: str, broker_port: 
         finally:
             await fetcher.close()
     asyncio.run(main())
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def minicluster(name: str, size: int) -> dict[str, Any]:

@@ -24,21 +24,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from procstat import cpu_seconds
+
 from minicluster.testing import LocalCluster
 
 MC = shutil.which("mc") or str(Path(sys.executable).with_name("mc"))
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 LIMITS = {"seconds": 10.0, "peak_rss_mb": 200.0}  # issue 30, for 100,000 elements
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def one_report(cluster: LocalCluster, job: int, out: Path) -> dict[str, Any]:
     broker = cluster.procs[0].pid
-    cpu0, t0 = _cpu_seconds(broker), time.monotonic()
+    cpu0, t0 = cpu_seconds(broker), time.monotonic()
     child = subprocess.Popen([MC, "report", str(job), "-o", str(out)], env={**os.environ, "MC_URI": cluster.uri},
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _pid, status, usage = os.wait4(child.pid, 0)  # not child.wait(): wait4 gives the child's own peak RSS
@@ -47,7 +43,7 @@ def one_report(cluster: LocalCluster, job: int, out: Path) -> dict[str, Any]:
     if child.returncode != 0:
         raise SystemExit(f"mc report {job} failed: {child.communicate()[1].decode()}")
     return {"seconds": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "file_kb": out.stat().st_size / 1024,
-            "broker_cpu_s": _cpu_seconds(broker) - cpu0, "client_cpu_s": usage.ru_utime + usage.ru_stime}
+            "broker_cpu_s": cpu_seconds(broker) - cpu0, "client_cpu_s": usage.ru_utime + usage.ru_stime}
 
 
 def sweep(sizes: list[int], runs: int) -> dict[str, Any]:

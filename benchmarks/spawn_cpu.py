@@ -30,18 +30,11 @@ import time
 from typing import Any
 
 import trees
+from procstat import cpu_seconds
 
 from minicluster.testing import LocalCluster
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODES = {"streamed": {}, "to_file": {"output": "/dev/null"}}
-
-
-def cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """utime + stime of process `pid`, or of its thread `tid` alone."""
-    with open(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def helpers_of(pid: int) -> list[int]:

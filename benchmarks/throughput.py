@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from procstat import cpu_seconds, status_kib
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minicluster.client import Client
@@ -71,38 +73,23 @@ PUBLISHED = {
     "Flux": "~140 jobs/s end-to-end (mock execution); 20-32 KB per retained job",
     "HyperQueue": "86-191k tasks/s zero-worker mode on 128-core nodes; 200k tasks in ~120 MiB",
 }
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of process `pid`."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 def settled_rss(pid: int, quiet: float = 1.0, timeout: float = 60.0) -> int:
     """VmRSS once it has not moved by more than 1% for `quiet` seconds (the broker finished its work)."""
     deadline = time.time() + timeout
-    last, since = rss_bytes(pid), time.time()
+    last, since = status_kib(pid, "VmRSS") * 1024, time.time()
     while time.time() < deadline:
         time.sleep(0.2)
-        now = rss_bytes(pid)
+        now = status_kib(pid, "VmRSS") * 1024
         if abs(now - last) > last / 100:
             last, since = now, time.time()
         elif time.time() - since >= quiet:
             return now
-    return rss_bytes(pid)
+    return status_kib(pid, "VmRSS") * 1024
 
 
 def spec(argv: list[str], **fields: Any) -> dict[str, Any]:

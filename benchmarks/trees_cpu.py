@@ -30,15 +30,9 @@ import time
 from typing import Any
 
 import trees
+from procstat import CLK_TCK, cpu_seconds
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 CASES = ("array0", "array", "jobs")
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def main_thread_sched(pid: int) -> tuple[float, float]:

@@ -29,33 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from procstat import cpu_seconds, status_kib, threads_cpu
+
 MC = shutil.which("mc") or str(Path(sys.executable).with_name("mc"))
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 REFERENCE = 100_000
-
-
-def _cpu_seconds(stat_path: str) -> float:
-    fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def _status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
-def _threads(pid: int) -> dict[str, float]:
-    """CPU seconds of each thread of `pid`, by thread name (the main thread is the process's name)."""
-    out: dict[str, float] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            out["main" if tid == str(pid) else f"{name}-{tid}"] = _cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
-        except FileNotFoundError:
-            continue  # the thread ended between listing and reading
-    return out
 
 
 def inner(n: int) -> dict[str, Any]:
@@ -64,22 +41,22 @@ def inner(n: int) -> dict[str, Any]:
     launcher = int(Path(f"/proc/{rank0}/stat").read_text().rsplit(")", 1)[1].split()[1])
     workers = [int(p) for p in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
                if int(p) != rank0]
-    threads0, workers0, rss0 = _threads(rank0), sum(_cpu_seconds(f"/proc/{w}/stat") for w in workers), \
-        _status_kib(rank0, "VmRSS")
+    threads0, workers0, rss0 = threads_cpu(rank0), sum(cpu_seconds(w) for w in workers), \
+        status_kib(rank0, "VmRSS")
     start = time.perf_counter()
     subprocess.run(["mc-submit", "--cc", f"1-{n}", "--wait", "true"], check=True, stdout=subprocess.DEVNULL)
     elapsed = time.perf_counter() - start
-    threads1 = _threads(rank0)
+    threads1 = threads_cpu(rank0)
     client = resource.getrusage(resource.RUSAGE_CHILDREN)
     others = sum(threads1[t] - threads0.get(t, 0.0) for t in threads1 if t != "main")
     return {
         "tasks": n, "seconds": elapsed, "tasks_per_s": n / elapsed,
         "rank0_loop_us_per_task": (threads1["main"] - threads0["main"]) / n * 1e6,
         "rank0_other_threads_us_per_task": others / n * 1e6,
-        "workers_us_per_task": (sum(_cpu_seconds(f"/proc/{w}/stat") for w in workers) - workers0) / n * 1e6,
+        "workers_us_per_task": (sum(cpu_seconds(w) for w in workers) - workers0) / n * 1e6,
         "client_us_per_task": (client.ru_utime + client.ru_stime) / n * 1e6,
-        "rank0_rss_growth_bytes_per_task": (_status_kib(rank0, "VmRSS") - rss0) * 1024 / n,
-        "rank0_peak_rss_mb": _status_kib(rank0, "VmHWM") / 1024,
+        "rank0_rss_growth_bytes_per_task": (status_kib(rank0, "VmRSS") - rss0) * 1024 / n,
+        "rank0_peak_rss_mb": status_kib(rank0, "VmHWM") / 1024,
     }
 
 
