@@ -176,6 +176,7 @@ def chaos(tmp_path: Any, rounds: int, capfd: pytest.CaptureFixture[str]) -> None
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.long
 def test_chaos_short(tmp_path, capfd) -> None:
     chaos(tmp_path, rounds=3, capfd=capfd)
 

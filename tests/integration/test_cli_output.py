@@ -73,6 +73,7 @@ def test_stdin_goes_to_task_0_by_default_and_to_all_by_option() -> None:
     assert mc("run", "-i", "none", "cat", input="ignored\n").stdout == ""
 
 
+@pytest.mark.long
 def test_stdin_streams_more_than_a_frame_with_flow_control() -> None:
     data = "".join(f"{i:07d}\n" for i in range(400_000))  # 3.2 MB
     out = mc("run", "sh", "-c", "wc -l; wc -c < /dev/null", input=data, timeout=60)

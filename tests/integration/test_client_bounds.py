@@ -175,6 +175,7 @@ def fill_listen_queue(path: str) -> list[socket.socket]:
     raise AssertionError("the listen queue never filled")
 
 
+@pytest.mark.long
 def test_a_stopped_broker_gets_a_clear_timeout_not_a_client_that_waits_forever(
         own_broker: tuple[LocalCluster, Path]) -> None:
     cluster, _log = own_broker

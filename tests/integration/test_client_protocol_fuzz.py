@@ -75,6 +75,7 @@ def still_serving(cluster: LocalCluster) -> None:
 
 @FUZZ
 @given(request=requests)
+@pytest.mark.long
 def test_every_request_gets_one_clear_answer(cluster: LocalCluster, request: dict[str, Any]) -> None:
     body = msgpack.packb(request, use_bin_type=True)
     follow = request.get("follow")

@@ -222,6 +222,7 @@ def status(journal: Journal) -> dict[str, Any]:
 
 
 @pytest.mark.needs("prometheus")
+@pytest.mark.long
 def test_every_dashboard_query_returns_data_in_a_real_prometheus(cluster: tuple[LocalCluster, int],
                                                                  tmp_path: Path) -> None:
     c, port = cluster

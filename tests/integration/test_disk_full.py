@@ -91,6 +91,7 @@ def check_acked(c: Client, acked: dict[int, str], markers: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.long
 def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) -> None:
     markers = tmp_path / "ran"
     markers.mkdir()
@@ -187,6 +188,7 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.long
 def test_nothing_new_starts_while_results_cannot_be_recorded_and_the_array_ends_once_space_is_back(
         tmp_path: Path) -> None:
     """An array runs with its dispatch window when the disk fills: what runs finishes, nothing new starts (its

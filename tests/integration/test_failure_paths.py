@@ -27,6 +27,7 @@ def start_with_broker_env(cluster: LocalCluster, env: dict[str, str], stderr: ob
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_failing_time_limit_loop_ends_the_broker_loudly(tmp_path: Path) -> None:
     trigger, log = tmp_path / "fail-now", tmp_path / "broker.log"
     cluster = LocalCluster(tmp_path / "mc", size=2)
@@ -67,6 +68,7 @@ def test_a_wall_clock_jump_forward_ends_no_job_early(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_wall_clock_jump_back_delays_no_time_limit_and_no_lost_rank(tmp_path: Path) -> None:
     shift = tmp_path / "shift"
     cluster = LocalCluster(tmp_path / "mc", size=2)

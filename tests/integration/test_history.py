@@ -10,6 +10,8 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 from broker import store
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
@@ -90,6 +92,7 @@ def test_paging_lists_each_job_exactly_once_while_jobs_are_submitted(tmp_path) -
         assert listed == sorted(listed, reverse=True)
 
 
+@pytest.mark.long
 def test_counts_match_a_full_listing_after_purge_and_restart(tmp_path) -> None:
     with LocalCluster(tmp_path, size=1, finished_cache=1, purge_max_count=4) as cluster:
         with cluster.client() as c:
@@ -107,6 +110,7 @@ def test_counts_match_a_full_listing_after_purge_and_restart(tmp_path) -> None:
             assert_visible(c, ids[5:] + more, first=5)
 
 
+@pytest.mark.long
 def test_status_counts_follow_concurrent_clients(tmp_path) -> None:
     """`status` (protocol.md §3.3) counts finished jobs as they end, from other clients too."""
     with LocalCluster(tmp_path, size=1, finished_cache=2, test_exec=True) as cluster:
@@ -129,6 +133,7 @@ def test_status_counts_follow_concurrent_clients(tmp_path) -> None:
             assert c.status()["queue"]["INACTIVE"] == len(all_pages(c, 4)) == 15
 
 
+@pytest.mark.long
 def test_finished_jobs_keep_their_nodes_and_ranks_after_a_restart(tmp_path) -> None:
     """`mc jobs -a` after a restart shows where finished jobs ran, as before it (not `-`)."""
     with LocalCluster(tmp_path, size=3, resources="cores=1", finished_cache=2) as cluster:

@@ -136,6 +136,7 @@ def ranks(client: Client) -> dict[int, dict[str, object]]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_mc_start_restarts_a_killed_worker_and_its_job_finishes(tmp_path: Path) -> None:
     state = tmp_path / "state"
     proc = subprocess.Popen(["mc", "start", "--size", "3", "--state-dir", str(state), "--resources", "cores=1"],

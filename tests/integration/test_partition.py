@@ -127,6 +127,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_worker_cut_off_runs_its_window_on_and_its_results_are_the_ones_recorded(
         tmp_path: Path, link: Link) -> None:
     """Only rank 2 may run the array. Behind the cut it works through the chain it was sent ahead, while rank 0,

@@ -165,6 +165,7 @@ def test_cores_busy_is_drawn_per_rack_and_the_racks_add_up_to_the_total(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_20000_task_array_makes_a_bounded_report(tmp_path) -> None:
     with LocalCluster(tmp_path / "state", size=2, test_exec=True, resources="cores=4") as cluster, \
             cluster.client() as c:

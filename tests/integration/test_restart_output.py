@@ -61,6 +61,7 @@ def test_reattached_job_keeps_every_line_and_its_success_across_two_restarts(tmp
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.long
 def test_array_that_prints_keeps_every_result_and_line_across_a_restart(tmp_path) -> None:
     indexes = range(1, 13)
     with LocalCluster(tmp_path, size=3, fanout=2, resources="cores=2") as cluster:

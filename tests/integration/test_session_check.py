@@ -28,6 +28,7 @@ def test_leaves_a_mount(tmp_path) -> None:
 
 
 @pytest.mark.needs("mount", "umount", root=True)
+@pytest.mark.long
 def test_a_session_that_leaves_a_process_and_a_mount_fails_and_names_them(tmp_path: Path) -> None:
     (tmp_path / "test_leaves.py").write_text(textwrap.dedent(LEAVES_BEHIND))
     base = tmp_path / "base"

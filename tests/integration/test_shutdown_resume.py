@@ -99,6 +99,7 @@ def test_shutdown_cancel_ends_running_jobs_as_cancelled_and_their_dependants_fai
             counts_agree(c, {"succeeded": 0, "failed": 1, "cancelled": 1})
 
 
+@pytest.mark.long
 def test_shutdown_drain_refuses_new_work_lets_running_jobs_end_and_a_second_stop_requeues_the_rest(
         tmp_path: Path, work: Path) -> None:
     cluster = LocalCluster(tmp_path / "state", size=2, resources="cores=1")

@@ -235,6 +235,7 @@ def test_received_fds_are_moved_above_every_target() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_kill9_of_a_helper_mid_array_ends_every_element_once(tmp_path: Path) -> None:
     record = tmp_path / "ran"
     spec = job(["sh", "-c", f'echo "{{cc}}" >> {record}; sleep 0.3'], array="0-39")

@@ -173,6 +173,7 @@ def progressed(client: Client, array: int, succeeded: int, timeout: float = 60.0
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_kill9_of_the_broker_with_full_windows_runs_every_element_once(tmp_path: Path) -> None:
     record = tmp_path / "ran"
     # Chains of 8 elements of 0.4 s outlast the restart: the workers still hold entries when they join.
@@ -191,6 +192,7 @@ def test_kill9_of_the_broker_with_full_windows_runs_every_element_once(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_kill9_of_a_worker_returns_its_window_and_each_element_is_recorded_once(tmp_path: Path) -> None:
     record = tmp_path / "ran"
     with two_workers(tmp_path) as cluster, cluster.client() as c:
@@ -207,6 +209,7 @@ def test_kill9_of_a_worker_returns_its_window_and_each_element_is_recorded_once(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_worker_cut_off_with_a_full_window_comes_back_and_each_element_is_recorded_once(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """Rank 2's agent stops (SIGSTOP) past `lost_after` while its tasks run on: rank 0 ends them `node-lost` and
@@ -261,6 +264,7 @@ def test_cancelling_an_array_with_full_windows_ends_every_element(tmp_path: Path
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_draining_a_rank_returns_its_window(tmp_path: Path) -> None:
     record = tmp_path / "ran"
     with two_workers(tmp_path) as cluster, cluster.client() as c:
@@ -312,6 +316,7 @@ def each_job_once(client: Client, ids: list[int]) -> dict[int, list[list[Any]]]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_kill9_of_the_broker_with_full_windows_of_single_jobs_runs_and_records_each_once(tmp_path: Path) -> None:
     record = tmp_path / "ran"
     with two_workers(tmp_path, window=8) as cluster:
@@ -332,6 +337,7 @@ def test_kill9_of_the_broker_with_full_windows_of_single_jobs_runs_and_records_e
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_kill9_of_a_worker_with_full_windows_of_single_jobs_runs_elsewhere_what_it_held(tmp_path: Path) -> None:
     record = tmp_path / "ran"
     with two_workers(tmp_path, window=8) as cluster, cluster.client() as c:

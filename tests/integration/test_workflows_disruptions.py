@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, started, wait_for
@@ -19,6 +21,7 @@ def _running_on(c: Client, job_id: int, rank: int, timeout: float = 20.0) -> Non
     raise AssertionError(f"job {job_id} never ran on rank {rank}: {c.job(job_id)}")
 
 
+@pytest.mark.long
 def test_lost_node_requeues_array_elements_and_plain_jobs(tmp_path) -> None:
     with LocalCluster(tmp_path, size=3, fanout=2, resources="cores=2", lost_after=1.5) as cluster, \
             cluster.client() as c:

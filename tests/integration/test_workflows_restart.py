@@ -7,6 +7,8 @@ import itertools
 import time
 from collections import Counter
 
+import pytest
+
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, wait_for
@@ -29,6 +31,7 @@ def assert_gapless(c: Client, job_id: int) -> list[str]:
     return [e[2] for e in log]
 
 
+@pytest.mark.long
 def test_workflows_survive_a_broker_kill9(tmp_path) -> None:
     with LocalCluster(tmp_path, size=3, fanout=2, resources="cores=3", reattach_timeout=5.0) as cluster:
         with cluster.client() as c:
