@@ -34,7 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from throughput import cpu_seconds, loadavg, progress, run_all, settled_rss, spec
+from procstat import cpu_seconds
+from throughput import loadavg, progress, run_all, settled_rss, spec
 
 from minicluster.testing.ranksim import SimulatedCluster, raise_fd_limit
 

@@ -28,7 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import IN_FLIGHT, cpu_seconds, local_cluster, loadavg, progress, run_all, spawn_raw, spec, submit_ids
+from procstat import cpu_seconds
+from throughput import IN_FLIGHT, local_cluster, loadavg, progress, run_all, spawn_raw, spec, submit_ids
 
 
 def slots8(n: int, window: int, cpu: dict[str, list[float]]) -> float:

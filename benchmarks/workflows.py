@@ -29,7 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import compare, cpu_seconds, loadavg, local_cluster, progress, run_all, spec, submit_ids
+from procstat import cpu_seconds
+from throughput import compare, loadavg, local_cluster, progress, run_all, spec, submit_ids
 
 from minicluster.client import Client
 
