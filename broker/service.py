@@ -40,7 +40,7 @@ from minicluster import exitcodes, runtime
 from minicluster.config import InstanceConfig
 from minicluster.overlay.curve import Certificate
 from minicluster.overlay.transport import Overlay
-from minicluster.proto import messages
+from minicluster.proto import messages, topology
 from minicluster.proto.envelope import BadMessage, Message
 from worker import rank0
 
@@ -91,6 +91,11 @@ class Broker:
         self.known_ranks: set[int] = set()
         self.ranks = RankTable(config.size, config.tree_size, config.endpoint_of,
                                config.unresponsive_after, config.lost_after)
+        # Beats counted (one per worker heartbeat), those of them relayed in an `hbs`, and the messages that
+        # brought them (`hb` and `hbs`).
+        self.heartbeats = 0
+        self.heartbeats_relayed = 0
+        self.heartbeat_messages = 0
         self.overlay = Overlay(config, 0, cert, self._on_message)
         self.execution = Execution(config, self.manager, self.overlay.send, self.uri)
         self.manager.wake_scheduler = self._wake_scheduler
@@ -319,8 +324,24 @@ class Broker:
             self.graph.drain(rank, mismatch)
 
     def _on_hb(self, rank: int, _hb: messages.Heartbeat) -> None:
+        self.heartbeat_messages += 1
+        self.heartbeats += 1
         if not self.ranks.heartbeat(rank, time.monotonic()):
             messages.send(self.overlay.send, rank, messages.Rejoin(self.epoch))
+
+    def _on_hbs(self, relay: int, hbs: messages.Heartbeats) -> None:
+        """Heartbeats relayed by `relay` (protocol.md §2.6): each counts as an `hb` from its rank, if that rank is
+        below the relay."""
+        self.heartbeat_messages += 1
+        now = time.monotonic()
+        for rank, _seq, _running in hbs.beats:
+            if rank >= self.config.tree_size or topology.next_hop(relay, rank, self.config.fanout) is None:
+                self.overlay.bad_frames += 1
+                continue
+            self.heartbeats += 1
+            self.heartbeats_relayed += 1
+            if not self.ranks.heartbeat(rank, now):
+                messages.send(self.overlay.send, rank, messages.Rejoin(self.epoch))
 
     def _on_done(self, rank: int, done: messages.Done) -> None:
         self.execution.on_done(rank, done.results)
@@ -480,6 +501,8 @@ class Broker:
                 "counters": {"journal_commits": self.journal.commits, "journal_statements": self.journal.statements,
                              "journal_stalls": self.journal.stalls,
                              "overlay_dropped": self.overlay.dropped, "overlay_bad_frames": self.overlay.bad_frames,
+                             "heartbeats": self.heartbeats, "heartbeats_relayed": self.heartbeats_relayed,
+                             "heartbeat_messages": self.heartbeat_messages,
                              "tasks_started": self.execution.tasks_started,
                              "tasks_completed": self.execution.tasks_ended,
                              "tasks_failed": self.execution.tasks_failed}}
@@ -496,6 +519,7 @@ class Broker:
 _HANDLERS: dict[str, Callable[[Broker, int, Any], None]] = {
     messages.Join.KIND: Broker._on_join,
     messages.Heartbeat.KIND: Broker._on_hb,
+    messages.Heartbeats.KIND: Broker._on_hbs,
     messages.Done.KIND: Broker._on_done,
     messages.Output.KIND: Broker._on_out,
     messages.Returned.KIND: Broker._on_returned,
@@ -506,7 +530,8 @@ _HANDLERS: dict[str, Callable[[Broker, int, Any], None]] = {
     messages.Refusal.KIND: Broker._on_error,
 }
 # Kinds a rank that has not joined this epoch may send (protocol.md §2.6): the rest is answered `rejoin`.
-_BEFORE_JOIN = frozenset({messages.Join.KIND, messages.Heartbeat.KIND, messages.Output.KIND})
+_BEFORE_JOIN = frozenset({messages.Join.KIND, messages.Heartbeat.KIND, messages.Heartbeats.KIND,
+                          messages.Output.KIND})
 
 
 def _has_terminal() -> bool:

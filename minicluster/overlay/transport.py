@@ -19,6 +19,7 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 
 from minicluster.config import InstanceConfig
 from minicluster.overlay import curve
+from minicluster.overlay.relay import RELAYED, HeartbeatRelay
 from minicluster.proto import envelope, messages, topology
 from minicluster.proto.envelope import BadMessage, Message
 
@@ -104,6 +105,8 @@ class Overlay:
         self._down: _Sender | None = None
         self._up: _Sender | None = None
         self.bad_frames = 0
+        # An interior rank sends its subtree's heartbeats up together (protocol.md §2.6); made by start().
+        self.relay: HeartbeatRelay | None = None
 
     def _make_router(self, ctx: zmq.asyncio.Context) -> zmq.asyncio.Socket:
         sock = ctx.socket(zmq.ROUTER)
@@ -168,9 +171,12 @@ class Overlay:
         self._tasks.append(loop.create_task(self._receive(router, from_child=True)))
         if dealer is not None:
             self._up = _Sender(dealer, "dealer")
+            self.relay = HeartbeatRelay(self.send, self.config.heartbeat_interval / 10, loop.call_later)
             self._tasks.append(loop.create_task(self._receive(dealer, from_child=False)))
 
     async def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
         for sender in (self._down, self._up):
             if sender is not None:
                 with contextlib.suppress(TimeoutError):
@@ -238,9 +244,12 @@ class Overlay:
             return
         frame = frames[-1]
         try:
-            _, _, dst = envelope.peek(frame)
+            kind, _, dst = envelope.peek(frame)
             if dst != self.rank:
-                self._forward(dst, frame)
+                if dst == 0 and kind in RELAYED and from_child and self.relay is not None:
+                    self.relay.add(envelope.decode(frame))
+                else:
+                    self._forward(dst, frame)
                 return
             msg = envelope.decode(frame)
         except BadMessage as exc:

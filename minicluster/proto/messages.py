@@ -47,6 +47,11 @@ def _task_row(row: Any) -> bool:
             and (len(row) < 6 or type(row[5]) is int))
 
 
+def _beat_row(row: Any) -> bool:
+    """[rank, seq, running] (§2.5 `hbs`)."""
+    return type(row) is list and len(row) == 3 and type(row[0]) is int and type(row[1]) is int and type(row[2]) is int
+
+
 def _key_row(row: Any) -> bool:
     """[job, task, (attempt)] (§2.5 `kill`, `done-ack`)."""
     # No generator over the row: a `done-ack` carries a key per task.
@@ -62,6 +67,14 @@ class Heartbeat(WireMessage):
     KIND: ClassVar[str] = "hb"
     seq: int = 0
     running: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeats(WireMessage):
+    """`hbs` (§2.5, §2.6): the beats of ranks below the sender, relayed together."""
+    KIND: ClassVar[str] = "hbs"
+    beats: list[Any] = field(metadata=rows(_beat_row))
+    dropped: int = field(default=0, metadata=LOCAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,12 +317,13 @@ class Recall(WireMessage):
     dropped: int = field(default=0, metadata=LOCAL)
 
 
-WorkerMessage = Heartbeat | Join | Done | Output | PmiPut | PmiInit | StdinAck | Abort | Refusal | Returned
+WorkerMessage = (Heartbeat | Heartbeats | Join | Done | Output | PmiPut | PmiInit | StdinAck | Abort | Refusal
+                 | Returned)
 WorkerOrder = (Welcome | Rejoin | Run | DoneAck | Kill | PmiKvs | Stdin | Shutdown | DmodexRequest | DmodexReply
                | Refusal | Ahead | Recall)
 
 TO_RANK0: dict[str, type[WorkerMessage]] = {cls.KIND: cls for cls in (
-    Heartbeat, Join, Done, Output, PmiPut, PmiInit, StdinAck, Abort, Refusal, Returned)}
+    Heartbeat, Heartbeats, Join, Done, Output, PmiPut, PmiInit, StdinAck, Abort, Refusal, Returned)}
 TO_WORKER: dict[str, type[WorkerOrder]] = {cls.KIND: cls for cls in (
     Welcome, Rejoin, Run, DoneAck, Kill, PmiKvs, Stdin, Shutdown, DmodexRequest, DmodexReply, Refusal, Ahead, Recall)}
 # Kinds one worker sends another (rank 0's agent included), not only rank 0 its workers.

@@ -107,3 +107,42 @@ def test_broker_status_endpoint_reports_readiness_and_counts(tmp_path) -> None:
             metrics = reply.read().decode()
         assert 'minicluster_ranks{state="up"} 2' in metrics and "minicluster_ready 1" in metrics
         assert "minicluster_journal_commits_total" in metrics
+
+
+def test_interior_ranks_relay_their_subtrees_heartbeats_together(tmp_path) -> None:
+    """A chain (fanout 1): rank 0 hears ranks 2 and 3 only through rank 1's `hbs` (protocol.md §2.6), and they
+    stay up on it; a stopped leaf goes unresponsive and comes back, a killed one is lost, and the others stay up."""
+    import json
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def counters() -> dict[str, int]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as reply:
+            return json.load(reply)["counters"]
+
+    with LocalCluster(tmp_path, size=4, fanout=1, status_port=port, lost_after=2.0) as cluster:
+        first = counters()
+        deadline = time.monotonic() + 30
+        while (now := counters())["heartbeats"] - first["heartbeats"] < 80:  # 20 intervals of 4 agents
+            assert time.monotonic() < deadline, now
+            time.sleep(0.1)
+        beats = now["heartbeats"] - first["heartbeats"]
+        relayed = now["heartbeats_relayed"] - first["heartbeats_relayed"]
+        # Rank 0's own agent and rank 1 send `hb`; the beats of 2 and 3 come only in rank 1's `hbs`: half, give or
+        # take what was on its way when `first` or `now` was read, and a loaded machine's late beats.
+        assert beats * 0.35 <= relayed <= beats * 0.65, now
+        assert now["heartbeat_messages"] - first["heartbeat_messages"] <= beats, now
+        assert cluster.rank_states() == {0: "up", 1: "up", 2: "up", 3: "up"}
+
+        cluster.procs[3].send_signal(signal.SIGSTOP)
+        try:
+            cluster.wait_states({3: "unresponsive", 1: "up", 2: "up"}, timeout=10)
+        finally:
+            cluster.procs[3].send_signal(signal.SIGCONT)
+        cluster.wait_states({3: "up", 1: "up", 2: "up"}, timeout=10)
+        cluster.kill(3)
+        cluster.wait_states({3: "lost", 1: "up", 2: "up"}, timeout=10)

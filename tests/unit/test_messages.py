@@ -72,12 +72,14 @@ def test_malformed_rows_are_dropped_and_counted_the_rest_kept() -> None:
     assert isinstance(join, messages.Join) and (join.running, join.results, join.dropped) == ([[1, 0, [0], []]],
                                                                                               [good], 2)
     assert "dropped" not in messages.to_body(done)
+    hbs = messages.decode("hbs", {"beats": [[3, 1, 0], [3, True, 0], [4, 1], "x", [5, 2, 1]]})
+    assert hbs == messages.Heartbeats([[3, 1, 0], [5, 2, 1]], dropped=3)
 
 
 def test_every_kind_a_worker_sends_rank_0_has_a_message() -> None:
     # protocol.md §2.5, "Worker → rank 0", plus `error` (any → any).
-    assert set(messages.TO_RANK0) == {"hb", "join", "out", "done", "pmi-put", "pmi-init", "stdin-ack", "abort",
-                                      "error", "returned"}
+    assert set(messages.TO_RANK0) == {"hb", "hbs", "join", "out", "done", "pmi-put", "pmi-init", "stdin-ack",
+                                      "abort", "error", "returned"}
 
 
 JOBINFO = {"argv": ["true"], "env": {"PATH": "/bin"}, "ntasks": 2, "layout": [[1, 2]], "uid": 1000, "gid": 1000,
@@ -88,6 +90,7 @@ FULL: dict[str, dict[str, Any]] = {
     "join": {"pid": 7, "hostname": "n1", "resources": {"gpus": []}, "running": [[1, 0, [0], [], 1]],
              "results": [[1, 0, 0, 0, None, None, 1.0, 2.0, 0, {"cpu": 0.5, "rss": 9}]], "epoch": 2},
     "done": {"results": [[1, 0, 0, 0, None, None, 1.0, 2.0, 0]]},
+    "hbs": {"beats": [[3, 7, 1], [4, 2, 0]]},
     "out": {"chunks": [[1, 0, 2, b"err\n"]]},
     "pmi-put": {"job": 1, "seq": 0, "kvs": {"k": "v"}},
     "pmi-init": {"job": 4},
