@@ -133,12 +133,13 @@ class Execution:
 
     def adopt(self, job: Job, task: int, element: int, rank: int, allocation: sched.Allocation | None,
               now: float) -> None:
-        """Track a task that survived a broker restart (broker/recovery.py)."""
-        self._track(job, task, rank, element, now)
+        """Track a task that survived a broker restart (broker/recovery.py) or that its rank came back running
+        (`reconcile`); ValueError, with nothing changed, if the allocation's resources are not free."""
         if allocation is not None:
             assert job.spec is not None
             self.manager.scheduler.adopt(job.id, element, allocation, now, self.manager.time_limit(job.spec),
                                          job=self.manager.sched_job(job, request_of(job.spec)))
+        self._track(job, task, rank, element, now)
 
     def _start_element(self, job: Job, st: sched.Start, now: float, batches: dict[int, messages.Run],
                        aheads: dict[int, messages.Ahead], stale: list[tuple[int, int]]) -> None:
@@ -147,7 +148,7 @@ class Execution:
             stale.append((job.id, st.element))
             return
         ((rank, slot),) = st.allocation.tasks
-        self._post_start(job, rank, now)
+        self.manager.post_started(job, str(rank))
         self._track(job, task, rank, st.element, now)
         batch = batches.get(rank)
         if batch is None:
@@ -163,13 +164,6 @@ class Execution:
         if self.window.depth:
             self.window.fill(job, (job.id, task), rank, cores, gpus, aheads)
 
-    def _post_start(self, job: Job, rank: int, now: float) -> None:
-        """An array's first element starts: the job's `alloc` and `start` events."""
-        if job.state == State.SCHED:
-            job.t_run = now
-            self.manager.post(job, "alloc", {"ranks": str(rank)})
-            self.manager.post(job, "start")
-
     def _send_ahead(self, aheads: dict[int, messages.Ahead]) -> None:
         for rank, ahead in aheads.items():
             messages.send(self.send, rank, ahead)
@@ -177,15 +171,13 @@ class Execution:
     def _start_job(self, job: Job, st: sched.Start, now: float,
                    gangs: list[tuple[Job, list[tuple[int, sched.Slot]], messages.JobInfo]]) -> asyncio.Future[None]:
         slots = st.allocation.task_slots()
-        job.t_run = now
         for task, (rank, _) in enumerate(slots):
             self._track(job, task, rank, 0, now)
         layout = [[rank, len(ra.slots)] for rank, ra in st.allocation.items()]
-        self.manager.post(job, "alloc", {"ranks": str(IdSet.from_ints(job.ranks))})
         self._undispatched.add(job.id)
         gangs.append((job, slots, self.jobinfo(job, layout)))
-        durable = self.manager.post(job, "start", durable=True)
-        assert durable is not None
+        durable = self.manager.post_started(job, str(IdSet.from_ints(job.ranks)), durable=True)
+        assert durable is not None, "the scheduler starts only queued jobs"
         return durable
 
     def _dispatch_gangs(self, gangs: list[tuple[Job, list[tuple[int, sched.Slot]], messages.JobInfo]]) -> None:
@@ -288,7 +280,7 @@ class Execution:
                     continue
                 counted, cancelled = judged
             if job.state == State.SCHED and flow is None and not job.is_array:
-                self.window.started_ahead(job, rank, now)  # it started ahead before a restart (protocol.md §2.10)
+                self.window.started_ahead(job, rank)  # it started ahead before a restart (protocol.md §2.10)
             job.mark_done(task)
             running = self._untrack((job_id, task))
             self.tasks_ended += 1
@@ -347,7 +339,7 @@ class Execution:
         if following is job:
             freed.passed.setdefault(job.id, []).append((running.element, ahead.element))
         else:
-            self.window.started_ahead(following, ahead.rank, now)
+            self.window.started_ahead(following, ahead.rank)
             self.manager.scheduler.hand_over(job.id, running.element, following.id, now)
         self._track(following, key[1], ahead.rank, ahead.element, now)
         if following.ending or following.state == State.INACTIVE:
@@ -610,15 +602,13 @@ class Execution:
             allocation = sched.Allocation({rank: sched.RankAlloc((sched.Slot(cores, gpus),))})
             element = -1 - task if job.is_array else 0  # negative: apart from the elements still queued
             now = self.manager.clock()
-            self.manager.scheduler.adopt(job.id, element, allocation, now, self.manager.time_limit(job.spec),
-                                         job=self.manager.sched_job(job, request_of(job.spec)))
+            self.adopt(job, task, element, rank, allocation, now)
         except (TypeError, ValueError):  # cores not free, or not the rank's: a stray after all
             return False
         if job.is_array:
-            self._post_start(job, rank, now)
+            self.manager.post_started(job, str(rank))
         else:
-            self.window.started_ahead(job, rank, now)  # out of the queue; its `alloc` and `start` now
-        self._track(job, task, rank, element, now)
+            self.window.started_ahead(job, rank)  # out of the queue; its `alloc` and `start` now
         return True
 
 

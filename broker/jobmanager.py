@@ -317,6 +317,15 @@ class JobManager:
         accounting = self.sharing.finished(job) if self.sharing is not None else []
         self.post(job, "finish", outcome, extra=accounting)
 
+    def post_started(self, job: Job, ranks: str, durable: bool = False) -> asyncio.Future[None] | None:
+        """A queued job's `alloc` and `start`, in one write: the one place they are posted, so its start time is
+        the `start` event's (Job.apply) whoever started it. A plain job's `run` leaves once they are durable
+        (`durable`); an array's first element, or a job sent ahead (protocol.md §2.10), started already on the
+        rank `ranks` names. Nothing for a job no longer queued (a later element, a second report)."""
+        if job.state != State.SCHED:
+            return None
+        return self.post_many(job, [("alloc", {"ranks": ranks}), ("start", {})], durable=durable)
+
     def clean(self, job: Job) -> None:
         """The last step, also taken alone for a job a restart found in CLEANUP."""
         job.t_inactive = job.t_inactive or self.clock()

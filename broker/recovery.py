@@ -171,7 +171,7 @@ class Reattach:
                 self.manager.enqueue(job, request)
                 return
             # Sent ahead and started before the restart (protocol.md §2.10): started now, and reattached below.
-            execution.window.started_ahead(job, entries[0][0], now)
+            execution.window.started_ahead(job, entries[0][0])
         if job.tasks_left == 0:
             self.manager.maybe_finish(job)
             return

@@ -87,7 +87,9 @@ class DispatchWindow:
             if job.is_done(task) or (job.id, task) in self.execution.tasks:
                 continue  # a run rank 0 had taken back recorded it or runs it (protocol.md §2.10): dropped
             if ahead_message is None:
-                ahead_message = out.get(rank) or out.setdefault(rank, messages.Ahead())
+                ahead_message = out.get(rank)
+                if ahead_message is None:
+                    ahead_message = out[rank] = messages.Ahead()
                 if job.id not in ahead_message.jobs:
                     ahead_message.jobs[job.id] = self.execution.jobinfo(job, [[rank, 1]])
             key = (job.id, task)
@@ -200,16 +202,14 @@ class DispatchWindow:
         else:
             shapes[shape] = mean + SHAPE_WEIGHT * (seconds - mean)
 
-    def started_ahead(self, job: Job, rank: int, now: float) -> None:
+    def started_ahead(self, job: Job, rank: int) -> None:
         """A single job sent ahead (or, after a restart, one the journal still holds as queued) started on
         `rank`: its `alloc` and `start` come now, after its task."""
         if job.state != State.SCHED:
             return
         manager = self.execution.manager
         manager.scheduler.cancel(job.id)  # queued again after a restart, if its worker came back late
-        job.t_run = now
-        manager.post(job, "alloc", {"ranks": str(rank)})
-        manager.post(job, "start")
+        manager.post_started(job, str(rank))
 
     def ahead_rank(self, job: Job) -> int | None:
         """The rank a single job was sent ahead to, while it has neither started nor come back."""
