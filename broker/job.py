@@ -31,6 +31,27 @@ class State(enum.Enum):
     INACTIVE = "INACTIVE"
 
 
+class EventName(enum.StrEnum):
+    """Every event a job's log may hold (protocol.md §3.7): `Job.apply` refuses any other name."""
+    SUBMIT = "submit"
+    DEPENDENCY_ADD = "dependency-add"
+    DEPENDENCY_REMOVE = "dependency-remove"
+    HOLD = "hold"
+    RELEASE = "release"  # a hold lifted (with `uid`), or the resources free (without)
+    DEPEND = "depend"
+    PRIORITY = "priority"
+    ALLOC = "alloc"
+    START = "start"
+    RETRY = "retry"
+    REQUEUE = "requeue"
+    UPDATE = "update"
+    SUCCESS = "success"
+    EXCEPTION = "exception"
+    OUTPUT_TRUNCATED = "output-truncated"
+    FINISH = "finish"
+    CLEAN = "clean"
+
+
 # Which state each event leads to; events not listed leave the state alone.
 TRANSITIONS: dict[str, tuple[set[State], State]] = {
     "submit": ({State.NEW}, State.DEPEND),
@@ -227,8 +248,11 @@ class Job:
     def apply(self, event: Event) -> tuple[Effect, ...]:
         """Take `event`: move the state (RFC 21), record what the event carries, return its effects in order.
 
-        Raises TransitionError, leaving the job alone, when the event is not allowed in the current state."""
+        Raises TransitionError, leaving the job alone, when the event is not allowed in the current state or is
+        not an event at all (EventName)."""
         name = event.name
+        if name not in _EVENT_NAMES:
+            raise TransitionError(f"job {self.id}: no such event {name!r}")
         rule = TRANSITIONS.get(name)
         if rule is None and self.array is None:
             rule = PLAIN_TRANSITIONS.get(name)
@@ -320,6 +344,8 @@ class Job:
 
 
 # What each event records on the job, and its effects; the events not listed only move the state (or not even).
+# A frozenset of the values: `in` on it is a hash lookup of the plain str, cheaper than the enum's own check.
+_EVENT_NAMES = frozenset(EventName)
 _TAKE: dict[str, Callable[[Job, Event], tuple[Effect, ...]]] = {
     "start": Job._started,
     "exception": Job._exception,

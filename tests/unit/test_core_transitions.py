@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from broker.job import PLAIN_TRANSITIONS, TRANSITIONS, Effect, Event, State, TransitionError
+from broker.job import PLAIN_TRANSITIONS, TRANSITIONS, Effect, Event, EventName, State, TransitionError
 from minicluster.testing import job
 
 S = State
@@ -36,7 +36,7 @@ EXPECTED_PLAIN = {
 STATE_EVENTS = sorted({event for event, _ in EXPECTED} | {event for event, _ in EXPECTED_PLAIN})
 # Events of the eventlog that are not state transitions: they never move a job and are never refused.
 OTHER_EVENTS = ["start", "release", "exception", "dependency-add", "dependency-remove", "hold", "success",
-                "output-truncated", "update", "no-such-event"]
+                "output-truncated", "update"]
 
 
 def record_in(state: State, *, array: bool = False):
@@ -48,6 +48,15 @@ def record_in(state: State, *, array: bool = False):
 def test_the_tables_here_cover_exactly_the_machines_events() -> None:
     assert set(TRANSITIONS) == {event for event, _ in EXPECTED}
     assert set(PLAIN_TRANSITIONS) == {event for event, _ in EXPECTED_PLAIN}
+    assert set(EventName) == set(STATE_EVENTS) | set(OTHER_EVENTS)  # protocol.md §3.7, no more and no fewer
+
+
+@pytest.mark.parametrize("name", ["no-such-event", "", "Start", "alloc "])
+def test_a_name_that_is_no_event_is_refused_and_the_job_left_alone(name: str) -> None:
+    record = record_in(State.SCHED)
+    with pytest.raises(TransitionError, match="no such event"):
+        record.apply(Event(name, seq=5))
+    assert (record.state, record.seq) == (State.SCHED, 0)
 
 
 @pytest.mark.parametrize(("event", "state"), list(itertools.product(STATE_EVENTS, State)),
