@@ -7,6 +7,7 @@ the aborts and failed exits that settle within ABORT_SETTLE seconds (broker/abor
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -19,6 +20,8 @@ from minicluster.proto.messages import Send
 # How long an MPI abort waits for an earlier cause: Open MPI ranks call abort themselves when a peer
 # vanishes, and their abort can overtake the report of the task that exited first.
 ABORT_SETTLE = 0.25
+# PMIX_ERR_BAD_PARAM: the parts of a group operation disagree (protocol.md §2.8).
+BAD_PARAM = -27
 
 
 class PmiExchange:
@@ -29,6 +32,9 @@ class PmiExchange:
         self._parts: dict[tuple[int, str, int], dict[int, Any]] = {}
         # Per job: the aborts settling, and the timer that ends the settling.
         self._aborts: dict[int, tuple[AbortSettlement, asyncio.TimerHandle]] = {}
+        # PMIx group operations: (job, group, sequence number) -> rank -> its part; and the context ids drawn.
+        self._groups: dict[tuple[int, str, int], dict[int, messages.PmixGroup]] = {}
+        self._context_ids = itertools.count(1)
 
     def on_put(self, rank: int, put: messages.PmiPut) -> None:
         self.drop_ended()
@@ -56,11 +62,37 @@ class PmiExchange:
         for r in job.ranks:
             messages.send(self.send, r, kvs)
 
+    def on_group(self, rank: int, part: messages.PmixGroup, epoch: int) -> None:
+        """A worker's part of a PMIx group operation; done once every rank that holds members sent its part."""
+        self.drop_ended()
+        job = self.manager.jobs.get(part.job)
+        if job is None or rank not in job.ranks or rank not in part.nodes or not set(part.nodes) <= job.ranks:
+            messages.send(self.send, rank, messages.Refusal(
+                "bad-request", "pmix-group for an unknown job or ranks that do not run it", part.KIND))
+            return
+        key = (job.id, part.group, part.seq)
+        parts = self._groups.setdefault(key, {})
+        parts[rank] = part
+        if not set().union(*(p.nodes for p in parts.values())) <= set(parts):
+            return
+        del self._groups[key]
+        first = parts[min(parts)]
+        agree = all((p.op, p.nodes, p.ctxid) == (first.op, first.nodes, first.ctxid) for p in parts.values())
+        status = next((p.status for p in parts.values() if p.status), 0) if agree else BAD_PARAM
+        # Unique in the instance: the epoch grows with each broker start, the counter within one.
+        ctxid = (epoch << 32) | next(self._context_ids) if first.ctxid and status == 0 else None
+        done = messages.PmixGroupDone(job.id, part.group, part.seq, status, ctxid,
+                                      b"".join(parts[r].data for r in sorted(parts)))
+        for r in parts:
+            messages.send(self.send, r, done)
+
     def drop_ended(self) -> None:
-        """Forget the parts of barriers and fences some rank never joined, once their job ends (no task runs)."""
-        for key in [k for k in self._parts if (job := self.manager.jobs.get(k[0])) is None or job.ending
-                    or job.state != State.RUN or job.running == 0]:
-            del self._parts[key]
+        """Forget the parts of barriers, fences and group operations some rank never joined, once their job ends
+        (no task runs)."""
+        for pending in (self._parts, self._groups):
+            for key in [k for k in pending if (job := self.manager.jobs.get(k[0])) is None or job.ending
+                        or job.state != State.RUN or job.running == 0]:
+                del pending[key]
 
     def on_init(self, init: messages.PmiInit) -> None:
         """A task of the job initialized PMI: it is an MPI job, whose tasks fail together from now on."""

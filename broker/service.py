@@ -355,6 +355,9 @@ class Broker:
     def _on_pmi_put(self, rank: int, put: messages.PmiPut) -> None:
         self.execution.pmi.on_put(rank, put)
 
+    def _on_pmix_group(self, rank: int, part: messages.PmixGroup) -> None:
+        self.execution.pmi.on_group(rank, part, self.epoch)
+
     def _on_stdin_ack(self, rank: int, ack: messages.StdinAck) -> None:
         self.execution.stdin.on_ack(rank, ack)
 
@@ -524,6 +527,7 @@ _HANDLERS: dict[str, Callable[[Broker, int, Any], None]] = {
     messages.Output.KIND: Broker._on_out,
     messages.Returned.KIND: Broker._on_returned,
     messages.PmiPut.KIND: Broker._on_pmi_put,
+    messages.PmixGroup.KIND: Broker._on_pmix_group,
     messages.PmiInit.KIND: Broker._on_pmi_init,
     messages.StdinAck.KIND: Broker._on_stdin_ack,
     messages.Abort.KIND: Broker._on_abort,

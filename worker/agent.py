@@ -394,6 +394,9 @@ class WorkerAgent:
     def _on_pmi_kvs(self, kvs: messages.PmiKvs) -> None:
         self.pmi.exchanged(kvs)
 
+    def _on_pmix_group_done(self, done: messages.PmixGroupDone) -> None:
+        self.pmi.pmix.group_done(done)
+
     def _on_pmix_dmodex(self, request: messages.DmodexRequest) -> None:
         self.pmi.pmix.dmodex_request(request)
 
@@ -552,6 +555,7 @@ _HANDLERS: dict[str, Callable[[WorkerAgent, Any], None]] = {
     messages.Kill.KIND: WorkerAgent._on_kill,
     messages.DoneAck.KIND: WorkerAgent._on_done_ack,
     messages.PmiKvs.KIND: WorkerAgent._on_pmi_kvs,
+    messages.PmixGroupDone.KIND: WorkerAgent._on_pmix_group_done,
     messages.DmodexRequest.KIND: WorkerAgent._on_pmix_dmodex,
     messages.DmodexReply.KIND: WorkerAgent._on_pmix_dmodex_data,
     messages.Stdin.KIND: WorkerAgent._on_stdin,

@@ -1,6 +1,7 @@
 """Glue between the worker agent and its PMIx server (docs/mpi.md, "PMIx"): one namespace per job, fences
 carried over the overlay as `pmi-put` / `pmi-kvs` with a `data` blob, direct modex as `pmix-dmodex` /
-`pmix-dmodex-data` between workers (protocol.md §2.8).
+`pmix-dmodex-data` between workers, group operations as `pmix-group` / `pmix-group-done` through rank 0
+(protocol.md §2.8).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from minicluster.proto import messages
 from worker.pmi import libpmix
 from worker.pmi.engine import PutBudget
 from worker.pmi.libpmix import InfoArray
-from worker.pmi.pmix_host import Complete, PMIxHost, Upcalls
+from worker.pmi.pmix_host import Complete, GroupComplete, GroupRequest, PMIxHost, Upcalls, serves_groups
 from worker.pmi.pmix_keys import JobLayout, job_keys, node_name
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ class _Job:
     tmpdir: str
     fence_seq: int = 0
     fences: dict[int, Complete] = field(default_factory=dict)
+    # PMIx groups: operations so far per group name, and those waiting for rank 0 by (name, sequence number).
+    group_seq: dict[str, int] = field(default_factory=dict)
+    groups: dict[tuple[str, int], GroupComplete] = field(default_factory=dict)
     connected: bool = False
 
 
@@ -64,9 +68,10 @@ class PMIxJobs:
             tmpdir = tempfile.mkdtemp(prefix=f"mc-pmix-rank{self.rank}-", dir=pmix_tmp_root())
             os.chmod(tmpdir, 0o755)  # tasks run as the job's user must reach the server's files
             upcalls = Upcalls(fence=self._fence, direct_modex=self._direct_modex, abort=self._abort,
-                              connected=self._connected)
+                              connected=self._connected, group=self._group)
             self.host = PMIxHost(tmpdir, node_name(self.rank), self.rank, upcalls, asyncio.get_running_loop())
-            log.info("PMIx server (%s) serving from %s", self.host.version, tmpdir)
+            log.info("PMIx server (%s) serving from %s%s", self.host.version, tmpdir, "" if serves_groups(
+                self.host.version) else "; PMIx groups not served by this version (docs/mpi.md, PMIx groups)")
         return self.host
 
     def prepare(self, job: int, info: messages.JobInfo, tasks: list[int]) -> dict[int, dict[str, str]]:
@@ -113,6 +118,13 @@ class PMIxJobs:
         if complete is not None:
             complete(libpmix.SUCCESS, data)
 
+    def group_done(self, done: messages.PmixGroupDone) -> None:
+        """`pmix-group-done`: rank 0 gathered every member's node; release the members here."""
+        entry = self._jobs.get(done.job)
+        complete = entry.groups.pop((done.group, done.seq), None) if entry else None
+        if complete is not None:
+            complete(done.status, done.ctxid, done.data)
+
     def dmodex_request(self, request: messages.DmodexRequest) -> None:
         """A peer worker asks for the data one of our tasks committed."""
 
@@ -153,6 +165,46 @@ class PMIxJobs:
             return
         entry.fences[seq] = complete
         messages.send(self.send, 0, messages.PmiPut(job, seq, data=data))
+
+    def _group(self, request: GroupRequest, complete: GroupComplete) -> None:
+        """All local members of a group called construct or destruct: a collective over the members' nodes."""
+        job, refused, why = self._group_job(request)
+        if job is None:
+            log.warning("PMIx group %s %r refused: %s", request.op, request.group, why)
+            complete(refused, None, b"")
+            return
+        entry = self._jobs[job]
+        ranks = {rank for _, rank in request.procs}
+        everyone = libpmix.RANK_WILDCARD in ranks
+        nodes = sorted(w for w, _ in entry.layout.nodes) if everyone else sorted(
+            {entry.layout.node_of(rank) for rank in ranks})
+        local = dict(entry.layout.nodes).get(self.rank, 1)
+        room = PutBudget(entry.layout.size, local).max_bytes
+        if len(request.data) > room:
+            log.warning("job %d: PMIx group %r refused: %d bytes of endpoint data from this node, at most %d",
+                        job, request.group, len(request.data), room)
+            complete(libpmix.ERR_BAD_PARAM, None, b"")
+            return
+        if nodes == [self.rank] and not request.ctxid:
+            complete(request.status, None, request.data)  # every member is here and no id is asked: nothing to trade
+            return
+        seq = entry.group_seq.get(request.group, 0)
+        entry.group_seq[request.group] = seq + 1
+        entry.groups[(request.group, seq)] = complete
+        messages.send(self.send, 0, messages.PmixGroup(job, request.group, seq, request.op, nodes, request.ctxid,
+                                                       request.status, request.data))
+
+    def _group_job(self, request: GroupRequest) -> tuple[int | None, int, str]:
+        """The job whose tasks are the group's members, or the PMIx status that refuses the group and why."""
+        nspaces = {nspace for nspace, _ in request.procs}
+        job = self._by_nspace.get(next(iter(nspaces))) if len(nspaces) == 1 else None
+        if job is None:  # a group across jobs would need a collective over several jobs' workers
+            return None, libpmix.ERR_NOT_SUPPORTED, f"members not of one job here: namespaces {sorted(nspaces)[:4]}"
+        size = self._jobs[job].layout.size
+        bad = [rank for _, rank in request.procs if rank >= size and rank != libpmix.RANK_WILDCARD]
+        if bad:
+            return None, libpmix.ERR_BAD_PARAM, f"ranks {bad[:4]} outside job {job} of {size} tasks"
+        return job, libpmix.SUCCESS, ""
 
     def _direct_modex(self, nspace: str, rank: int, complete: Complete) -> None:
         job = self._by_nspace.get(nspace)

@@ -126,6 +126,24 @@ class PmiPut(_Exchange):
 
 
 @dataclass(frozen=True, slots=True)
+class PmixGroup(WireMessage):
+    """`pmix-group` (§2.8): this worker's part of PMIx group operation `seq` on `group` of `job`."""
+    KIND: ClassVar[str] = "pmix-group"
+    job: int
+    group: str
+    seq: int
+    op: str
+    nodes: list[int]
+    ctxid: bool = False
+    status: int = 0
+    data: bytes = b""
+
+    def check(self, kind: str) -> None:
+        if self.op not in ("construct", "destruct"):
+            raise BadMessage(f"{kind}: 'op' must be 'construct' or 'destruct'", "bad-request")
+
+
+@dataclass(frozen=True, slots=True)
 class PmiInit(WireMessage):
     """`pmi-init` (§2.5, §3.6)."""
     KIND: ClassVar[str] = "pmi-init"
@@ -241,6 +259,18 @@ class PmiKvs(_Exchange):
 
 
 @dataclass(frozen=True, slots=True)
+class PmixGroupDone(WireMessage):
+    """`pmix-group-done` (§2.8): the end of group operation `seq`; `ctxid` when one was asked."""
+    KIND: ClassVar[str] = "pmix-group-done"
+    job: int
+    group: str
+    seq: int
+    status: int
+    ctxid: int | None = None
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
 class Stdin(WireMessage):
     """`stdin` (§2.5, §3.8)."""
     KIND: ClassVar[str] = "stdin"
@@ -317,15 +347,16 @@ class Recall(WireMessage):
     dropped: int = field(default=0, metadata=LOCAL)
 
 
-WorkerMessage = (Heartbeat | Heartbeats | Join | Done | Output | PmiPut | PmiInit | StdinAck | Abort | Refusal
-                 | Returned)
-WorkerOrder = (Welcome | Rejoin | Run | DoneAck | Kill | PmiKvs | Stdin | Shutdown | DmodexRequest | DmodexReply
-               | Refusal | Ahead | Recall)
+WorkerMessage = (Heartbeat | Heartbeats | Join | Done | Output | PmiPut | PmixGroup | PmiInit | StdinAck | Abort
+                 | Refusal | Returned)
+WorkerOrder = (Welcome | Rejoin | Run | DoneAck | Kill | PmiKvs | PmixGroupDone | Stdin | Shutdown | DmodexRequest
+               | DmodexReply | Refusal | Ahead | Recall)
 
 TO_RANK0: dict[str, type[WorkerMessage]] = {cls.KIND: cls for cls in (
-    Heartbeat, Heartbeats, Join, Done, Output, PmiPut, PmiInit, StdinAck, Abort, Refusal, Returned)}
+    Heartbeat, Heartbeats, Join, Done, Output, PmiPut, PmixGroup, PmiInit, StdinAck, Abort, Refusal, Returned)}
 TO_WORKER: dict[str, type[WorkerOrder]] = {cls.KIND: cls for cls in (
-    Welcome, Rejoin, Run, DoneAck, Kill, PmiKvs, Stdin, Shutdown, DmodexRequest, DmodexReply, Refusal, Ahead, Recall)}
+    Welcome, Rejoin, Run, DoneAck, Kill, PmiKvs, PmixGroupDone, Stdin, Shutdown, DmodexRequest, DmodexReply, Refusal,
+    Ahead, Recall)}
 # Kinds one worker sends another (rank 0's agent included), not only rank 0 its workers.
 PEER_KINDS = frozenset({DmodexRequest.KIND, DmodexReply.KIND})
 

@@ -49,13 +49,7 @@ EXCLUDED_TESTS: dict[str, tuple[tuple[str, ...], str]] = {  # pattern: (the MPIs
 
 # What mc shows failing and the launcher does not, per MPI, with the reason: the tier fails when this changes
 # either way (a new difference, or one of these fixed and to be taken out).
-KNOWN_MC_ONLY: dict[str, dict[str, str]] = {
-    "openmpi5-wheel": {
-        "test_comm_inter.TestIntercommCreateFromGroups.testHalf":
-            "MPI_Intercomm_create_from_groups: Open MPI 5 builds it on PMIx_Group_construct, which the workers' "
-            "PMIx server does not serve (MPI_ERR_UNSUPPORTED_OPERATION; docs/mpi.md)",
-    },
-}
+KNOWN_MC_ONLY: dict[str, dict[str, str]] = {}
 
 
 # Debian's MPICH 4.0.2 (UCX 1.13) took 23 minutes per launcher over the suite on this 2-core machine (CI, December

@@ -78,8 +78,8 @@ def test_malformed_rows_are_dropped_and_counted_the_rest_kept() -> None:
 
 def test_every_kind_a_worker_sends_rank_0_has_a_message() -> None:
     # protocol.md §2.5, "Worker → rank 0", plus `error` (any → any).
-    assert set(messages.TO_RANK0) == {"hb", "hbs", "join", "out", "done", "pmi-put", "pmi-init", "stdin-ack",
-                                      "abort", "error", "returned"}
+    assert set(messages.TO_RANK0) == {"hb", "hbs", "join", "out", "done", "pmi-put", "pmix-group", "pmi-init",
+                                      "stdin-ack", "abort", "error", "returned"}
 
 
 JOBINFO = {"argv": ["true"], "env": {"PATH": "/bin"}, "ntasks": 2, "layout": [[1, 2]], "uid": 1000, "gid": 1000,
@@ -93,6 +93,8 @@ FULL: dict[str, dict[str, Any]] = {
     "hbs": {"beats": [[3, 7, 1], [4, 2, 0]]},
     "out": {"chunks": [[1, 0, 2, b"err\n"]]},
     "pmi-put": {"job": 1, "seq": 0, "kvs": {"k": "v"}},
+    "pmix-group": {"job": 1, "group": "g", "seq": 0, "op": "construct", "nodes": [0, 1], "ctxid": True, "status": 0,
+                   "data": b"blob"},
     "pmi-init": {"job": 4},
     "stdin-ack": {"job": 4, "seq": 1, "open": True},
     "abort": {"job": 4, "task": 7, "code": 3, "message": "bye", "t": 12.5},
@@ -103,6 +105,7 @@ FULL: dict[str, dict[str, Any]] = {
     "done-ack": {"keys": [[7, 0, 2], [7, 1]]},
     "kill": {"keys": [[7, 0]], "signal": 15, "grace": 5.0},
     "pmi-kvs": {"job": 7, "seq": 1, "data": b"blob"},
+    "pmix-group-done": {"job": 7, "group": "g", "seq": 0, "status": 0, "ctxid": 5, "data": b"blob"},
     "stdin": {"job": 7, "seq": 0, "tasks": [0, 3], "data": b"line\n", "eof": True},
     "shutdown": {},
     "pmix-dmodex": {"job": 7, "task": 3, "id": 12, "from": 2},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -346,3 +347,41 @@ def test_rank0_forgets_the_parts_of_an_ended_job() -> None:
     del jobs[2]  # gone from the broker altogether: dropped at the next put
     exchange.on_put(0, messages.PmiPut(3, 0, kvs={}))
     assert list(exchange._parts) == [] and sent == [("error", 0)]  # job 3 is unknown
+
+
+def test_rank0_ends_a_group_operation_once_every_node_of_its_members_sent_its_part() -> None:
+    sent: list[tuple[str, int, dict[str, Any]]] = []
+    jobs = {1: SimpleNamespace(id=1, ranks={0, 1, 2}, ending=False, state=State.RUN, running=3)}
+    exchange = PmiExchange(SimpleNamespace(jobs=jobs), lambda kind, rank, body: sent.append((kind, rank, body)))
+
+    def part(rank: int, seq: int, nodes: list[int], ctxid: bool = True, status: int = 0) -> None:
+        exchange.on_group(rank, messages.PmixGroup(1, "g", seq, "construct", nodes, ctxid, status, bytes([rank])), 3)
+
+    part(2, 0, [0, 2])
+    assert sent == []  # rank 0's part is missing; rank 1 holds no member
+    part(0, 0, [0, 2])
+    assert [(kind, rank) for kind, rank, _ in sent] == [("pmix-group-done", 2), ("pmix-group-done", 0)]
+    first = sent[0][2]
+    assert first == sent[1][2] and first["status"] == 0 and first["data"] == b"\x00\x02"
+    assert first["ctxid"] >> 32 == 3  # the epoch in the upper half: unique across broker restarts
+    sent.clear()
+    part(0, 1, [0, 2])
+    part(2, 1, [0, 2])
+    assert sent[0][2]["ctxid"] not in (None, first["ctxid"])  # a new id for each group
+    sent.clear()
+    part(0, 2, [0, 2], ctxid=False)  # the parts disagree: every member is told, none gets an id
+    part(2, 2, [0, 2], ctxid=True)
+    assert [(body["status"], body.get("ctxid")) for _, _, body in sent] == [(-27, None), (-27, None)]
+    sent.clear()
+    part(0, 3, [0, 1, 2], status=-1)  # a failed local part fails the operation
+    part(1, 3, [0, 1, 2])
+    part(2, 3, [0, 1, 2])
+    assert [body["status"] for _, _, body in sent] == [-1, -1, -1]
+    sent.clear()
+    part(0, 4, [0, 5])  # rank 5 does not run the job
+    assert [(kind, rank) for kind, rank, _ in sent] == [("error", 0)]
+    sent.clear()
+    part(2, 5, [0, 2])  # never completed: forgotten with the job
+    jobs[1].running = 0
+    exchange.drop_ended()
+    assert exchange._groups == {}

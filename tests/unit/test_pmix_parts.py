@@ -26,12 +26,14 @@ ABI_PROBE = r"""
 #include <stddef.h>
 #include <pmix_server.h>
 int main(void) {
-    printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(pmix_proc_t), sizeof(pmix_value_t),
+    printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(pmix_proc_t), sizeof(pmix_value_t),
            sizeof(pmix_info_t), offsetof(pmix_info_t, flags), offsetof(pmix_info_t, value),
            sizeof(pmix_data_array_t), sizeof(pmix_server_module_t), offsetof(pmix_server_module_t, abort),
-           offsetof(pmix_server_module_t, fence_nb), offsetof(pmix_server_module_t, direct_modex));
-    printf("%d %d %d %d %d %d %d %d %u\n", PMIX_BOOL, PMIX_STRING, PMIX_UINT16, PMIX_UINT32, PMIX_INFO,
-           PMIX_DATA_ARRAY, PMIX_PROC_RANK, PMIX_OPERATION_SUCCEEDED, PMIX_RANK_WILDCARD);
+           offsetof(pmix_server_module_t, fence_nb), offsetof(pmix_server_module_t, direct_modex),
+           offsetof(pmix_server_module_t, group));
+    printf("%d %d %d %d %d %d %d %d %u %d %d %d %d\n", PMIX_BOOL, PMIX_STRING, PMIX_UINT16, PMIX_UINT32, PMIX_INFO,
+           PMIX_DATA_ARRAY, PMIX_PROC_RANK, PMIX_OPERATION_SUCCEEDED, PMIX_RANK_WILDCARD, PMIX_SIZE,
+           PMIX_BYTE_OBJECT, PMIX_GROUP_CONSTRUCT, PMIX_GROUP_DESTRUCT);
     return 0;
 }
 """
@@ -46,12 +48,15 @@ def test_ctypes_layout_matches_the_headers(tmp_path: Path) -> None:
                                    check=True).stdout.splitlines()
     ours = [ctypes.sizeof(libpmix.Proc), ctypes.sizeof(libpmix.Value), ctypes.sizeof(libpmix.Info),
             libpmix.Info.flags.offset, libpmix.Info.value.offset, ctypes.sizeof(libpmix.DataArray),
-            ctypes.sizeof(libpmix.ServerModule), libpmix.ServerModule.abort.offset,
-            libpmix.ServerModule.fence_nb.offset, libpmix.ServerModule.direct_modex.offset]
+            # less the slot OpenPMIx 5 added (session_control), for which the struct has room
+            ctypes.sizeof(libpmix.ServerModule) - ctypes.sizeof(ctypes.c_void_p), libpmix.ServerModule.abort.offset,
+            libpmix.ServerModule.fence_nb.offset, libpmix.ServerModule.direct_modex.offset,
+            libpmix.ServerModule.group.offset]
     assert [int(x) for x in sizes.split()] == ours
     assert [int(x) for x in consts.split()] == [libpmix.BOOL, libpmix.STRING, libpmix.UINT16, libpmix.UINT32,
                                                 libpmix.INFO, libpmix.DATA_ARRAY, libpmix.PROC_RANK,
-                                                libpmix.OPERATION_SUCCEEDED, libpmix.RANK_WILDCARD]
+                                                libpmix.OPERATION_SUCCEEDED, libpmix.RANK_WILDCARD, libpmix.SIZE,
+                                                libpmix.BYTE_OBJECT, libpmix.GROUP_CONSTRUCT, libpmix.GROUP_DESTRUCT]
 
 
 def test_layout_and_keys() -> None:

@@ -1,7 +1,7 @@
 """ctypes view of the OpenPMIx server library (libpmix.so.2, OpenPMIx 4.2 ABI).
 
 Only what a host that serves PMIx to Open MPI needs: the types of pmix_common.h the server API passes
-(proc, value, info, data array), the host module of pmix_server.h (five of its callbacks), and the
+(proc, value, info, data array), the host module of pmix_server.h (six of its callbacks), and the
 server calls.  Struct sizes and offsets are checked against the C headers by
 tests/unit/test_libpmix_abi.py whenever the headers (libpmix-dev) and a C compiler are present.
 
@@ -19,6 +19,8 @@ from typing import Any
 from minicluster import runtime
 
 LIBRARY = "libpmix.so.2"
+# The worker's environment may name another libpmix.so.2 to serve from (docs/mpi.md, "PMIx groups").
+LIBRARY_VARIABLE = "MC_LIBPMIX"
 # Where the injected runtime keeps its PMIx (manifest.json's "pmix"): lib/libpmix.so.2, lib/pmix/*.so, share/pmix/.
 VIEW_PMIX = f"{runtime.RUNTIME_ROOT}/lib/pmix"
 
@@ -34,13 +36,18 @@ ERR_BAD_PARAM = -27
 OPERATION_SUCCEEDED = -157
 
 # pmix_data_type_t values used here.
+UNDEF = 0
 BOOL = 1
 STRING = 3
+SIZE = 4
 UINT16 = 13
 UINT32 = 14
+PROC = 22
 INFO = 24
+BYTE_OBJECT = 27
 DATA_ARRAY = 39
 PROC_RANK = 40
+STATUS = 20
 
 RANK_WILDCARD = 0xFFFFFFFE
 INFO_REQD = 0x00000001
@@ -60,8 +67,9 @@ class DataArray(Structure):
 
 class _ValueData(Union):
     # The C union's largest member is 24 bytes (pmix_envar_t); `raw` pins that size.
-    _fields_ = [("flag", c_bool), ("string", c_char_p), ("uint16", c_uint16), ("uint32", c_uint32),
-                ("rank", c_uint32), ("integer", c_int), ("darray", POINTER(DataArray)), ("bo", ByteObject),
+    _fields_ = [("flag", c_bool), ("string", c_char_p), ("size", c_size_t), ("uint16", c_uint16),
+                ("uint32", c_uint32), ("rank", c_uint32), ("integer", c_int), ("darray", POINTER(DataArray)),
+                ("bo", ByteObject),
                 ("raw", c_char * 24)]
 
 
@@ -85,15 +93,25 @@ AbortFn = CFUNCTYPE(c_int, POINTER(Proc), c_void_p, c_int, c_char_p, POINTER(Pro
 FenceNbFn = CFUNCTYPE(c_int, POINTER(Proc), c_size_t, POINTER(Info), c_size_t, c_void_p, c_size_t, ModexCbFunc,
                       c_void_p)
 DirectModexFn = CFUNCTYPE(c_int, POINTER(Proc), POINTER(Info), c_size_t, ModexCbFunc, c_void_p)
+# pmix_info_cbfunc_t: status, info, ninfo, cbdata, release_fn, release_cbdata.
+InfoCbFunc = CFUNCTYPE(None, c_int, POINTER(Info), c_size_t, c_void_p, ReleaseCbFunc, c_void_p)
+# pmix_server_grp_fn_t: op (GROUP_CONSTRUCT/DESTRUCT), group id, procs, nprocs, directives, ndirs, cbfunc, cbdata.
+GroupFn = CFUNCTYPE(c_int, c_int, c_char_p, POINTER(Proc), c_size_t, POINTER(Info), c_size_t, InfoCbFunc, c_void_p)
+GROUP_CONSTRUCT = 0
+GROUP_DESTRUCT = 1
 
-# pmix_server_module_t (4.0 layout): 28 function pointers, of which the first five are served.
-MODULE_SLOTS = 28
+# pmix_server_module_t: 28 function pointers in OpenPMIx 4 (the headers here), 29 in 5 (`session_control` added),
+# which a worker may load instead (docs/mpi.md, "PMIx groups"): the server copies as many as it knows, so the struct
+# has room for 5's and leaves the last NULL.  The first five and `group` (the 26th) are served.
+MODULE_SLOTS = 29
+GROUP_SLOT = 25
 
 
 class ServerModule(Structure):
     _fields_ = [("client_connected", ClientConnectedFn), ("client_finalized", ClientFinalizedFn),
                 ("abort", AbortFn), ("fence_nb", FenceNbFn), ("direct_modex", DirectModexFn),
-                ("unused", c_void_p * (MODULE_SLOTS - 5))]
+                ("unused", c_void_p * (GROUP_SLOT - 5)), ("group", GroupFn),
+                ("unused_after", c_void_p * (MODULE_SLOTS - GROUP_SLOT - 1))]
 
 
 class PMIxUnavailable(RuntimeError):
@@ -107,9 +125,16 @@ def _prototype(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Non
 
 
 def load() -> ctypes.CDLL:
-    """Load libpmix and declare the calls used; PMIxUnavailable if it is not installed.  Run from the injected
-    runtime, its own libpmix (never the image's: PMIx clients talk to servers of other versions since 2.1)."""
-    if runtime.in_view():
+    """Load libpmix and declare the calls used; PMIxUnavailable if it is not installed.  The one MC_LIBPMIX names if
+    set; run from the injected runtime, its own libpmix (never the image's: PMIx clients talk to servers of other
+    versions since 2.1)."""
+    explicit = os.environ.get(LIBRARY_VARIABLE)
+    if explicit:
+        try:
+            lib = ctypes.CDLL(explicit)
+        except OSError as exc:
+            raise PMIxUnavailable(f"{LIBRARY_VARIABLE}={explicit}: {exc}") from None
+    elif runtime.in_view():
         lib = _open_view(VIEW_PMIX)
     else:
         try:
@@ -152,6 +177,8 @@ def _open_view(prefix: str) -> ctypes.CDLL:
 libc = ctypes.CDLL(None)
 libc.free.argtypes = [c_void_p]
 libc.free.restype = None
+libc.malloc.argtypes = [c_size_t]
+libc.malloc.restype = c_void_p
 
 
 def take_string(ptr: c_void_p) -> str:
@@ -188,7 +215,8 @@ class InfoArray:
         self._keep: list[Any] = []
         self.array = (Info * max(1, len(entries)))()
         self.count = len(entries)
-        for info, (key, kind, value) in zip(self.array, entries, strict=True):
+        for index, (key, kind, value) in enumerate(entries):
+            info = self.array[index]
             info.key = key.encode()
             info.value.type = kind
             self._load(info.value.data, kind, value)
@@ -204,6 +232,21 @@ class InfoArray:
             data.uint16 = int(value)
         elif kind in (UINT32, PROC_RANK):
             data.uint32 = int(value)
+        elif kind == SIZE:
+            data.size = int(value)
+        elif kind == BYTE_OBJECT:
+            # malloc'ed, not kept: the library takes the bytes over and frees them (PMIX_LOAD_BUFFER, as it reads
+            # a group's endpoint data), so only hand it a byte object it is known to consume.
+            raw = libc.malloc(max(1, len(value)))
+            if not raw:
+                raise MemoryError("malloc failed")
+            ctypes.memmove(raw, bytes(value), len(value))
+            data.bo = ByteObject(raw, len(value))
+        elif kind == DATA_ARRAY and value and isinstance(value[0], Proc):
+            procs = (Proc * len(value))(*value)
+            darray = DataArray(PROC, len(value), ctypes.cast(procs, c_void_p))
+            self._keep += [procs, darray]
+            data.darray = ctypes.pointer(darray)
         elif kind == DATA_ARRAY:
             inner = value if isinstance(value, InfoArray) else InfoArray(value)
             darray = DataArray(INFO, inner.count, ctypes.cast(inner.array, c_void_p))

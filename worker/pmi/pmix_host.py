@@ -2,8 +2,9 @@
 
 OpenPMIx allows one server per process, so a worker runs one `PMIxHost` for all its jobs, one
 namespace per job.  The library runs its own progress thread and calls the host module from it
-(fence, direct modex, abort, connect and finalize).  Those upcalls only copy their arguments and hand them to
-the worker's event loop with `call_soon_threadsafe`; they never wait.  The event loop later
+(fence, direct modex, group construct and destruct, abort, connect and finalize).  Those upcalls only copy
+their arguments and hand them to the worker's event loop with `call_soon_threadsafe`; they never wait.  The
+event loop later
 completes each request by calling the library's callback, which OpenPMIx allows from any thread
 (it moves the work back onto its own).  Nothing here blocks the event loop for longer than the
 library takes to copy a namespace's keys.
@@ -15,6 +16,7 @@ import ctypes
 import itertools
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +29,40 @@ log = logging.getLogger(__name__)
 
 # complete(status, data): finish a fence or a direct-modex request.
 Complete = Callable[[int, bytes], None]
+# complete(status, context id or None, endpoint data): finish a group operation.
+GroupComplete = Callable[[int, int | None, bytes], None]
+# The first OpenPMIx whose server sends a group's members their final membership, which the PMIx client of Open MPI 5
+# (OpenPMIx 5) reads before the context id: from an older server it takes the context id for the member count and
+# allocates that many (docs/mpi.md, "PMIx groups").  Older servers are left without the group upcall.
+GROUPS_SINCE = (4, 2, 4)
+# A task may list this many members at most (the server library accepts any number): copied on its thread.
+MAX_GROUP_PROCS = 1 << 16
+# Directives of a group operation the host reads; the library adds the last two itself.
+GROUP_KEYS = ("pmix.grp.actxid", "pmix.grp.endpt", "pmix.timeout", "pmix.embed.barrier", "pmix.grp.id",
+              "pmix.grp.lcl", "pmix.sorted.parr", "pmix.loc.col.st")
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """What the server library asks of the host for a group once all local members called (docs/mpi.md)."""
+
+    op: str  # "construct" or "destruct"
+    group: str
+    procs: list[tuple[str, int]]
+    ctxid: bool  # PMIX_GROUP_ASSIGN_CONTEXT_ID
+    data: bytes  # PMIX_GROUP_ENDPT_DATA: the local members' endpoints, packed by the library
+    status: int  # PMIX_LOCAL_COLLECTIVE_STATUS
+
+
+def serves_groups(version: str) -> bool:
+    """Whether a server library of this version (PMIx_Get_version's text) gets the group upcall."""
+    found = re.search(r"(\d+)\.(\d+)\.(\d+)", version)
+    return found is not None and tuple(int(n) for n in found.groups()) >= GROUPS_SINCE
+
+
+def _info_true(value: Any) -> bool:
+    # PMIX_INFO_TRUE: a bool's value, and a key given without a value (PMIX_UNDEF) means true.
+    return bool(value.data.flag) if value.type == libpmix.BOOL else value.type == libpmix.UNDEF
 
 
 @dataclass(frozen=True)
@@ -38,6 +74,8 @@ class Upcalls:
     abort: Callable[[str, int, int, str, float], None]  # nspace, rank, status, message, when (time.time())
     # A client of the namespace called PMIx_Init.
     connected: Callable[[str], None] = lambda nspace: None
+    group: Callable[[GroupRequest, GroupComplete], None] = lambda request, complete: complete(
+        libpmix.ERR_NOT_SUPPORTED, None, b"")
 
 
 class PMIxHost:
@@ -61,7 +99,8 @@ class PMIxHost:
             client_finalized=libpmix.ClientFinalizedFn(self._client_finalized),
             abort=libpmix.AbortFn(self._abort),
             fence_nb=libpmix.FenceNbFn(self._fence_nb),
-            direct_modex=libpmix.DirectModexFn(self._direct_modex))
+            direct_modex=libpmix.DirectModexFn(self._direct_modex),
+            group=libpmix.GroupFn(self._group) if serves_groups(self.version) else libpmix.GroupFn())
         os.makedirs(tmpdir, mode=0o700, exist_ok=True)
         init = InfoArray([("pmix.srvr.tmpdir", libpmix.STRING, tmpdir),
                           ("pmix.sys.tmpdir", libpmix.STRING, tmpdir),
@@ -162,6 +201,36 @@ class PMIxHost:
         self._loop.call_soon_threadsafe(self._upcalls.direct_modex, nspace, rank, complete)
         return libpmix.SUCCESS
 
+    def _group(self, op: int, grp: bytes | None, procs: Any, nprocs: int, directives: Any, ndirs: int,
+               cbfunc: Any, cbdata: Any) -> int:
+        if op not in (libpmix.GROUP_CONSTRUCT, libpmix.GROUP_DESTRUCT) or not nprocs or nprocs > MAX_GROUP_PROCS:
+            log.warning("PMIx group %r refused: operation %d over %d procs", grp, op, nprocs)
+            return libpmix.ERR_BAD_PARAM
+        info = libpmix.info_flags(directives, ndirs)
+        required = [key for key, (flags, _) in info.items() if flags & libpmix.INFO_REQD and key not in GROUP_KEYS]
+        if required:
+            log.warning("PMIx group %r refused: required directives not served: %s", grp, ", ".join(required))
+            return libpmix.ERR_NOT_SUPPORTED
+        if "pmix.grp.lcl" in info and _info_true(info["pmix.grp.lcl"][1]):
+            return libpmix.OPERATION_SUCCEEDED  # OpenPMIx 5 tells the host of a group strictly local to this node
+        ctxid, data, status = False, b"", libpmix.SUCCESS
+        if "pmix.grp.actxid" in info:
+            ctxid = _info_true(info["pmix.grp.actxid"][1])
+        if "pmix.grp.endpt" in info and info["pmix.grp.endpt"][1].type == libpmix.BYTE_OBJECT:
+            bo = info["pmix.grp.endpt"][1].data.bo
+            data = ctypes.string_at(bo.bytes, bo.size) if bo.bytes and bo.size else b""
+        if "pmix.loc.col.st" in info and info["pmix.loc.col.st"][1].type == libpmix.STATUS:
+            status = int(info["pmix.loc.col.st"][1].data.integer)
+        request = GroupRequest("construct" if op == libpmix.GROUP_CONSTRUCT else "destruct",
+                               (grp or b"").decode(errors="replace"),
+                               [(procs[i].nspace.decode(errors="replace"), int(procs[i].rank)) for i in range(nprocs)],
+                               ctxid, data, status)
+        log.debug("PMIx group %s %r: %d procs, directives %s, %d bytes of endpoint data", request.op, request.group,
+                  nprocs, sorted(info), len(data))
+        members = [libpmix.proc(nspace, rank) for nspace, rank in request.procs] if request.op == "construct" else []
+        self._loop.call_soon_threadsafe(self._upcalls.group, request, self._group_completer(cbfunc, cbdata, members))
+        return libpmix.SUCCESS
+
     def _dmodex_response(self, status: int, data: Any, size: int, cbdata: Any) -> None:
         reply = self._dmodex_waiters.pop(int(cbdata or 0), None)
         if reply is not None:
@@ -192,6 +261,31 @@ class PMIxHost:
             buffer = ctypes.create_string_buffer(data, len(data))
             self._buffers[token] = buffer
             callback(status, ctypes.cast(buffer, ctypes.c_void_p), len(data), cbdata, self._release_cb, token)
+
+        return complete
+
+    def _group_completer(self, cbfunc: Any, cbdata: Any, members: list[libpmix.Proc]) -> GroupComplete:
+        address = ctypes.cast(cbfunc, ctypes.c_void_p).value
+        if address is None:
+            return lambda status, ctxid, data: None
+        callback = libpmix.InfoCbFunc(address)
+        done = [False]
+
+        def complete(status: int, ctxid: int | None, data: bytes) -> None:
+            if done[0] or self.closed:
+                return
+            done[0] = True
+            # The final membership: OpenPMIx >= 4.2.4 sends it to the members (4.2.2 ignores it).
+            entries: list[tuple[str, int, Any]] = [("pmix.grp.mbrs", libpmix.DATA_ARRAY, members)] if members else []
+            if ctxid is not None:
+                entries.append(("pmix.grp.ctxid", libpmix.SIZE, ctxid))
+            if data:
+                entries.append(("pmix.grp.endpt", libpmix.BYTE_OBJECT, data))
+            # The library reads the array after the call returns, and releases it through the release callback.
+            results = InfoArray(entries)
+            token = next(self._tokens)
+            self._buffers[token] = results
+            callback(status, results.pointer() if entries else None, results.count, cbdata, self._release_cb, token)
 
         return complete
 
