@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from procstat import cpu_seconds
+from sizesweep import in_turns, on_this_machine, sizes_of
 
 from minicluster.testing import LocalCluster
 
@@ -57,12 +58,11 @@ def sweep(sizes: list[int], runs: int) -> dict[str, Any]:
                 jobs[n] = c.submit({"argv": ["true"], "cwd": "/tmp", "array": f"0-{n - 1}", "max_retries_per_index": 1,
                                     "env": {"MC_TEST_RUN_DURATION": "0.001", "MC_TEST_FAIL_ONCE": "5,17"}})
                 next(c.wait([jobs[n]]))
-            for i in range(runs):
-                for n in sizes[i % len(sizes):] + sizes[:i % len(sizes)]:
-                    per_size[n].append(one_report(cluster, jobs[n], state / f"report-{n}.html"))
-                    print(f"run {i + 1}/{runs}: {n:,} elements: {per_size[n][-1]['seconds']:.2f} s, "
-                          f"{per_size[n][-1]['peak_rss_mb']:.0f} MB, load {os.getloadavg()[0]:.1f}",
-                          file=sys.stderr, flush=True)
+            for i, n in in_turns(sizes, runs):
+                per_size[n].append(one_report(cluster, jobs[n], state / f"report-{n}.html"))
+                print(f"run {i + 1}/{runs}: {n:,} elements: {per_size[n][-1]['seconds']:.2f} s, "
+                      f"{per_size[n][-1]['peak_rss_mb']:.0f} MB, load {os.getloadavg()[0]:.1f}",
+                      file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(state, ignore_errors=True)
     smallest = sizes[0]
@@ -82,12 +82,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     args = parser.parse_args()
-    sizes = sorted({int(s) for s in args.sizes.split(",")})
-    if args.runs < 1 or not sizes or sizes[0] < 1:
-        parser.error("--runs and every size must be at least 1")
-    results = {"machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0]}, "limits_at_100000": LIMITS,
-               **sweep(sizes, args.runs)}
-    results["machine"]["loadavg_end"] = os.getloadavg()[0]
+    sizes = sizes_of(parser, args.sizes, args.runs)
+    results = on_this_machine(lambda: sweep(sizes, args.runs), limits_at_100000=LIMITS)
     if args.json:
         print(json.dumps(results, indent=2))
         return

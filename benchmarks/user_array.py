@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from procstat import cpu_seconds, status_kib, threads_cpu
+from sizesweep import in_turns, on_this_machine, sizes_of
 
 MC = shutil.which("mc") or str(Path(sys.executable).with_name("mc"))
 REFERENCE = 100_000
@@ -75,11 +76,10 @@ def one_run(n: int) -> dict[str, Any]:
 
 def sweep(sizes: list[int], runs: int) -> dict[str, Any]:
     per_size: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
-    for i in range(runs):
-        for n in sizes[i % len(sizes):] + sizes[:i % len(sizes)]:
-            per_size[n].append(one_run(n))
-            print(f"run {i + 1}/{runs}: {n:,} tasks: {per_size[n][-1]['tasks_per_s']:,.0f} tasks/s, "
-                  f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+    for i, n in in_turns(sizes, runs):
+        per_size[n].append(one_run(n))
+        print(f"run {i + 1}/{runs}: {n:,} tasks: {per_size[n][-1]['tasks_per_s']:,.0f} tasks/s, "
+              f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
     reference = min((n for n in sizes if n >= REFERENCE), default=sizes[0])
     ratios = {f"{n}_vs_{reference}": [a["tasks_per_s"] / b["tasks_per_s"]
                                       for a, b in zip(per_size[n], per_size[reference], strict=True)]
@@ -101,12 +101,8 @@ def main() -> None:
     if args.inner:
         print(json.dumps(inner(args.inner)))
         return
-    sizes = sorted({int(s) for s in args.sizes.split(",")})
-    if args.runs < 1 or not sizes or sizes[0] < 1:
-        parser.error("--runs and every size must be at least 1")
-    load = os.getloadavg()[0]
-    results = {"machine": {"cpus": os.cpu_count(), "loadavg_start": load}, **sweep(sizes, args.runs)}
-    results["machine"]["loadavg_end"] = os.getloadavg()[0]
+    sizes = sizes_of(parser, args.sizes, args.runs)
+    results = on_this_machine(lambda: sweep(sizes, args.runs))
     if args.json:
         print(json.dumps(results, indent=2))
         return
