@@ -325,9 +325,7 @@ class Broker:
 
     def _on_hb(self, rank: int, _hb: messages.Heartbeat) -> None:
         self.heartbeat_messages += 1
-        self.heartbeats += 1
-        if not self.ranks.heartbeat(rank, time.monotonic()):
-            messages.send(self.overlay.send, rank, messages.Rejoin(self.epoch))
+        self._beat(rank, time.monotonic())
 
     def _on_hbs(self, relay: int, hbs: messages.Heartbeats) -> None:
         """Heartbeats relayed by `relay` (protocol.md §2.6): each counts as an `hb` from its rank, if that rank is
@@ -338,10 +336,14 @@ class Broker:
             if rank >= self.config.tree_size or topology.next_hop(relay, rank, self.config.fanout) is None:
                 self.overlay.bad_frames += 1
                 continue
-            self.heartbeats += 1
             self.heartbeats_relayed += 1
-            if not self.ranks.heartbeat(rank, now):
-                messages.send(self.overlay.send, rank, messages.Rejoin(self.epoch))
+            self._beat(rank, now)
+
+    def _beat(self, rank: int, now: float) -> None:
+        """One worker heartbeat, sent alone or relayed; a rank that has not joined is told to rejoin."""
+        self.heartbeats += 1
+        if not self.ranks.heartbeat(rank, now):
+            messages.send(self.overlay.send, rank, messages.Rejoin(self.epoch))
 
     def _on_done(self, rank: int, done: messages.Done) -> None:
         self.execution.on_done(rank, done.results)

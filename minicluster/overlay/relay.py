@@ -29,7 +29,6 @@ class HeartbeatRelay:
         self._call_later = call_later
         self._beats: list[list[int]] = []
         self._timer: Any = None
-        self.messages_in = 0  # what would have gone up one by one without the relay
 
     def add(self, msg: Message) -> None:
         """Take the beats of an `hb` or `hbs` (decoded envelope, for rank 0) into the next `hbs`; BadMessage when
@@ -41,7 +40,6 @@ class HeartbeatRelay:
             self._beats.extend(typed.beats)
         else:
             raise ValueError(f"{msg.kind} is not relayed")
-        self.messages_in += 1
         if self._timer is None and self._beats:
             self._timer = self._call_later(self._delay, self.flush)
 

@@ -43,7 +43,6 @@ def test_beats_from_below_go_up_as_one_hbs_after_the_delay() -> None:
     assert sent == [] and [delay for delay, _ in timers.pending] == [0.1]  # one timer for the batch
     timers.fire()
     assert sent == [("hbs", 0, {"beats": [[3, 7, 2], [9, 1, 0], [10, 4, 1], [4, 5, 0]]})]
-    assert relay.messages_in == 3
 
     relay.add(Message("hb", 3, 0, {"seq": 8, "running": 2}))  # the next batch gets a timer of its own
     timers.fire()
