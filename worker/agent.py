@@ -26,7 +26,7 @@ from worker.helpers import helper_count
 from worker.executor import STATUS_CANNOT_RUN, TaskExecutor, TaskResult, TaskSpec, TestExecutor
 from worker.lines import LineBuffers
 from worker.memlimit import MemoryLimits, TaskMemoryGroup
-from worker.pmi_jobs import PMIJobs
+from worker.pmi.jobs import PMIJobs
 from worker.resources import NodeResources
 from worker.stdin import StdinPipes
 

@@ -25,7 +25,7 @@ from tests.integration.conftest import job, output_of, wait_for
 from tests.integration.mpi_programs import COLLECTIVES, MPICH_BUILDS, RING, build_c
 from worker.pmi.engine import TASK_PUT_BYTES
 from worker.pmi.shm import SHM_DIR, fnv1a32, remove_unmapped_segments, segments_of
-from worker.pmi_jobs import PMIJobs
+from worker.pmi.jobs import PMIJobs
 
 pytest.importorskip("mpi4py", reason="mpi4py (with the mpich wheel) is not installed")
 

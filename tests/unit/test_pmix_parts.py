@@ -16,9 +16,9 @@ from tests.host import skip_unless_ready
 from worker.pmi import detect, libpmix
 from worker.pmi.pmix_keys import JobLayout, job_keys, node_name
 from worker.pmi.engine import JOB_PUT_BYTES
-from worker.pmi_jobs import serve_modes
+from worker.pmi.jobs import serve_modes
 from worker.pmi.pmix_host import GroupRequest, serves_groups
-from worker.pmix_jobs import PMIxJobs, _Job
+from worker.pmi.pmix_jobs import PMIxJobs, _Job
 
 HEADERS = Path("/usr/lib/x86_64-linux-gnu/pmix2/include")
 

@@ -1,4 +1,5 @@
-"""PMI-1 (Flux RFC 13) server that workers offer to the MPI tasks they run."""
+"""PMI-1 (Flux RFC 13) and PMIx servers that workers offer to the MPI tasks they run, and the agent's glue to them
+(jobs.py, pmix_jobs.py)."""
 
 from worker.pmi.barrier import PMIExchange
 from worker.pmi.engine import process_mapping

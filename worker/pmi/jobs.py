@@ -1,6 +1,6 @@
 """Glue between the worker agent and the PMI servers (docs/mpi.md): one PMI-1 PMIJobServer per MPI job on this
 rank, with the barrier exchange carried over the overlay as `pmi-put` / `pmi-kvs` (protocol.md §2.8), and the
-rank's PMIx server (worker/pmix_jobs.py) for jobs that ask for PMIx.
+rank's PMIx server (worker/pmi/pmix_jobs.py) for jobs that ask for PMIx.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from worker.pmi.engine import process_mapping
 from worker.pmi.mpienv import mpi_env_defaults
 from worker.pmi.server import PMIJobServer
 from worker.pmi.shm import remove_unmapped_segments
-from worker.pmix_jobs import PMIxJobs
+from worker.pmi.pmix_jobs import PMIxJobs
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class _OverlayExchange:
     async def exchange(self, kvsname: str, seq: int, local_kvs: dict[str, str]) -> dict[str, str]:
         if self.single_node:
             return local_kvs  # every task of the job is on this rank: no round trip to rank 0
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
         self.waiting[seq] = fut
         messages.send(self.send, 0, messages.PmiPut(self.job, seq, kvs=local_kvs))
         return await fut
