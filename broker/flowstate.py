@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.depgraph import Verdict
 from broker.retry import Policy, SuccessTracker
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec
@@ -27,7 +28,8 @@ class Corr:
         self.cancelled: set[int] = set()
         # True while the target's past results are read from the journal; the target's end waits meanwhile.
         self.loading = False
-        self.deferred: Any = None
+        # The target's end, when it came while `loading`: fed to the graph once the past results are in.
+        self.deferred: Verdict | None = None
 
 
 class Flow:
@@ -58,7 +60,8 @@ class Flow:
         # Plain job: why its running attempt is to be requeued (a disruption, a request); arrays per task.
         self.requeue: str | None = None
         self.requeue_tasks: dict[int, str] = {}
-        # Futures of `requeue` requests, resolved once the job's requeue event is durable.
+        # Futures of `requeue` requests, resolved once the job's requeue event is durable (asyncio futures, typed
+        # Any: this module stays free of asyncio, the no-I/O contract).
         self.waiters: list[Any] = []
         self.held = False
         # Array elements from this number on were queued when the hold came (see Workflow.hold).

@@ -34,7 +34,7 @@ class RankTable:
     """Every rank's state, and how many of the expected ranks (those below `size`) are in each state: kept on
     every transition, so `all_up` and `counts` cost nothing at 10,000 ranks (a join storm asks after each join)."""
 
-    def __init__(self, size: int, tree_size: int, endpoint_of: Any, unresponsive_after: float,
+    def __init__(self, size: int, tree_size: int, endpoint_of: Callable[[int], str], unresponsive_after: float,
                  lost_after: float, wall: Callable[[], float] = time.time) -> None:
         self.size = size
         self.wall = wall
