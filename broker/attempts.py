@@ -106,7 +106,7 @@ class Attempts:
             decision = retry.decide(flow.policy, action, flow.retried.get(task, 0), job.retries)
             if decision.outcome == retry.RETRIED:
                 flow.retried[task] = flow.retried.get(task, 0) + 1
-                job.retries += 1
+                job.count_retry()
                 self._not_final(job, task, rank, result, attempt, "retry", decision.delay).retry.append(
                     (task, decision.delay))
                 return None
@@ -228,7 +228,7 @@ class Attempts:
     def _retry_plain(self, job: Job, delay: float) -> None:
         flow = job.flow
         status = job.status
-        job.retries += 1
+        job.count_retry()
         moved = self._next_attempt(job, "retry", delay)
         self.manager.post(job, "retry", {"attempt": flow.attempt, "status": status, "delay": delay}, extra=moved)
         if delay > 0:

@@ -116,7 +116,7 @@ def _restore_counts(job: Job, seen: dict[str, Any], rows: list[tuple[Any, ...]],
         job.status = 0
     if not job.is_array:
         flow.attempt = seen.get("retry", 0) + seen.get("requeue", 0)
-        job.retries = seen.get("retry", 0)
+        job.count_retry(seen.get("retry", 0))  # a recovered active job has counted none yet
         last = max((r for r in rows if r[1] == flow.attempt - 1), key=lambda r: r[3] or 0, default=None)
         if last is not None and last[3] and last[3] > now and job.state == State.SCHED:
             out.delayed.setdefault(job.id, []).append((-1, last[3]))
@@ -125,7 +125,7 @@ def _restore_counts(job: Job, seen: dict[str, Any], rows: list[tuple[Any, ...]],
         flow.attempts[task] = max(flow.attempts.get(task, 0), attempt + 1)
         if outcome == "retry":
             flow.retried[task] = flow.retried.get(task, 0) + 1
-            job.retries += 1
+            job.count_retry()
     latest = {task: (attempt, nb) for task, attempt, _, nb in rows}
     for task, (_, not_before) in latest.items():
         if not_before and not_before > now and not job.is_done(task):
@@ -145,8 +145,7 @@ def _restore_results(store: JobStore, jobs: list[Job]) -> None:
         action = flow.policy.action(status, code, sig) if flow.policy else ("success" if status == 0 else "fail")
         counted = 0 if action in ("success", "ignore") else (status or 1)
         if status and not counted:
-            job.failed -= 1
-            job.succeeded += 1
+            job.count_as_success()
         statuses[job_id] = max(statuses.get(job_id, 0), counted)
         if not job.is_array:
             flow.actions.append(action)
@@ -189,10 +188,7 @@ def _restore_corr(workflow: Workflow, store: JobStore, job: Job, target_id: int,
         elif not job.is_done(task):
             # Counted as it was before the restart; its event is in the log already.
             corr.cancelled.add(task)
-            job.mark_done(task)
-            job.tasks_left -= 1
-            job.cancelled += 1
-            job.status = max(job.status or 0, 1)
+            job.cancel_never_run([task])
     if job.state in (State.DEPEND, State.PRIORITY):
         corr.ready = sorted(t for t in corr.released if not job.is_done(t))
     if target.state == State.INACTIVE:

@@ -28,26 +28,18 @@ def stored_spec(blob: bytes) -> jobspec_model.Jobspec:
     return jobspec_model.from_wire(data)
 
 
-def record_of(row: Row) -> Job:
+def record_of(row: Row, retries: int = 0) -> Job:
     """A job's record from its JOB_COLUMNS row (broker/store.py); an inactive one is retired at once."""
     job_id, uid, gid, state, spec_blob, t_submit, t_run, t_inactive, status, exception, seq, counts = row[:12]
-    spec = stored_spec(spec_blob)
-    job = Job(job_id, uid, spec, t_submit, gid)
-    job.state = State(state)
-    job.t_run, job.t_inactive, job.status, job.exception, job.seq = t_run, t_inactive, status, exception, seq
-    if job.state == State.INACTIVE:
-        if counts is not None:
-            job.restore_counts(unpack(counts))
-        job.tasks_left = 0
-        job.closed = True
-        job.retire()
+    job = Job(job_id, uid, stored_spec(spec_blob), t_submit, gid)
+    job.restore_row(State(state), t_run, t_inactive, status, exception, seq,
+                    unpack(counts) if counts is not None else None, retries)
     return job
 
 
 def finished_record_of(row: Row) -> Job:
     """A finished job's record from its FINISHED_COLUMNS row: with its retries and efficiencies."""
-    job = record_of(row)
-    job.retries = row[12]
+    job = record_of(row, retries=row[12])
     if row[14] is not None:  # t_end: the job has a usage record
         job.acct = efficiencies(UsageRecord(*row[13:24]))
     return job

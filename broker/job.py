@@ -12,7 +12,7 @@ Records are slotted objects with counters, not dicts: an inactive job drops its 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -233,6 +233,30 @@ class Job:
         self.reason = None
         self.ranks = set()
 
+    def count_retry(self, times: int = 1) -> None:
+        """Count retries made (protocol.md §3.9.2): one decided now, or those a restart finds in the attempts."""
+        self.retries += times
+
+    def cancel_never_run(self, tasks: Iterable[int]) -> None:
+        """Tasks that can never run (an aftercorr counterpart failed): each not yet ended counts as cancelled, and
+        the job can no longer succeed."""
+        for task in tasks:
+            if self.mark_done(task):
+                self.tasks_left -= 1
+                self.cancelled += 1
+        self.status = max(self.status or 0, 1)
+
+    def count_as_success(self) -> None:
+        """A result counted as failed that the job's policy ignores (a restart judges it again, flowrecovery)."""
+        self.failed -= 1
+        self.succeeded += 1
+
+    def restore_output(self, next_oseq: int, kept: int, cap: int) -> None:
+        """After a restart, output goes on from the next sequence number and counts what was already kept
+        against the cap (all of it once the output was truncated)."""
+        self.oseq = next_oseq
+        self.output_bytes = cap if self.truncated else kept
+
     def retire(self) -> None:
         """Drop what only an active job needs, keeping the record `mc jobs` shows."""
         self.spec = None
@@ -244,6 +268,26 @@ class Job:
         self.ranks = set()
 
     # --- the state machine ----------------------------------------------------------------------------------
+
+    def restore_row(self, state: State, t_run: float | None, t_inactive: float | None, status: int | None,
+                    exception: str | None, seq: int, counts: list[Any] | None, retries: int = 0) -> None:
+        """Take what the journal's row of the job holds (broker/history.py). An inactive job is as it ended and
+        is retired at once; an active one's row only says where its event log ended: reset_for_replay, then
+        its events, make it again."""
+        self.state = state
+        self.t_run, self.t_inactive, self.status, self.exception, self.seq = t_run, t_inactive, status, exception, seq
+        self.retries = retries
+        if state == State.INACTIVE:
+            if counts is not None:
+                self.restore_counts(counts)
+            self.tasks_left = 0
+            self.closed = True
+            self.retire()
+
+    def reset_for_replay(self) -> None:
+        """Back to NEW before the job's whole event log is applied again after a restart (broker/recovery.py):
+        its row's state is where the log ended, and the log's first event, `submit`, is allowed only in NEW."""
+        self.state = State.NEW
 
     def apply(self, event: Event) -> tuple[Effect, ...]:
         """Take `event`: move the state (RFC 21), record what the event carries, return its effects in order.

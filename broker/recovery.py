@@ -62,7 +62,7 @@ def _replay_events(store: JobStore, active: dict[int, Job]) -> None:
         return
     rows = store.events_of(list(active))
     for job in active.values():
-        job.state = State.NEW
+        job.reset_for_replay()
     for job_id, seq, ts, name, context in rows:
         active[job_id].apply(Event(name, unpack(context), seq, ts))
 
@@ -87,9 +87,7 @@ def _restore_output(store: JobStore, active: dict[int, Job], cap: int) -> None:
     if not active:
         return
     for job_id, last, kept in store.output_extent(list(active)):
-        job = active[job_id]
-        job.oseq = last + 1
-        job.output_bytes = cap if job.truncated else kept
+        active[job_id].restore_output(last + 1, kept, cap)
 
 
 class Reattach:

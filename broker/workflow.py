@@ -271,11 +271,7 @@ class Workflow:
         never, self._never = self._never, {}
         for job_id, tasks in never.items():
             job = self.manager.jobs[job_id]
-            for task in tasks:
-                if job.mark_done(task):
-                    job.tasks_left -= 1
-                    job.cancelled += 1
-            job.status = max(job.status or 0, 1)
+            job.cancel_never_run(tasks)
             target = job.flow.corr.target
             indexes = IdSet.from_ints(job.index_of(t) for t in tasks)
             self.manager.post(job, "exception", {
