@@ -3,6 +3,7 @@
 Every client operation that serves a job's output, event log, task results, attempts, usage or details calls
 `check_readable` first, so the rule lives in one place. The queue listing (`jobs`) stays public, as `squeue`
 is, but shows other users' jobs without their `reason`, which quotes task errors (commands, paths).
+Operations on the instance itself (drain, shutdown, queues, banks) call `check_owner`.
 """
 from __future__ import annotations
 
@@ -30,3 +31,16 @@ def listed(broker: BrokerView, peer: Peer, summary: dict[str, Any]) -> dict[str,
     if may_read(broker, peer, summary["uid"]):
         return summary
     return {**summary, "reason": None}
+
+
+def readable_record(broker: BrokerView, peer: Peer, job_id: Any) -> Any:
+    """The job's record, if `peer` may read its details."""
+    record = broker.manager.get(job_id)
+    check_readable(broker, peer, record.id, record.uid)
+    return record
+
+
+def check_owner(broker: BrokerView, peer: Peer, what: str) -> None:
+    """JobError `permission` unless `peer` is the instance owner, the one who may `what`."""
+    if peer.uid != broker.owner_uid:
+        raise JobError("permission", f"only the instance owner (uid {broker.owner_uid}) may {what}")

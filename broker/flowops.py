@@ -5,11 +5,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from broker.access import readable_record
 from broker.brokerview import BrokerView
 from broker.clientapi import Peer
 from broker.job import Job
 from broker.jobmanager import JobError
-from broker.ops import _readable, _task_of_index, _then, once_durable, op
+from broker.ops import once_durable, op, reply_when_done, task_of_index
 from broker.workflow import WorkflowRefusal
 from minicluster.proto import requests
 
@@ -48,7 +49,7 @@ def requeue(broker: BrokerView, peer: Peer, req: requests.ManyJobs) -> asyncio.F
                                       lambda job: broker.manager.workflow.requeue(job, peer.uid))
     # gather() of nothing is a future already done: the reply goes out at once.
     done: asyncio.Future[Any] = asyncio.gather(*waiters)
-    return _then(done, {"requeued": requeued, "errors": errors})
+    return reply_when_done(done, {"requeued": requeued, "errors": errors})
 
 
 @op("update", requests.Update)
@@ -63,9 +64,9 @@ def update(broker: BrokerView, peer: Peer, req: requests.Update) -> asyncio.Futu
 
 @op("attempts", requests.Attempts)
 def attempts(broker: BrokerView, peer: Peer, req: requests.Attempts) -> Any:
-    record = _readable(broker, peer, req.job)
+    record = readable_record(broker, peer, req.job)
     index, start, limit, only_failed = req.index, req.start, min(req.limit, 100_000), req.failed
-    task = _task_of_index(record, index) if index is not None else None
+    task = task_of_index(record, index) if index is not None else None
 
     async def answer() -> dict[str, Any]:
         # Only failed ones: which those are is known only after reading them all, so no bound in SQL then.

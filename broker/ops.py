@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from broker import store
-from broker.access import check_readable, listed
+from broker.access import check_owner, listed, readable_record
 from broker.brokerview import BrokerView
 from broker.clientapi import MAX_ERROR_MESSAGE, Peer
 from broker.history import finished_record_of
@@ -63,11 +63,6 @@ class Operations:
         return checked
 
 
-def _owner_only(broker: BrokerView, peer: Peer, what: str) -> None:
-    if peer.uid != broker.owner_uid:
-        raise JobError("permission", f"only the instance owner (uid {broker.owner_uid}) may {what}")
-
-
 def _refuse_when_stopping(broker: BrokerView) -> None:
     if broker.stopping:
         raise JobError("shutting-down", "the MiniCluster is shutting down")
@@ -91,7 +86,7 @@ def submit(broker: BrokerView, peer: Peer, req: requests.Submit) -> asyncio.Futu
     _refuse_when_stopping(broker)
     spec = _spec(req.jobspec)
     job_id, durable = broker.manager.submit(peer.uid, peer.gid, spec)
-    return _then(durable, {"job": job_id})
+    return reply_when_done(durable, {"job": job_id})
 
 
 # Specs a `submit-many` handles per loop iteration: a large batch must not stall every other client meanwhile.
@@ -139,10 +134,11 @@ def _as_refusal(exc: BaseException) -> BaseException:
 
 def once_durable(broker: BrokerView, body: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
     """`body`, once everything the operation journaled is durable (writes commit in order)."""
-    return _then(broker.journal.write([]), body)
+    return reply_when_done(broker.journal.write([]), body)
 
 
-def _then(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+def reply_when_done(fut: asyncio.Future[None], body: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    """`body` once `fut` is done, or its failure as the client's refusal (for the operations of every module)."""
     out: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
 
     def relay(f: asyncio.Future[None]) -> None:
@@ -201,16 +197,9 @@ def _listing(broker: BrokerView, peer: Peer, req: requests.Jobs, selected: list[
     return {"jobs": summaries, "next": next_before}
 
 
-def _readable(broker: BrokerView, peer: Peer, job_id: Any) -> Any:
-    """The job's record, if `peer` may read its details (broker/access.py)."""
-    record = broker.manager.get(job_id)
-    check_readable(broker, peer, record.id, record.uid)
-    return record
-
-
 @op("job", requests.OneJob)
 def job(broker: BrokerView, peer: Peer, req: requests.OneJob) -> Any:
-    record = _readable(broker, peer, req.job)
+    record = readable_record(broker, peer, req.job)
     summary = broker.manager.summary(record)
 
     async def with_failed() -> dict[str, Any]:
@@ -228,7 +217,7 @@ def cancel(broker: BrokerView, peer: Peer, req: requests.ManyJobs) -> asyncio.Fu
 
 @op("eventlog", requests.Eventlog)
 def eventlog(broker: BrokerView, peer: Peer, req: requests.Eventlog) -> AsyncIterator[dict[str, Any]]:
-    record = _readable(broker, peer, req.job)
+    record = readable_record(broker, peer, req.job)
     start, follow = req.start, req.follow
 
     async def history() -> list[list[Any]]:
@@ -241,11 +230,11 @@ def eventlog(broker: BrokerView, peer: Peer, req: requests.Eventlog) -> AsyncIte
 
 @op("output", requests.Output)
 def output(broker: BrokerView, peer: Peer, req: requests.Output) -> AsyncIterator[dict[str, Any]]:
-    record = _readable(broker, peer, req.job)
+    record = readable_record(broker, peer, req.job)
     follow, index, attempt = req.follow, req.index, req.attempt
     task = None
     if index is not None:
-        task = _task_of_index(record, index)
+        task = task_of_index(record, index)
     return _output(broker, peer, record, follow, task, attempt)
 
 
@@ -337,7 +326,7 @@ async def _truncated(broker: BrokerView, record: Any) -> int | None:
     return store.unpack(context).get("cap") if context is not None else None
 
 
-def _task_of_index(record: Any, index: int) -> int:
+def task_of_index(record: Any, index: int) -> int:
     if record.array is None:
         if not 0 <= index < record.ntasks:
             raise JobError("not-found", f"job {record.id} has no task {index}")
@@ -374,7 +363,7 @@ async def _follow(broker: BrokerView, record: Any, follow: bool,
 
 @op("wait", requests.ManyJobs)
 def wait(broker: BrokerView, peer: Peer, req: requests.ManyJobs) -> AsyncIterator[dict[str, Any]]:
-    records = [_readable(broker, peer, i) for i in req.jobs]
+    records = [readable_record(broker, peer, i) for i in req.jobs]
 
     async def results() -> AsyncIterator[dict[str, Any]]:
         followers = {r.id: broker.watchers.follow_inactive(r.id) for r in records if not r.closed}
@@ -393,7 +382,7 @@ def wait(broker: BrokerView, peer: Peer, req: requests.ManyJobs) -> AsyncIterato
 
 @op("task-results", requests.TaskResults)
 def task_results(broker: BrokerView, peer: Peer, req: requests.TaskResults) -> Any:
-    record = _readable(broker, peer, req.job)
+    record = readable_record(broker, peer, req.job)
     start, limit = req.start, req.limit
     fut = broker.manager.store.task_results(record.id, start, limit, req.errors)
     return asyncio.ensure_future(_wrap(fut, "tasks"))
@@ -441,25 +430,25 @@ def status(broker: BrokerView, peer: Peer, req: requests.Empty) -> dict[str, Any
 
 @op("drain", requests.Drain)
 def drain(broker: BrokerView, peer: Peer, req: requests.Drain) -> asyncio.Future[dict[str, Any]]:
-    _owner_only(broker, peer, "drain ranks")
+    check_owner(broker, peer, "drain ranks")
     ranks = _ranks(broker, req.ranks)
     reason = req.reason or "drained by the owner"
     for r in ranks:
         broker.graph.drain(r, reason)
         broker.execution.window.recall_rank(r)  # its elements sent ahead run elsewhere (protocol.md §2.10)
     durable = broker.journal.write([store.rank_drained(r, reason) for r in ranks])
-    return _then(durable, {"drained": ranks})
+    return reply_when_done(durable, {"drained": ranks})
 
 
 @op("undrain", requests.Undrain)
 def undrain(broker: BrokerView, peer: Peer, req: requests.Undrain) -> asyncio.Future[dict[str, Any]]:
-    _owner_only(broker, peer, "undrain ranks")
+    check_owner(broker, peer, "undrain ranks")
     ranks = _ranks(broker, req.ranks)
     for r in ranks:
         broker.graph.undrain(r)
     durable = broker.journal.write([store.rank_undrained(r) for r in ranks])
     broker.manager.wake_scheduler()
-    return _then(durable, {"undrained": ranks})
+    return reply_when_done(durable, {"undrained": ranks})
 
 
 def _ranks(broker: BrokerView, ranks: list[Any]) -> list[int]:
@@ -471,7 +460,7 @@ def _ranks(broker: BrokerView, ranks: list[Any]) -> list[int]:
 
 @op("shutdown", requests.Shutdown)
 def shutdown(broker: BrokerView, peer: Peer, req: requests.Shutdown) -> dict[str, Any]:
-    _owner_only(broker, peer, "shut the MiniCluster down")
+    check_owner(broker, peer, "shut the MiniCluster down")
     if req.mode not in STOP_MODES:
         raise JobError("bad-request", f"shutdown mode must be one of {', '.join(STOP_MODES)}, got {req.mode!r}")
     asyncio.get_running_loop().call_later(0.05, broker.request_stop, req.mode)

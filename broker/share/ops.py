@@ -6,10 +6,10 @@ import time
 from typing import Any
 
 from broker.brokerview import BrokerView
-from broker.access import check_readable
+from broker.access import check_owner, check_readable
 from broker.clientapi import Peer
 from broker.jobmanager import JobError
-from broker.ops import _owner_only, _then, op
+from broker.ops import op, reply_when_done
 from broker.share import banks, reports
 from broker.share.service import uid_of
 from minicluster.proto import requests
@@ -38,7 +38,7 @@ def queue_control(broker: BrokerView, peer: Peer, req: requests.QueueControl) ->
     action = req.action
     if action not in QUEUE_ACTIONS:
         raise JobError("bad-request", f"action must be one of {', '.join(QUEUE_ACTIONS)}, got {action!r}")
-    _owner_only(broker, peer, f"{action} queues")
+    check_owner(broker, peer, f"{action} queues")
     names = req.queues
     if not all(isinstance(n, str) for n in names):
         raise JobError("bad-request", "queues must be a list of queue names")
@@ -46,7 +46,7 @@ def queue_control(broker: BrokerView, peer: Peer, req: requests.QueueControl) ->
     sharing = broker.sharing
     changed = sharing.set_state(names or list(sharing.queues), action, reason or _DEFAULT_REASON.get(action, ""))
     broker.manager.wake_scheduler()
-    return _then(broker.journal.write([]), {"queues": changed})
+    return reply_when_done(broker.journal.write([]), {"queues": changed})
 
 
 @op("banks")
@@ -56,24 +56,24 @@ def bank_list(broker: BrokerView, peer: Peer, req: requests.Empty) -> dict[str, 
 
 @op("bank-add", requests.BankAdd)
 def bank_add(broker: BrokerView, peer: Peer, req: requests.BankAdd) -> asyncio.Future[dict[str, Any]]:
-    _owner_only(broker, peer, "change banks")
+    check_owner(broker, peer, "change banks")
     if req.user is not None:
         statements = banks.add_member(broker.sharing, req.bank, uid_of(req.user), req.shares, req.default)
     else:
         statements = banks.add_bank(broker.sharing, req.bank, req.parent, req.shares)
     broker.sharing.refresh(time.time())
-    return _then(broker.journal.write(statements), {})
+    return reply_when_done(broker.journal.write(statements), {})
 
 
 @op("bank-remove", requests.BankRemove)
 def bank_remove(broker: BrokerView, peer: Peer, req: requests.BankRemove) -> asyncio.Future[dict[str, Any]]:
-    _owner_only(broker, peer, "change banks")
+    check_owner(broker, peer, "change banks")
     if req.user is not None:
         statements = banks.remove_member(broker.sharing, broker.manager, req.bank, uid_of(req.user))
     else:
         statements = banks.remove_bank(broker.sharing, broker.manager, req.bank)
     broker.sharing.refresh(time.time())
-    return _then(broker.journal.write(statements), {})
+    return reply_when_done(broker.journal.write(statements), {})
 
 
 def _time(value: float | None, name: str) -> float | None:
