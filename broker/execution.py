@@ -20,12 +20,15 @@ from broker import sched, store
 from broker.job import Job, State
 from broker.jobmanager import JobManager, request_of
 from broker.pmiexchange import PmiExchange
+from broker import results
+from broker.results import Verdict
 from broker.journal import Statement, when_durable
 from broker.share import accounting
 from broker.stdin import StdinRelay
 from broker.window import DispatchWindow
 from minicluster.proto import messages
 from minicluster.proto.messages import Send
+from minicluster.proto.rows import Result
 from minicluster.config import InstanceConfig
 from minicluster.model.idset import IdSet
 
@@ -53,6 +56,22 @@ class FreedCores:
         self.passed: dict[int, list[tuple[int, int]]] = {}  # job -> (element, the one that took over its cores)
         self.aheads: dict[int, messages.Ahead] = {}  # chains topped up, per rank
         self.killed: list[Key] = []  # entries that started behind a task of a job that is ending
+
+
+class DoneBatch:
+    """What carrying out the results of one `done` gathers, to write, free and finish together at its end."""
+
+    __slots__ = ("now", "freed", "statements", "usage_rows", "touched")
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.freed = FreedCores(now)
+        self.statements: list[Statement] = []
+        self.usage_rows: list[Statement] = []  # after the task rows, so each kind still goes through one executemany
+        self.touched: dict[int, Job] = {}  # the jobs whose results came, in the order they came
+
+
+NO_STRAYS: frozenset[Key] = frozenset()
 
 
 class Execution:
@@ -236,94 +255,96 @@ class Execution:
 
     # --- results and output --------------------------------------------------------------------------------
 
-    def on_done(self, rank: int, results: list[list[Any]], ack: bool = True) -> None:
-        touched: dict[int, Job] = {}
-        statements: list[Statement] = []
-        keys = []
-        usage_rows: list[Statement] = []  # after the task rows, so each kind still goes through one executemany
-        now = self.manager.clock()
-        freed = FreedCores(now)
-        attempts = self.manager.workflow.attempts
-        for result in results:
-            job_id, task, status, exit_code, sig, error, started, ended = result if len(result) == 8 else result[:8]
-            attempt = result[8] if len(result) > 8 else 0
-            keys.append([job_id, task, attempt] if attempt else [job_id, task])
-            job = self.manager.jobs.get(job_id)
-            if job is None or job.state == State.INACTIVE or not 0 <= task < job.total_tasks:
-                continue  # a purged job: acknowledge only
-            running = self.tasks.get((job_id, task))
-            if job.is_done(task):  # a duplicate (re-sent after a restart): acknowledge only, but a second run
-                if running is not None and running.rank == rank:  # (an entry of a task recorded while it waited
-                    self._untrack((job_id, task))                 # ahead, protocol.md §2.10) gives its cores back
-                    job.running -= 1
-                    self._free_slot(job, task, running, freed)
-                    touched[job_id] = job
-                continue
-            if self._not_counted(rank, (job_id, task), running):
-                continue
-            counted, cancelled = status, False
-            flow = job.flow
-            if flow is not None:
-                if attempt != (flow.attempt if job.array is None else flow.attempts.get(task, 0)):
-                    continue  # an older attempt's straggler (protocol.md §2.9): acknowledge only
-                # Most elements exit 0 with nothing to judge: that path stays as cheap as a plain array's.
-                judged = attempts.judge(job, task, rank, result, attempt) if status or flow.judge_all else (0, False)
-                if judged is None:
-                    # Not final: recorded as an attempt, queued again once that is durable.
-                    self._account(job, result, started, ended, usage_rows)  # it held its cores all the same
-                    running = self._untrack((job_id, task))
-                    if running is not None:
-                        job.running -= 1
-                        if job.is_array:
-                            self._free_slot(job, task, running, freed)
-                    touched[job_id] = job
-                    continue
-                counted, cancelled = judged
-            if job.state == State.SCHED and flow is None and not job.is_array:
-                self.window.started_ahead(job, rank)  # it started ahead before a restart (protocol.md §2.10)
-            job.mark_done(task)
-            running = self._untrack((job_id, task))
-            self.tasks_ended += 1
-            self.tasks_failed += bool(counted)
-            preempted = self.preempted.pop((job_id, task), None) if self.preempted else None
-            statements.append(store.task_result(job_id, task, job.index_of(task), rank, status, exit_code, sig,
-                                                error, started, ended))
-            self._account(job, result, started, ended, usage_rows)
-            cancelled = cancelled or preempted is not None
-            job.record_result(counted, was_running=running is not None, cancelled=cancelled)
-            if running is not None:
-                self._free_slot(job, task, running, freed)
-                if not job.is_array and self.window.depth and started is not None and ended is not None:
-                    self.window.observe(job, ended - started)
-            elif self.window.ahead and (job_id, task) in self.window.ahead:
-                self.window.recall([(job_id, task)])  # recorded from a run rank 0 took back: not needed again
-            if status and not job.ending and not cancelled:   # a task a workflow rule cut short is a consequence
-                failure = (status, job.failure_note(task, rank, status, error))
-                # A success_task job is decided by its driver: another task failing does not end it.
-                if job.spec is None or job.spec.success_task in (None, task):
-                    self.pmi.task_failed(job, task, ended if ended is not None else now, failure)
-                if error and job.reason is None:
-                    job.reason = failure[1]
-            touched[job_id] = job
-        self._settle_freed(freed)
-        attempts.commit()
-        fut = self.manager.journal.write(statements + usage_rows)
-        self._count_unrecorded(fut, len(statements))
-        if ack and keys:
+    def on_done(self, rank: int, rows: list[list[Any]], ack: bool = True) -> None:
+        """Carry out what broker/results.py judges each result of a batch from `rank` to be, one after another;
+        write the batch's rows at once and acknowledge it once they are durable."""
+        # Checked as their message was decoded (or built here): decoded before anything changes, all or none.
+        decoded = [Result.from_row(row) for row in rows]
+        batch = DoneBatch(self.manager.clock())
+        strays = self._strays.get(rank, NO_STRAYS) if self._strays else NO_STRAYS
+        for row, result in zip(rows, decoded, strict=True):
+            job = self.manager.jobs.get(result.job)
+            running = self.tasks.get((result.job, result.task))
+            verdict = results.sort(rank, result, job, None if running is None else running.rank, strays)
+            if verdict is Verdict.FINAL or verdict is Verdict.JUDGE:
+                assert job is not None
+                self._count(rank, job, result, row, verdict is Verdict.JUDGE, batch)
+            elif verdict is Verdict.SECOND_RUN:
+                assert job is not None and running is not None
+                self._give_back(job, result.task, batch)
+            elif verdict is Verdict.STRAY:
+                self._strays[rank].discard((result.job, result.task))  # once: a later run of it counts
+        self._settle_freed(batch.freed)
+        self.manager.workflow.attempts.commit()
+        fut = self.manager.journal.write(batch.statements + batch.usage_rows)
+        self._count_unrecorded(fut, len(batch.statements))
+        if ack and decoded:
+            keys = [result.ack_key for result in decoded]
             when_durable(fut, lambda: messages.send(self.send, rank, messages.DoneAck(keys)))
-        for job in touched.values():
-            self._after_results(job, now)
+        for job in batch.touched.values():
+            self._after_results(job, batch.now)
 
-    def _not_counted(self, rank: int, key: Key, running: RunningTask | None) -> bool:
-        """Whether a result for a task not yet recorded comes from a run that does not count (protocol.md §2.10):
-        one that rank 0 replaced by a run on another rank, or a stray it killed at its rank's join."""
+    def _count(self, rank: int, job: Job, result: Result, row: list[Any], judge: bool, batch: DoneBatch) -> None:
+        """A result that counts: a workflow's attempt is judged first (broker/attempts.py), then recorded as the
+        task's result, or, when the attempt is not final, recorded as an attempt and queued again."""
+        judged = (result.status, False)
+        if judge:
+            verdict = self.manager.workflow.attempts.judge(job, result.task, rank, row, result.attempt)
+            if verdict is not None:
+                judged = verdict
+            else:  # queued again once the attempt is durable
+                self._account(job, result, row, batch.usage_rows)  # it held its cores all the same
+                running = self._untrack((job.id, result.task))
+                if running is not None:
+                    job.running -= 1
+                    if job.is_array:
+                        self._free_slot(job, result.task, running, batch.freed)
+                batch.touched[job.id] = job
+                return
+        key = (job.id, result.task)
+        self._record(rank, job, result, row,
+                     results.final(rank, result, job, judged, key in self.preempted, batch.now), batch)
+
+    def _record(self, rank: int, job: Job, result: Result, row: list[Any], final: results.Final,
+                batch: DoneBatch) -> None:
+        """Record a task's result and carry out what it means for the job (`results.final`)."""
+        task = result.task
+        key = (job.id, task)
+        if final.started_ahead:
+            self.window.started_ahead(job, rank)  # it started ahead before a restart (protocol.md §2.10)
+        job.mark_done(task)
+        running = self._untrack(key)
+        self.tasks_ended += 1
+        self.tasks_failed += bool(final.counted)
+        if self.preempted:
+            self.preempted.pop(key, None)
+        batch.statements.append(store.task_result(job.id, task, job.index_of(task), rank, result.status,
+                                                  result.exit_code, result.signal, result.error, result.started,
+                                                  result.ended))
+        self._account(job, result, row, batch.usage_rows)
+        job.record_result(final.counted, was_running=running is not None, cancelled=final.cancelled)
         if running is not None:
-            return running.rank != rank
-        strays = self._strays.get(rank) if self._strays else None
-        if strays and key in strays:
-            strays.discard(key)
-            return True
-        return False
+            self._free_slot(job, task, running, batch.freed)
+            if (not job.is_array and self.window.depth and result.started is not None
+                    and result.ended is not None):
+                self.window.observe(job, result.ended - result.started)
+        elif self.window.ahead and key in self.window.ahead:
+            self.window.recall([key])  # recorded from a run rank 0 took back: not needed again
+        failure = final.failure
+        if failure is not None:
+            if failure.decides:
+                self.pmi.task_failed(job, task, failure.at, failure.cause)
+            if failure.reason:
+                job.reason = failure.cause[1]
+        batch.touched[job.id] = job
+
+    def _give_back(self, job: Job, task: int, batch: DoneBatch) -> None:
+        """A second run of a task recorded already (an entry that waited ahead of it) ended: its cores come back."""
+        running = self._untrack((job.id, task))
+        assert running is not None
+        job.running -= 1
+        self._free_slot(job, task, running, batch.freed)
+        batch.touched[job.id] = job
 
     def _free_slot(self, job: Job, task: int, running: RunningTask, freed: FreedCores) -> None:
         """A task ended: its cores go to the entry sent ahead to follow it, which the worker has started in its
@@ -393,16 +414,16 @@ class Execution:
             self.manager.wake_scheduler()
 
     @staticmethod
-    def _account(job: Job, result: list[Any], started: float | None, ended: float | None,
-                 usage_rows: list[Any]) -> None:
+    def _account(job: Job, result: Result, row: list[Any], usage_rows: list[Any]) -> None:
         """Add one result to the job's usage sums (broker/share/accounting.py): the per-result hot path."""
         acct = job.acct
         if acct is None:
             acct = job.acct = accounting.Acct()
+        started, ended = result.started, result.ended
         if ended is not None and started is not None and ended >= started:
             acct.span(started, ended)
-        if len(result) > 8:  # CPU time and peak memory, if it carries them (the test executor's do not)
-            used = accounting.note_usage(job, acct, result)
+        if result.usage is not None:  # CPU time and peak memory, if it carries them (the test executor's do not)
+            used = accounting.note_usage(job, acct, row)
             if used is not None:
                 usage_rows.append(used)
 
@@ -512,8 +533,8 @@ class Execution:
             running = self.tasks.get(key)
             if running is not None:
                 by_rank[running.rank].append([key[0], key[1], status, None, None, error, running.started, now])
-        for rank, results in by_rank.items():
-            self.on_done(rank, results, ack=False)
+        for rank, rows in by_rank.items():
+            self.on_done(rank, rows, ack=False)
 
     def check_deadlines(self, now: float) -> None:
         """End the tasks whose time limit passed; `now` is monotonic time (time.monotonic())."""

@@ -21,6 +21,7 @@ from minicluster.model.text import cut
 from minicluster.proto import messages, topology
 from minicluster.proto.backoff import Backoff
 from minicluster.proto.envelope import BadMessage, Message
+from minicluster.proto.rows import Result, TaskEntry
 from worker.containment import contain
 from worker.helpers import helper_count
 from worker.executor import STATUS_CANNOT_RUN, TaskExecutor, TaskResult, TaskSpec, TestExecutor
@@ -220,9 +221,10 @@ class WorkerAgent:
 
     def _on_run(self, run: messages.Run) -> None:
         self.jobs.update(run.jobs)
-        local: dict[int, list[list[Any]]] = {}
-        for entry in run.tasks:
-            local.setdefault(entry[0], []).append(entry)
+        local: dict[int, list[TaskEntry]] = {}
+        for row in run.tasks:
+            entry = TaskEntry.from_row(row)  # checked as the message was decoded: cannot fail here
+            local.setdefault(entry.job, []).append(entry)
         for job_id, entries in local.items():
             info = self.jobs.get(job_id)
             if info is None:
@@ -230,15 +232,15 @@ class WorkerAgent:
                 continue
             fresh = self._fresh(job_id, entries, info)
             try:
-                pmi_env = self.pmi.prepare(job_id, info, [e[1] for e in fresh]) if info.mpi else None
+                pmi_env = self.pmi.prepare(job_id, info, [e.task for e in fresh]) if info.mpi else None
             except Exception as exc:  # e.g. no libpmix on this node: the job fails, the worker runs on
                 log.error("job %d: cannot serve PMI: %s", job_id, exc)
                 self.pmi.finished(job_id)
-                self._fail_unstarted(job_id, [e[1] for e in fresh], f"cannot serve PMI: {exc}")
+                self._fail_unstarted(job_id, [e.task for e in fresh], f"cannot serve PMI: {exc}")
                 continue
-            for job, task, index, cores, gpus, *attempt in fresh:
+            for job, task, index, cores, gpus, attempt in fresh:
                 try:
-                    self._start(job, task, index, cores, gpus, info, pmi_env, attempt[0] if attempt else 0)
+                    self._start(job, task, index, cores, gpus, info, pmi_env, attempt)
                 except _CannotStart as exc:
                     self._fail_unstarted(job, [task], str(exc), exc.status)
                 except Exception as exc:  # one task that cannot start must not take the rest of the batch along
@@ -286,19 +288,19 @@ class WorkerAgent:
             self._waits_for[(following[0][0], following[0][1])] = after
         return True
 
-    def _fresh(self, job_id: int, entries: list[list[Any]], info: messages.JobInfo) -> list[list[Any]]:
+    def _fresh(self, job_id: int, entries: list[TaskEntry], info: messages.JobInfo) -> list[TaskEntry]:
         """The entries to start now: not a repeat of a run this rank has (running or ended, not yet
         acknowledged); a newer attempt of a task still running waits for it to exit."""
         fresh = []
         for entry in entries:
-            key = (job_id, entry[1])
-            attempt = entry[5] if len(entry) > 5 else 0
+            key = (job_id, entry.task)
+            attempt = entry.attempt
             if key in self.running:
                 if self.attempts.get(key, 0) < attempt:
-                    self._after_exit[key] = (entry, info)
+                    self._after_exit[key] = (entry.to_row(), info)
                 continue
             row = self.unacked.get(key)
-            if row is not None and (row[8] if len(row) > 8 else 0) >= attempt:
+            if row is not None and Result.from_row(row).attempt >= attempt:
                 continue
             fresh.append(entry)
         return fresh
@@ -388,7 +390,7 @@ class WorkerAgent:
             key = (entry[0], entry[1])
             row = self.unacked.get(key)
             # Only the acknowledged attempt's result (protocol.md §2.9); a missing attempt means 0.
-            if row is not None and (row[8] if len(row) > 8 else 0) == (entry[2] if len(entry) > 2 else 0):
+            if row is not None and Result.from_row(row).attempt == (entry[2] if len(entry) > 2 else 0):
                 del self.unacked[key]
 
     def _on_pmi_kvs(self, kvs: messages.PmiKvs) -> None:
@@ -458,14 +460,10 @@ class WorkerAgent:
                 self._forget_job(key[0])
         elif key[0] not in self.job_running:
             self._forget_job(key[0])  # none of its tasks here could start
-        row: list[Any] = [key[0], key[1], result.status, result.exit_code, result.signal, error,
-               result.started, result.ended, *self._attempt_list(key)]
-        self.attempts.pop(key, None)
-        if result.cpu or max_rss:
-            # Accounting (protocol.md §2.5): after the attempt, which is then always there (0 included).
-            if len(row) == 8:
-                row.append(0)
-            row.append({"cpu": result.cpu, "rss": max_rss})
+        # Accounting (protocol.md §2.5), when measured.
+        usage = {"cpu": result.cpu, "rss": max_rss} if result.cpu or max_rss else None
+        row = Result(key[0], key[1], result.status, result.exit_code, result.signal, error, result.started,
+                     result.ended, self.attempts.pop(key, 0), usage).to_row()
         self.unacked[key] = row
         self._done.append(row)
         self._schedule_flush()

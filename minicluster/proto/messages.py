@@ -7,7 +7,7 @@ field) so the sender can be told; handlers then read attributes, never `.get()` 
 dataclass and `send(sender, dst, message)`. Field checks are one generic decoder over the dataclass fields
 (minicluster/proto/schema.py). Rows (`done` results, `out` chunks, `join.running`, `run` tasks, `kill` and
 `done-ack` keys) stay lists, for speed, but each is checked here: a malformed row is dropped and counted in
-`dropped`, the rest of the message counts. No I/O.
+`dropped`, the rest of the message counts; `done` and `run` rows are read through their records (rows.py). No I/O.
 """
 from __future__ import annotations
 
@@ -16,16 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from minicluster.proto.envelope import BadMessage
+from minicluster.proto.rows import result_row_ok as _result_row, task_row_ok as _task_row
 from minicluster.proto.schema import LOCAL, WireMessage, decode_as, encode, rows, wire
 
 Send = Callable[[str, int, dict[str, Any]], None]
-
-
-def _result_row(row: Any) -> bool:
-    """[job, task, status, exit_code, signal, error, started, ended, (attempt, (usage))] (§2.5 `done`)."""
-    # `type(v) is int`, not isinstance: as fast as a check gets, and it refuses bools; msgpack makes plain ints.
-    return (type(row) is list and 8 <= len(row) <= 10 and type(row[0]) is int and type(row[1]) is int
-            and type(row[2]) is int and (len(row) < 9 or type(row[8]) is int))
 
 
 def _chunk_row(row: Any) -> bool:
@@ -38,13 +32,6 @@ def _running_row(row: Any) -> bool:
     """[job, task, cores, gpus, (attempt)] (§2.5 `join`)."""
     return (type(row) is list and 4 <= len(row) <= 5 and type(row[0]) is int and type(row[1]) is int
             and type(row[2]) is list and type(row[3]) is list)
-
-
-def _task_row(row: Any) -> bool:
-    """[job, task, index, cores, gpus, (attempt)] (§2.5 `run`)."""
-    return (type(row) is list and 5 <= len(row) <= 6 and type(row[0]) is int and type(row[1]) is int
-            and type(row[2]) is int and type(row[3]) is list and type(row[4]) is list
-            and (len(row) < 6 or type(row[5]) is int))
 
 
 def _beat_row(row: Any) -> bool:

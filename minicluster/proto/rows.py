@@ -1,0 +1,96 @@
+"""Typed records of the `done` result and the `run` task rows (protocol.md §2.5, §2.9, §3.10).
+
+On the wire both stay positional lists, as docs/protocol.md specifies them (a trailing `attempt` absent means 0;
+a result's usage map comes only after an `attempt`, 0 included). The checks here are the ones the message
+decoder (messages.py) applies to every row; code that reads a row decodes it into its record once and reads
+fields by name. No I/O.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from minicluster.proto.envelope import BadMessage
+
+
+def result_row_ok(row: Any) -> bool:
+    """[job, task, status, exit_code, signal, error, started, ended, (attempt, (usage))] (§2.5 `done`)."""
+    # `type(v) is int`, not isinstance: as fast as a check gets, and it refuses bools; msgpack makes plain ints.
+    return (type(row) is list and 8 <= len(row) <= 10 and type(row[0]) is int and type(row[1]) is int
+            and type(row[2]) is int and (len(row) < 9 or type(row[8]) is int))
+
+
+def task_row_ok(row: Any) -> bool:
+    """[job, task, index, cores, gpus, (attempt)] (§2.5 `run`)."""
+    return (type(row) is list and 5 <= len(row) <= 6 and type(row[0]) is int and type(row[1]) is int
+            and type(row[2]) is int and type(row[3]) is list and type(row[4]) is list
+            and (len(row) < 6 or type(row[5]) is int))
+
+
+class Result(NamedTuple):
+    """One task's end, a row of `done` (and of `join.results`)."""
+    job: int
+    task: int
+    status: int  # the exit code, or 128 + the signal
+    exit_code: int | None
+    signal: int | None
+    error: str | None  # why it could not run or was ended, if it did not just exit
+    started: float | None
+    ended: float | None
+    attempt: int = 0  # the `run` that started it (§2.9)
+    usage: dict[str, Any] | None = None  # {cpu, rss} when measured (§3.10)
+
+    @classmethod
+    def from_row(cls, row: Any) -> Result:
+        """The record of a `done` row; BadMessage (`bad-request`) when the row is not one."""
+        if not result_row_ok(row):
+            raise BadMessage(f"done: malformed result row {_shown(row)}: expected [job, task, status, exit_code, "
+                             "signal, error, started, ended, (attempt, (usage))] with integer job, task, status "
+                             "and attempt", "bad-request")
+        return cls(*row)
+
+    def to_row(self) -> list[Any]:
+        """The wire row: `attempt` only when it is not 0 or usage follows it, usage only when measured."""
+        row: list[Any] = [self.job, self.task, self.status, self.exit_code, self.signal, self.error, self.started,
+                          self.ended]
+        if self.attempt or self.usage is not None:
+            row.append(self.attempt)
+        if self.usage is not None:
+            row.append(self.usage)
+        return row
+
+    @property
+    def ack_key(self) -> list[int]:
+        """The `done-ack` key of this result (§2.9): [job, task, attempt], attempt left out when 0."""
+        return [self.job, self.task, self.attempt] if self.attempt else [self.job, self.task]
+
+
+class TaskEntry(NamedTuple):
+    """One task to start, a row of `run`."""
+    job: int
+    task: int
+    array_index: int  # `index` on the wire (tuple has an `index` method): a plain job's is the task rank
+    cores: list[int]
+    gpus: list[int]
+    attempt: int = 0  # §2.9
+
+    @classmethod
+    def from_row(cls, row: Any) -> TaskEntry:
+        """The record of a `run` row; BadMessage (`bad-request`) when the row is not one."""
+        if not task_row_ok(row):
+            raise BadMessage(f"run: malformed task row {_shown(row)}: expected [job, task, index, cores, gpus, "
+                             "(attempt)] with integer job, task, index and attempt and lists of cores and gpus",
+                             "bad-request")
+        return cls(*row)
+
+    def to_row(self) -> list[Any]:
+        """The wire row: `attempt` only when it is not 0."""
+        row: list[Any] = [self.job, self.task, self.array_index, self.cores, self.gpus]
+        if self.attempt:
+            row.append(self.attempt)
+        return row
+
+
+def _shown(row: Any) -> str:
+    """The row as a message may quote it: cut, so a huge row cannot flood a log line."""
+    text = repr(row)
+    return text if len(text) <= 80 else text[:77] + "..."
