@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +54,17 @@ def wait_for(client: Client, job_id: int, timeout: float = 90.0) -> dict[str, An
     finally:
         client.discard(rid)
     raise AssertionError(f"job {job_id} not inactive within {timeout:g}s: {client.job(job_id)}")
+
+
+def until(check: Callable[[], T], what: str, timeout: float = 30.0) -> T:
+    """Poll `check` every 50 ms until it returns something true, and return that: a wait on a condition, not a
+    fixed sleep. AssertionError saying `what` was awaited (and the last value) when it is not within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what} (last: {value!r})")
+        time.sleep(0.05)
+    return value
 
 
 def output_of(client: Client, job_id: int) -> dict[int, bytes]:

@@ -6,14 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from minicluster import exitcodes
 from minicluster.testing import LocalCluster
-from tests.integration.conftest import job, wait_for
+from tests.integration.conftest import job, until, wait_for
 
 pytestmark = pytest.mark.needs("unshare", root=True)  # a PID namespace
 
@@ -51,11 +50,13 @@ def test_boot_as_pid_1_reaps_orphans_and_forwards_sigterm(tmp_path) -> None:
     try:
         cluster.wait_socket(30)
         [pid1] = _children(proc.pid)
+        [rank] = _children(pid1)
         with cluster.client() as c:
             # The shell exits at once; its background children become orphans of PID 1.
             job_id = c.submit(job(["sh", "-c", "for i in 1 2 3 4 5; do sleep 0.2 & done; exit 0"]))
             assert wait_for(c, job_id)["status"] == 0
-        time.sleep(1.5)
+        # Orphans, then their zombies, are PID 1's children until it reaps them.
+        until(lambda: _children(pid1) == [rank], "the orphans ended and PID 1 reaped them")
         assert _zombies_under(pid1) == [], "orphans were left unreaped by PID 1"
         os.kill(pid1, signal.SIGTERM)
         assert proc.wait(15) == exitcodes.DISRUPTED
