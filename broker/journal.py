@@ -30,13 +30,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, Union
 
-from broker.share.schema import SCHEMA as SHARING_SCHEMA
+from broker.schema import SCHEMA_VERSION, TABLES
 from broker.statelock import lock_file
 from minicluster.model.histogram import Histogram
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
 Statement = tuple[str, Sequence[Any]]
 # What to tell once a write is committed: a future to resolve, a callback to run, nothing, or several of these
 # (the writes gathered by Journal.one_write, told in order).
@@ -44,40 +43,6 @@ Waiter = Union["asyncio.Future[None]", Callable[[], None], None, list[Any]]
 # A queued write: its statements, who to tell, and the monotonic time after which it is refused (None: never).
 _Write = tuple[list[Statement], Waiter, float | None]
 T = TypeVar("T")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (
-    id INTEGER PRIMARY KEY, uid INTEGER NOT NULL, gid INTEGER NOT NULL, state TEXT NOT NULL, spec BLOB NOT NULL,
-    t_submit REAL NOT NULL, t_run REAL, t_inactive REAL, status INTEGER, exception TEXT,
-    seq INTEGER NOT NULL DEFAULT 0, counts BLOB
-);
--- Active jobs by state at start-up; finished ones by age (purge) with their status (the counts of `status`).
-DROP INDEX IF EXISTS jobs_state;
-CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, t_inactive, status);
-CREATE TABLE IF NOT EXISTS events (
-    job INTEGER NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL, name TEXT NOT NULL, context BLOB NOT NULL,
-    PRIMARY KEY (job, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS tasks (
-    job INTEGER NOT NULL, task INTEGER NOT NULL, idx INTEGER NOT NULL, rank INTEGER NOT NULL,
-    status INTEGER NOT NULL, exit_code INTEGER, signal INTEGER, error TEXT, started REAL, ended REAL,
-    PRIMARY KEY (job, task)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS drains (rank INTEGER PRIMARY KEY, reason TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS attempts (
-    job INTEGER NOT NULL, task INTEGER NOT NULL, attempt INTEGER NOT NULL, idx INTEGER NOT NULL,
-    rank INTEGER, status INTEGER, exit_code INTEGER, signal INTEGER, error TEXT, started REAL, ended REAL,
-    outcome TEXT NOT NULL, not_before REAL, PRIMARY KEY (job, task, attempt)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS output_attempts (
-    job INTEGER NOT NULL, oseq INTEGER NOT NULL, attempt INTEGER NOT NULL, PRIMARY KEY (job, oseq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS output (
-    job INTEGER NOT NULL, oseq INTEGER NOT NULL, task INTEGER NOT NULL, stream INTEGER NOT NULL,
-    data BLOB NOT NULL, PRIMARY KEY (job, oseq)
-) WITHOUT ROWID;
-"""
 
 
 class JournalError(RuntimeError):
@@ -160,7 +125,7 @@ class Journal:
             setup = _connect(self.path)
             # The journal holds every job's environment and output: owner only (WAL and SHM files inherit it).
             os.chmod(self.path, 0o600)
-            setup.executescript(_SCHEMA + SHARING_SCHEMA)
+            setup.executescript(TABLES)
             found = setup.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if found is None:
                 setup.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))

@@ -1,4 +1,4 @@
-"""Every statement on the sharing tables (broker/share/schema.py): banks, their members, queue states, fair-share
+"""Every statement on the sharing tables (their DDL: broker/schema.py): banks, their members, queue states, fair-share
 usage and accounting.  The job tables are broker/store.py's; nothing else in the broker writes SQL.
 
 Statements are built here and committed by their callers together with what must commit with them (a job's usage

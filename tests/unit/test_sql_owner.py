@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OWNERS = {"broker/journal.py", "broker/store.py", "broker/share/store.py", "broker/share/schema.py"}
+OWNERS = {"broker/journal.py", "broker/store.py", "broker/share/store.py", "broker/schema.py"}
 # An SQL statement's opening words, or a read of the journal that takes SQL or a connection.
 SQL = re.compile(r"\b(SELECT\s+\S|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+"
                  r"(TABLE|INDEX))|\.execute(many|script)?\(|\bjournal\.(query|read)\(|\bexecute_now\(")
