@@ -7,9 +7,10 @@ Scheduler and calls schedule(now) from its event loop; see docs/scheduling.md.
 from .alloc import Allocation, RankAlloc, Slot
 from .backfill import Reservation
 from .graph import ResourceGraph
+from .jobs import Preemption, SchedJob, Start
 from .limits import LimitCounters, QueueLimits
 from .policies import DEFAULT_POLICY, POLICIES, check_policy
-from .queue import DEFAULT_BACKFILL_DEPTH, Preemption, SchedJob, Scheduler, Start
+from .queue import DEFAULT_BACKFILL_DEPTH, Scheduler
 from .request import InfeasibleRequest, Request, format_constraint, parse_constraint
 from .walk import rebuild as rebuild_allocation
 

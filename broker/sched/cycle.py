@@ -3,20 +3,40 @@ behind the blocked head job, within the bounds docs/scheduling.md describes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .alloc import Allocation
 from .backfill import PHANTOM, Reservation
+from .graph import ResourceGraph
+from .jobs import Pending, SchedJob, Start
+from .ordering import Ordering
 from .request import Request
 
-if TYPE_CHECKING:
-    from .queue import Scheduler, Start, _Pending
+
+class Queue(Protocol):
+    """What a pass uses of the Scheduler (queue.py), which builds one per schedule(): its state and the steps that
+    start, reserve and preempt. Declared here so that the pass does not import the queue that runs it."""
+
+    graph: ResourceGraph
+    policy: str
+    backfill_depth: int
+    _ordering: Ordering
+    _pending: dict[int, Pending]
+    _reservation: Reservation | None
+    _reservation_stamp: tuple[int, int, int] | None
+
+    def _time_limit(self, job: SchedJob) -> float: ...
+    def _limit_room(self, job: SchedJob, want: int) -> tuple[int, str | None]: ...
+    def _start(self, entry: Pending, allocation: Allocation, now: float) -> Start: ...
+    def _start_batch(self, entry: Pending, policy: str, now: float, room: int) -> list[Start]: ...
+    def _preempt_for(self, entry: Pending, policy: str, now: float) -> None: ...
+    def _reserve(self, entry: Pending, now: float) -> Reservation | None: ...
 
 
 class Cycle:
     """One schedule() pass: in-order starts, then backfill behind the head."""
 
-    def __init__(self, sched: Scheduler, now: float, limit: int | None) -> None:
+    def __init__(self, sched: Queue, now: float, limit: int | None) -> None:
         self.s, self.now, self.limit = sched, now, limit
         self.starts: list[Start] = []
         self.truncated = False
@@ -55,7 +75,7 @@ class Cycle:
                 s.graph.free(PHANTOM)
         s._reservation = self.reservation
 
-    def _room(self, entry: _Pending | None = None) -> int:
+    def _room(self, entry: Pending | None = None) -> int:
         """How many more starts this cycle may make (of `entry`: within its queue's limits too)."""
         room = (1 << 62) if self.limit is None else self.limit - len(self.starts)
         if entry is not None:
@@ -73,7 +93,7 @@ class Cycle:
     def _nothing_free(self) -> bool:
         return self.s.graph.cluster.free_cores + self.phantom_cores == 0
 
-    def _start_in_order(self, entry: _Pending) -> None:
+    def _start_in_order(self, entry: Pending) -> None:
         """Start elements while they fit; reserve for the job if it blocks (preempting first if it may)."""
         s, job = self.s, entry.job
         policy = job.policy or s.policy
@@ -112,7 +132,7 @@ class Cycle:
         graph.hold_free_part(PHANTOM, res.allocation)
         self.phantom_cores = graph.held_cores(PHANTOM)
 
-    def _backfill(self, entry: _Pending) -> None:
+    def _backfill(self, entry: Pending) -> None:
         """Start elements that leave the reservation alone or end before it."""
         s, job = self.s, entry.job
         policy = job.policy or s.policy
@@ -144,7 +164,7 @@ class Cycle:
             self.failed.add(shape)
         return alloc
 
-    def _start_over_phantom(self, entry: _Pending, policy: str) -> bool:
+    def _start_over_phantom(self, entry: Pending, policy: str) -> bool:
         """Start one element ignoring the reservation (it ends before the shadow).
 
         A shape that already failed this way in this cycle is not tried again; the phantom's

@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any
 
 from minicluster.model.idset import IdSet
 
@@ -40,6 +39,7 @@ from .backfill import Reservation, plan_reservation
 from .cycle import Cycle
 from .feasible import down_nodes_needed
 from .graph import ResourceGraph
+from .jobs import Pending, Preemption, SchedJob, Start
 from .limits import LimitCounters
 from .ordering import OrderKey, Ordering
 from .policies import check_policy
@@ -51,53 +51,6 @@ DEFAULT_BACKFILL_DEPTH = 1000
 _ONE_CORE = (Request(), Request(nnodes=1))
 
 
-@dataclass(frozen=True, slots=True)
-class SchedJob:
-    """A queued job; count > 1 makes it an array of independent elements."""
-
-    job_id: int
-    urgency: int = 16
-    submit_time: float = 0.0
-    request: Request = field(default_factory=Request)
-    time_limit: float | None = None
-    policy: str | None = None
-    count: int = 1
-    # Elements are numbered first_element .. first_element+count-1: an array's indexes queued again (a retry,
-    # a release after a hold) continue the numbering, so they never collide with elements still running.
-    first_element: int = 0
-    # Sharing: the queue, the submitting user and the bank charged; together the job's bucket.
-    queue: str = ""
-    user: int = -1
-    project: str = ""
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.urgency <= 31:
-            raise ValueError(f"urgency must be 0-31, got {self.urgency}")
-        if self.count < 1:
-            raise ValueError(f"count must be >= 1, got {self.count}")
-        if self.time_limit is not None and self.time_limit <= 0:
-            raise ValueError(f"time_limit must be > 0, got {self.time_limit}")
-        if self.policy is not None:
-            check_policy(self.policy)
-
-    @property
-    def order_key(self) -> tuple[int, float, int]:
-        return (-self.urgency, self.submit_time, self.job_id)
-
-    @property
-    def bucket(self) -> tuple[str, int, str]:
-        return (self.queue, self.user, self.project)
-
-    @property
-    def cores(self) -> int:
-        """Cores of one element (the whole job unless it is an array)."""
-        return self.request.total_cores
-
-    @property
-    def gpus(self) -> int:
-        return self.request.nslots * self.request.gpus_per_slot
-
-
 # A job's own priority term at a time: the broker's multifactor priority, or, by default, its urgency.
 Term = Callable[[SchedJob, float], float]
 # Called with (job, +n or -n, now, seconds) when n elements of the job start or end (seconds: their run times
@@ -105,47 +58,7 @@ Term = Callable[[SchedJob, float], float]
 UsageHook = Callable[[SchedJob, int, float, float], None]
 
 
-class Preemption(NamedTuple):
-    """Preempt element `element` of job `job_id` (SIGTERM, then the kill grace) so that job `by` can start."""
-
-    job_id: int
-    element: int
-    by: int
-
-
-class Start(NamedTuple):
-    """Run element `element` of job `job_id` on `allocation` now.
-
-    A NamedTuple (immutable, compared by value) rather than a frozen
-    dataclass: one is built per array element and construction is ~4x
-    cheaper.
-    """
-
-    job_id: int
-    element: int
-    allocation: Allocation
-
-
 _new_tuple = tuple.__new__
-
-
-class _Pending:
-    """Queue entry: the job plus how many of its elements have started."""
-
-    __slots__ = ("job", "started", "batch", "key")
-
-    def __init__(self, job: SchedJob, key: OrderKey, fast: bool = True) -> None:
-        self.job = job
-        self.key = key
-        self.started = job.first_element
-        req = job.request
-        # Array fast path (graph.alloc_array): elements that are one flat
-        # CPU-only, non-exclusive slot are started many per pass.
-        self.batch = fast and job.count > 1 and req.batchable
-
-    @property
-    def remaining(self) -> int:
-        return self.job.first_element + self.job.count - self.started
 
 
 class Scheduler:
@@ -172,7 +85,7 @@ class Scheduler:
         self.queue_priority: dict[str, int] = {}
         self.preemptible: set[str] = set()
         self.preempt_grace = 0.0
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, Pending] = {}
         self._ordering = Ordering(live=lambda job_id: self._pending[job_id].remaining > 0,
                                   runs=lambda job_id: self._pending[job_id].job.queue not in self.stopped)
         # The time every queued job's term is dated at (its age): the last reprioritize, or the first enqueue.
@@ -209,7 +122,7 @@ class Scheduler:
         if self._term_time is None:
             self._term_time = job.submit_time if now is None else now
         key = self._order_key(job, self._term_time)
-        self._pending[job.job_id] = _Pending(job, key, self.array_fast_path)
+        self._pending[job.job_id] = Pending(job, key, self.array_fast_path)
         self._ordering.insert(job.bucket, key)
         self.limits.queued(job.queue, job.user, job.count)
         self._queue_version += 1
@@ -238,7 +151,7 @@ class Scheduler:
         if entry is None:
             return False
         job = entry.job
-        grown = _Pending(dataclasses.replace(job, count=job.count + count), entry.key, self.array_fast_path)
+        grown = Pending(dataclasses.replace(job, count=job.count + count), entry.key, self.array_fast_path)
         grown.started = entry.started
         self._pending[job_id] = grown
         self._ordering.touch(job.bucket)
@@ -516,7 +429,7 @@ class Scheduler:
     def _time_limit(self, job: SchedJob) -> float:
         return job.time_limit or self.default_time_limit
 
-    def _start(self, entry: _Pending, allocation: Allocation, now: float) -> Start:
+    def _start(self, entry: Pending, allocation: Allocation, now: float) -> Start:
         job = entry.job
         key = (job.job_id, entry.started)
         self.graph.alloc(key, allocation)
@@ -528,7 +441,7 @@ class Scheduler:
         self._preempting.pop(job.job_id, None)
         return Start(job.job_id, key[1], allocation)
 
-    def _start_batch(self, entry: _Pending, policy: str, now: float, room: int) -> list[Start]:
+    def _start_batch(self, entry: Pending, policy: str, now: float, room: int) -> list[Start]:
         """Start up to `room` elements of an array in one pass (graph.alloc_array)."""
         job = entry.job
         req = job.request
@@ -559,7 +472,7 @@ class Scheduler:
             return 0, f"QueueStopped: queue {job.queue} is stopped"
         return self.limits.room(job.queue, job.user, job.cores, job.gpus, want)
 
-    def _preempt_for(self, entry: _Pending, policy: str, now: float) -> None:
+    def _preempt_for(self, entry: Pending, policy: str, now: float) -> None:
         """Preempt running elements of lower-priority preemptible queues so the blocked head can start."""
         job = entry.job
         waiting = self._preempting.get(job.job_id)
@@ -586,7 +499,7 @@ class Scheduler:
         self._preempting[job.job_id] = set(chosen)
         self._reservation_stamp = None
 
-    def _reserve(self, entry: _Pending, now: float) -> Reservation | None:
+    def _reserve(self, entry: Pending, now: float) -> Reservation | None:
         """Reservation for the blocked head, reused while still valid."""
         job = entry.job
         stamp = (job.job_id, self._releases, self.graph.topology_version)
