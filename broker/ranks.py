@@ -41,6 +41,9 @@ class RankTable:
         self.unresponsive_after = unresponsive_after
         self.lost_after = lost_after
         self.ranks = {r: RankInfo(r, endpoint=endpoint_of(r)) for r in range(tree_size)}
+        # Ranks heard from again after being unresponsive or lost, until taken: their children may be adopted
+        # elsewhere and are to be sent home (protocol.md §2.4.1).
+        self.came_back: list[int] = []
         self._expected_in: dict[RankState, int] = {}
         self._recount()
 
@@ -54,6 +57,8 @@ class RankTable:
         if info.rank < self.size:
             self._expected_in[info.state] -= 1
             self._expected_in[state] += 1
+        if state == RankState.UP and info.state in (RankState.UNRESPONSIVE, RankState.LOST):
+            self.came_back.append(info.rank)
         info.state, info.since = state, self.wall()
 
     def resize(self, size: int) -> None:

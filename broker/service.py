@@ -39,7 +39,7 @@ from minicluster import config as config_mod
 from minicluster import exitcodes, runtime
 from minicluster.config import InstanceConfig
 from minicluster.overlay.curve import Certificate
-from minicluster.overlay.transport import Overlay
+from minicluster.overlay.transport import HOME, Overlay
 from minicluster.proto import messages, topology
 from minicluster.proto.envelope import BadMessage, Message
 from worker import rank0
@@ -246,6 +246,19 @@ class Broker:
         if rank0.for_agent(msg):
             self.agent.handle(msg)
             return
+        self._handle(msg)
+        if self.ranks.came_back:
+            self._call_children_home()
+
+    def _call_children_home(self) -> None:
+        """Ranks heard from again: their children may have linked around them while they were away (§2.4.1)."""
+        back, self.ranks.came_back = self.ranks.came_back, []
+        for rank in back:
+            for child in topology.children(rank, self.config.fanout, self.config.tree_size):
+                if self.ranks.is_member(child):
+                    self.overlay.send(HOME, child, {})
+
+    def _handle(self, msg: Message) -> None:
         handler = _HANDLERS.get(msg.kind)
         if handler is None:
             messages.send(self.overlay.send, msg.src,
