@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from minicluster import Client, ClientError
-from tests.integration.test_cli import instance, job_json, mc, wait_state  # noqa: F401  (module fixture)
+from tests.integration.conftest import until
+from tests.integration.test_cli import instance, job_json, mc  # noqa: F401  (module fixture)
 
 # Each of 4 tasks writes 15 lines one byte per write(2), pausing now and then: forwarded as written, the
 # bytes of different tasks would interleave inside lines.
@@ -123,13 +124,12 @@ def test_logs_of_a_job_with_an_output_file_say_where_it_went(tmp_path: Path) -> 
     assert (tmp_path / f"out-{job}.txt").read_text() == "to a file\n"
 
 
-def test_a_cancelled_array_ends_non_zero_even_if_its_tasks_exit_0() -> None:
-    script = 'trap "exit 0" TERM; sleep 30 & wait'
+def test_a_cancelled_array_ends_non_zero_even_if_its_tasks_exit_0(tmp_path: Path) -> None:
+    script = f'trap "exit 0" TERM; touch {tmp_path}/$MC_TASK_INDEX; sleep 30 & wait'
     waiter = subprocess.Popen(["mc-submit", "--wait", "--cc", "1-4", "sh", "-c", script], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     job = int(waiter.stdout.readline())  # type: ignore[union-attr]
-    wait_state(job, "RUN")
-    time.sleep(0.3)
+    until(lambda: len(list(tmp_path.iterdir())) == 4, "every task set its trap")
     assert mc("cancel", str(job)).returncode == 0
     _out, err = waiter.communicate(timeout=30)
     assert waiter.returncode == 143

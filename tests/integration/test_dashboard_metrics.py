@@ -22,7 +22,7 @@ import pytest
 from broker.journal import Journal
 from broker.status_http import metrics_text
 from minicluster.testing import LocalCluster
-from tests.integration.conftest import job, wait_for
+from tests.integration.conftest import job, until, wait_for
 from tests.integration.test_disk_full import journal_stalled_on_a_full_disk
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,10 +190,14 @@ def test_fair_share_usage_per_bank_and_user(cluster: tuple[LocalCluster, int]) -
     c, port = cluster
     with c.client() as client:
         wait_for(client, client.submit(job(["sleep", "1"], ntasks=2)))
-    time.sleep(0.5)  # two fair-share refreshes (fairshare_interval 0.2 s)
-    text = scrape(port)
-    user = value(text, 'minicluster_fairshare_usage_core_seconds{bank="physics",user="root",uid="0"}')
-    assert user >= 1.5  # 2 cores for about a second, decayed by a half-life of days
+    series = 'minicluster_fairshare_usage_core_seconds{bank="physics",user="root",uid="0"}'
+
+    def counted() -> str:  # 2 cores for about a second, decayed by a half-life of days
+        text = scrape(port)
+        return text if f"{series} " in text and value(text, series) >= 1.5 else ""
+
+    text = until(counted, "a fair-share refresh (every 0.2 s here) counts the job's usage")
+    user = value(text, series)
     assert value(text, 'minicluster_fairshare_bank_usage_core_seconds{bank="physics"}') == user
     assert value(text, 'minicluster_fairshare_bank_shares_ratio{bank="physics"}') == 1.0
     assert 0 < value(text, 'minicluster_fairshare_factor{bank="physics",user="root",uid="0"}') <= 1
