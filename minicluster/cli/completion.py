@@ -11,6 +11,7 @@ import shlex
 import sys
 
 from minicluster.cli.argparser import Parser, capture_parser
+from minicluster.cli.commands import COMMANDS, resolve
 
 # Subcommands whose positional arguments are job ids, and whether finished jobs are worth offering.
 JOB_ARGUMENTS = {"cancel": False, "attach": True, "logs": True, "eventlog": True, "jobs": True, "hold": False,
@@ -92,16 +93,12 @@ def candidates(words: list[str], bare_values: bool = True) -> list[str]:
     rest = words[1:]
     if words[0].rsplit("/", 1)[-1] == "mc-submit":
         rest = ["submit", *rest]
-    from minicluster.cli.main import COMMANDS
-
     if len(rest) <= 1:
         current = rest[0] if rest else ""
         return [c for c in [*COMMANDS, "--help", "--version"] if c.startswith(current)]
     name, done, current = rest[0], rest[1:-1], rest[-1]
     if name not in COMMANDS or name in INTERNAL:
         return []
-    from minicluster.cli.main import resolve
-
     parser = capture_parser(resolve(name))
     if parser is None:
         return []
