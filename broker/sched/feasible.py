@@ -12,18 +12,15 @@ would succeed on this instance if it were empty" (property-tested).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from . import units
 from .request import Constraint, InfeasibleRequest, Request, format_constraint
 from .state import Shape
 from .topology import GroupState
-
-if TYPE_CHECKING:
-    from .graph import ResourceGraph
+from .view import GraphView
 
 
-def check_feasible(graph: ResourceGraph, req: Request) -> None:
+def check_feasible(graph: GraphView, req: Request) -> None:
     """Raise InfeasibleRequest with a user-facing reason, or return None."""
     shapes = graph.cluster.shapes
     if not shapes:
@@ -46,7 +43,7 @@ def check_feasible(graph: ResourceGraph, req: Request) -> None:
         raise InfeasibleRequest(_level_reason(graph.cluster, 0, req, found, with_))
 
 
-def down_nodes_needed(graph: ResourceGraph, req: Request) -> list[int]:
+def down_nodes_needed(graph: GraphView, req: Request) -> list[int]:
     """The down nodes a request waits for (Slurm's ReqNodeNotAvail): the down ranks that match its constraints,
     when the nodes that are up could not hold it even if they were empty; [] when they could, and for a request
     with topology levels (not looked at). O(1) while every node is up."""
@@ -108,7 +105,7 @@ def _check_per_slot(matching: Mapping[Shape, int], req: Request, with_: str) -> 
             raise InfeasibleRequest(f"needs {need} {unit} per task{on}, {where} has {most[key]}")
 
 
-def _check_levels(graph: ResourceGraph, req: Request) -> None:
+def _check_levels(graph: GraphView, req: Request) -> None:
     names = [name for name, _ in graph.levels]
     last = -1
     for level, _count, _excl in req.groups:

@@ -9,7 +9,7 @@ totals over their usable nodes plus counts of idle and usable nodes, and
 the cluster root in addition bitmask indexes over nodes (bit = rank): ranks
 by exact free-core count ("buckets"), with any free core, with any free GPU,
 fully idle, usable, and per property.  All are updated incrementally on
-every alloc/free/health change.  The matcher (match.py, walk.py) descends
+every alloc/free/health change.  The matcher (query.py: match.py, walk.py) descends
 this tree, pruning whole subtrees by their aggregates and ANDing the masks
 before it visits node vertices.
 """
@@ -20,7 +20,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 
 import networkx as nx
 
-from . import match as matcher, report
+from . import match as matcher, query, report
 from .alloc import Allocation
 from .carve import SingleHold
 from .feasible import check_feasible
@@ -543,8 +543,8 @@ class ResourceGraph:
 
     # match(request, policy="first-fit") -> Allocation | None; bound directly,
     # without a wrapper call, because it is the hottest entry point.
-    match = matcher.match
-    fits = matcher.fits  # fits(request, policy="first-fit") -> bool, no ids carved
+    match = query.match
+    fits = query.fits  # fits(request, policy="first-fit") -> bool, no ids carved
 
     def check_feasible(self, request: Request) -> None:
         """Raise InfeasibleRequest if request could never fit, even on an empty instance."""

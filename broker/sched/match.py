@@ -6,7 +6,8 @@ candidates in policy order, asking each node vertex how many slots (units)
 it can hold, until the request is covered (gang: all or nothing); (3) carve
 real core/GPU ids on the chosen nodes' sockets.  Nothing is taken: alloc()
 does.  Requests with topology levels or socket-bound slots first descend
-the group vertices (walk.py) and run step 2 inside the groups they choose;
+the group vertices (walk.py; query.py sends them there) and run step 2
+inside the groups they choose;
 flat requests start at the cluster vertex, where the bitmask fast paths
 below (one slot, array elements, gangs) do the same walk in C-level int
 operations.
@@ -16,39 +17,16 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from . import units as socket_units
 from .alloc import Allocation, RankAlloc
 from .policies import candidate_order, check_policy
 from .request import Request
 from .state import Hold, NodeState
-
-if TYPE_CHECKING:
-    from .graph import ResourceGraph
+from .view import GraphView
 
 Picks = list[tuple[NodeState, int]]  # (node, units); a unit is unit_slots slots
-
-
-def match(graph: ResourceGraph, request: Request, policy: str = "first-fit") -> Allocation | None:
-    """Find resources for request in what is free now under policy, or None.
-
-    A pure query: nothing is taken until ResourceGraph.alloc().
-    """
-    if request.tree or policy == "locality-first":
-        from . import walk
-
-        return walk.match_tree(graph, request, check_policy(policy))
-    check_policy(policy)
-    mask = candidates(graph, request)
-    if not mask:
-        return None
-    if request.nslots == 1:
-        return _match_one(graph, mask, request, policy)
-    picks = choose(graph, mask, request, policy)
-    if picks is None:
-        return None
-    return allocation_of(picks, request)
 
 
 def allocation_of(picks: Picks, request: Request,
@@ -72,17 +50,6 @@ def allocation_of(picks: Picks, request: Request,
     return Allocation(ranks, request.exclusive, hint, held)
 
 
-def fits(graph: ResourceGraph, request: Request, policy: str = "first-fit") -> bool:
-    """Whether match() would succeed, without carving ids (cheaper for wide jobs)."""
-    if request.tree or policy == "locality-first":
-        from . import walk
-
-        return walk.fits_tree(graph, request, check_policy(policy))
-    check_policy(policy)
-    mask = candidates(graph, request)
-    return bool(mask) and choose(graph, mask, request, policy) is not None
-
-
 def capacity_of(req: Request) -> Callable[[NodeState], int]:
     """node -> how many units of req it holds now."""
     if req.sockets:
@@ -91,7 +58,7 @@ def capacity_of(req: Request) -> Callable[[NodeState], int]:
     return lambda node: node.capacity(cps, gps, mps)
 
 
-def choose(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Picks | None:
+def choose(graph: GraphView, mask: int, req: Request, policy: str) -> Picks | None:
     """Which nodes of mask, and how many units on each, in policy order."""
     counts = req.node_counts()
     if counts and mask.bit_count() < len(counts):  # one count per candidate node at most
@@ -109,7 +76,7 @@ def choose(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Picks 
     return _pick_greedy(sized, req.nslots // unit)
 
 
-def _match_one(graph: ResourceGraph, mask: int, req: Request, policy: str) -> Allocation | None:
+def match_one(graph: GraphView, mask: int, req: Request, policy: str) -> Allocation | None:
     """One slot: the first node in policy order that can hold it.
 
     This is the hot path (single-task jobs, array elements); under first-fit
@@ -136,7 +103,7 @@ def _one_slot(node: NodeState, req: Request) -> Allocation:
     return Allocation({node.rank: RankAlloc(slots)}, req.exclusive, {node.rank: (node, hold)})
 
 
-def pick_elements(graph: ResourceGraph, req: Request, policy: str, count: int) -> Picks:
+def pick_elements(graph: GraphView, req: Request, policy: str, count: int) -> Picks:
     """Nodes and per-node counts for up to `count` one-slot tasks (array elements).
 
     The same nodes, with the same counts, as `count` successive one-slot
@@ -187,12 +154,12 @@ def pick_elements(graph: ResourceGraph, req: Request, policy: str, count: int) -
     return [(by_pos[pos], n) for pos, n in taken.items()]
 
 
-def _present(graph: ResourceGraph) -> list[NodeState]:
+def _present(graph: GraphView) -> list[NodeState]:
     """graph.by_pos as the matcher reads it: every bit of a candidate mask is a present node, never a hole."""
     return cast("list[NodeState]", graph.by_pos)
 
 
-def candidates(graph: ResourceGraph, req: Request) -> int:
+def candidates(graph: GraphView, req: Request) -> int:
     """Mask of usable nodes that pass every cheap test; 0 when nothing can fit."""
     cl = graph.cluster
     n, gps, mps = req.total_slots if req.groups else req.nslots, req.gpus_per_slot, req.mem_per_slot

@@ -15,14 +15,11 @@ nodes are candidates and how many slots each takes is match.py's job.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from minicluster.model.jobterms import POLICIES as POLICIES  # one list for the matcher, config and CLI
 
 from .idset import iter_ascending, iter_descending
-
-if TYPE_CHECKING:
-    from .graph import ResourceGraph
+from .view import GraphView
 
 DEFAULT_POLICY = "first-fit"
 
@@ -35,7 +32,7 @@ def check_policy(name: str) -> str:
     return name
 
 
-def candidate_order(graph: ResourceGraph, mask: int, policy: str, min_free: int) -> Iterator[int]:
+def candidate_order(graph: GraphView, mask: int, policy: str, min_free: int) -> Iterator[int]:
     """Yield the positions set in mask in the policy's preference order.
 
     min_free (free cores a node needs) lets pack/spread skip whole buckets.

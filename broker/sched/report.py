@@ -8,19 +8,17 @@ node; so total - free - used is out of service.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from minicluster.model.idset import IdSet
 
 from . import idset
 from .state import NodeState
 from .topology import GroupState, ancestors
-
-if TYPE_CHECKING:
-    from .graph import ResourceGraph
+from .view import GraphView
 
 
-def tree(graph: ResourceGraph) -> dict[str, Any]:
+def tree(graph: GraphView) -> dict[str, Any]:
     return _group(graph.cluster)
 
 
@@ -40,7 +38,7 @@ def node_state(node: NodeState) -> str:
     return "down" if not node.up else "drained" if node.drain_reason is not None else "up"
 
 
-def summary(graph: ResourceGraph) -> list[dict[str, Any]]:
+def summary(graph: GraphView) -> list[dict[str, Any]]:
     rows = []
     for node in graph.iter_nodes():
         free_cores = [c for s in node.sockets for c in idset.iter_ascending(s.cores_free)]
@@ -59,7 +57,7 @@ def summary(graph: ResourceGraph) -> list[dict[str, Any]]:
     return rows
 
 
-def cores_busy(graph: ResourceGraph) -> dict[str, list[tuple[Any, ...]]]:
+def cores_busy(graph: GraphView) -> dict[str, list[tuple[Any, ...]]]:
     """For /metrics: (rank, cores, busy) per rank and (level, path, cores, busy) per topology group below the
     cluster root, busy being the cores allocations hold.  O(ranks × levels) from the kept counts."""
     ranks: list[tuple[Any, ...]] = []
@@ -77,7 +75,7 @@ def cores_busy(graph: ResourceGraph) -> dict[str, list[tuple[Any, ...]]]:
     return {"ranks": ranks, "domains": [(g.level, g.label, *counts) for g, counts in groups.items()]}
 
 
-def placement(graph: ResourceGraph, ranks: Iterable[int]) -> list[dict[str, str]]:
+def placement(graph: GraphView, ranks: Iterable[int]) -> list[dict[str, str]]:
     """[{"path": "zone=a/rack=r1", "ranks": "0-3"}, ...] in rank order; unknown ranks: path "?"."""
     groups: dict[str, list[int]] = {}
     for rank in sorted(set(ranks)):

@@ -20,16 +20,14 @@ request without levels tries to fit it under one vertex of the lowest level
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from . import match as matcher
 from .alloc import Allocation
 from .idset import iter_ascending
 from .request import Request
 from .topology import GroupState
-
-if TYPE_CHECKING:
-    from .graph import ResourceGraph
+from .view import GraphView
 
 NODE_POLICY = {"locality-first": "first-fit"}
 
@@ -45,7 +43,7 @@ class Need(NamedTuple):
     whole: bool  # exclusive level: every node idle
 
 
-def match_tree(graph: ResourceGraph, req: Request, policy: str) -> Allocation | None:
+def match_tree(graph: GraphView, req: Request, policy: str) -> Allocation | None:
     found = search(graph, req, policy)
     if found is None:
         return None
@@ -59,11 +57,11 @@ def match_tree(graph: ResourceGraph, req: Request, policy: str) -> Allocation | 
     return matcher.allocation_of(picks, req, held or None)
 
 
-def fits_tree(graph: ResourceGraph, req: Request, policy: str) -> bool:
+def fits_tree(graph: GraphView, req: Request, policy: str) -> bool:
     return search(graph, req, policy) is not None
 
 
-def search(graph: ResourceGraph, req: Request,
+def search(graph: GraphView, req: Request,
            policy: str) -> tuple[Request, matcher.Picks, list[GroupState]] | None:
     """(the request as matched, node picks, groups held whole) or None."""
     if policy == "locality-first" and not req.groups and req.nslots > 1:
@@ -77,7 +75,7 @@ def search(graph: ResourceGraph, req: Request,
 
 
 class _Walk:
-    def __init__(self, graph: ResourceGraph, req: Request, policy: str) -> None:
+    def __init__(self, graph: GraphView, req: Request, policy: str) -> None:
         self.graph, self.req, self.policy = graph, req, policy
         self.node_policy = NODE_POLICY.get(policy, policy)
         self.mask = 0
@@ -146,7 +144,7 @@ class _Walk:
         return sorted(groups, key=lambda g: g.free_cores)  # pack, locality-first
 
 
-def rebuild(graph: ResourceGraph, req: Request,
+def rebuild(graph: GraphView, req: Request,
             tasks: list[tuple[int, tuple[int, ...], tuple[int, ...]]]) -> Allocation:
     """The Allocation of a running job from its tasks' (rank, cores, GPUs), in task order.
 

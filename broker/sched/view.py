@@ -1,0 +1,31 @@
+"""What the matcher, the feasibility check and the reports read of a resource graph (graph.py's ResourceGraph).
+
+They take the graph as this Protocol rather than as ResourceGraph, so that the graph, which calls them, is the
+only one of them that imports the other: no import cycle between the graph and its algorithms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from .request import Constraint
+from .state import NodeState
+from .topology import ClusterState, Levels
+
+
+class GraphView(Protocol):
+    """The containment tree's root and nodes, and the masks the matcher prunes with."""
+
+    levels: Levels                    # topology levels, top down
+    cluster: ClusterState             # the root vertex: aggregates and the bitmask indexes over nodes
+    nodes: dict[int, NodeState]       # rank -> node vertex
+    by_pos: list[NodeState | None]    # bit position (the rank) -> node vertex, None where there is none
+
+    def constraint_mask(self, constraints: tuple[Constraint, ...]) -> int:
+        """Mask of the nodes that satisfy every constraint."""
+        ...
+
+    def iter_nodes(self) -> Iterator[NodeState]:
+        """Node vertices in rank order."""
+        ...
