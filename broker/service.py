@@ -39,7 +39,8 @@ from minicluster import config as config_mod
 from minicluster import exitcodes, runtime
 from minicluster.config import InstanceConfig
 from minicluster.overlay.curve import Certificate
-from minicluster.overlay.transport import HOME, Overlay
+from minicluster.overlay.transport import Overlay
+from minicluster.overlay.uplink import HOME
 from minicluster.proto import messages, topology
 from minicluster.proto.envelope import BadMessage, Message
 from worker import rank0

@@ -35,7 +35,8 @@ from minicluster import config as config_mod
 from minicluster import runtime
 from minicluster.config import InstanceConfig
 from minicluster.overlay import curve
-from minicluster.proto import envelope, topology
+from minicluster.overlay.uplink import HOME, Uplink
+from minicluster.proto import envelope
 from minicluster.proto.envelope import BadMessage, Message
 from minicluster.testing.cluster import LocalCluster
 from worker.agent import WorkerAgent
@@ -43,57 +44,48 @@ from worker.resources import discover
 
 
 class SimulatedRank:
-    """One leaf rank: a DEALER to its parent, as the real worker's overlay opens it, and the real agent."""
+    """One leaf rank: the real worker's uplink to its parent (with its healing, §2.4.1) and the real agent."""
 
     def __init__(self, ctx: zmq.asyncio.Context, config: InstanceConfig, cert: curve.Certificate, rank: int,
                  agent_resources: Any) -> None:
         self.rank = rank
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, str(rank).encode())
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.SNDHWM, 10_000)
-        self.sock.setsockopt(zmq.RCVHWM, 10_000)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, envelope.MAX_FRAME)
-        self.sock.setsockopt(zmq.RECONNECT_IVL, 50)
-        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
-        curve.make_client(self.sock, cert)
-        parent = topology.parent(rank, config.fanout)
-        assert parent is not None
-        self.sock.connect(config.endpoint_of(parent))
+        self.uplink = Uplink(ctx, config, rank, cert, self.receive)
         self.agent = WorkerAgent(config, rank, self.send, agent_resources, f"unix://{config.socket_path}")
         self.bad_frames = 0
 
     def send(self, kind: str, dst: int, body: dict[str, Any]) -> None:
         # A leaf routes everything up (§2.4); zmq.asyncio queues behind EAGAIN in order, as the real overlay's.
-        self.sock.send_multipart([envelope.encode(Message(kind, self.rank, dst, body))])
+        self.uplink.send([envelope.encode(Message(kind, self.rank, dst, body))])
 
-    async def receive(self) -> None:
+    async def receive(self, sock: zmq.asyncio.Socket) -> None:
         while True:
-            frames = await self.sock.recv_multipart()
+            frames = await sock.recv_multipart()
             try:
                 msg = envelope.decode(frames[-1])
             except BadMessage:
                 self.bad_frames += 1
                 continue
-            if msg.dst == self.rank:
+            if msg.dst != self.rank:
+                continue
+            if msg.kind == HOME:
+                self.uplink.go_home()
+            else:
                 self.agent.handle(msg)
 
     async def run(self) -> None:
-        receiving = asyncio.get_running_loop().create_task(self.receive())
+        self.uplink.start()
         try:
             await self.agent.run()
         finally:
-            receiving.cancel()
-            self.sock.close(linger=200)
+            await self.uplink.close()
 
 
 async def run_simulator(config: InstanceConfig, cert: curve.Certificate, ranks: range, stagger: float = 0.0) -> None:
     """Run `ranks` as simulated leaves in this event loop until each got `shutdown` (or SIGTERM); with `stagger`,
     their connects are spread evenly over that many seconds, as pods that come up one after another."""
     ctx = zmq.asyncio.Context()
-    ctx.set(zmq.MAX_SOCKETS, len(ranks) + 64)
+    # Each rank: its DEALER, and the pair of sockets its link monitor speaks over (minicluster/overlay/uplink.py).
+    ctx.set(zmq.MAX_SOCKETS, 3 * len(ranks) + 64)
     # Every rank's node looks the same; discovery (reading /proc, /sys) is done once, not per rank.
     node = discover(config.resources, config.node_properties)
     loop = asyncio.get_running_loop()

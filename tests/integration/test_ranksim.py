@@ -12,10 +12,12 @@ import zmq
 import zmq.asyncio
 
 from minicluster.overlay import curve
+from minicluster.overlay.uplink import Uplink
 from minicluster.proto import envelope, messages
+from minicluster.proto.envelope import Message
 from minicluster.testing import LocalCluster
 from minicluster.testing.builders import resources
-from minicluster.testing.ranksim import SimulatedCluster, SimulatedRank
+from minicluster.testing.ranksim import SimulatedCluster
 from tests.integration.conftest import job, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -45,7 +47,7 @@ def test_simulated_ranks_join_and_run_an_array_once_each(tmp_path: Path, fanout:
 def test_a_repeated_join_is_welcomed_again_and_redoes_nothing(tmp_path: Path) -> None:
     """A `join` repeated before the worker read its `welcome` (same pid, an epoch not the broker's: protocol.md
     §2.6) is answered with the `welcome` again, and rank 0 does not redo the rank's membership: the rank keeps the
-    `since` of its first join. The rank is a simulated rank's DEALER (CURVE, rank 1's routing id) driven by hand."""
+    `since` of its first join. The rank is a worker's uplink (CURVE, rank 1's routing id) driven by hand."""
     local = LocalCluster(tmp_path, size=2, test_exec=True, unresponsive_after=60.0, lost_after=120.0)
     try:
         local.start_rank(0)
@@ -60,24 +62,31 @@ def test_a_repeated_join_is_welcomed_again_and_redoes_nothing(tmp_path: Path) ->
 async def join_twice(local: LocalCluster) -> tuple[list[dict[str, Any]], list[float]]:
     ctx = zmq.asyncio.Context()
     node = resources("cores=2")
-    rank = SimulatedRank(ctx, local.config, curve.load(local.config.curve_cert), 1, node)
+    got: asyncio.Queue[Message] = asyncio.Queue()
+
+    async def receive(sock: zmq.asyncio.Socket) -> None:
+        while True:
+            got.put_nowait(envelope.decode((await sock.recv_multipart())[-1]))
+
+    uplink = Uplink(ctx, local.config, 1, curve.load(local.config.curve_cert), receive)
+    uplink.start()
     join = messages.Join(4242, "sim-1", node.to_wire(), [], [], 0)
     welcomes, since = [], []
     try:
         for _ in range(2):
-            messages.send(rank.send, 0, join)
-            welcomes.append(await welcome(rank))
+            messages.send(lambda kind, dst, body: uplink.send([envelope.encode(Message(kind, 1, dst, body))]), 0,
+                          join)
+            welcomes.append(await welcome(got))
             with local.client() as client:
                 since.append(next(row["since"] for row in client.status()["ranks"] if row["rank"] == 1))
     finally:
-        rank.sock.close(linger=0)
+        await uplink.close()
         ctx.destroy(linger=0)
     return welcomes, since
 
 
-async def welcome(rank: SimulatedRank) -> dict[str, Any]:
+async def welcome(got: asyncio.Queue[Message]) -> dict[str, Any]:
     while True:
-        frames = await asyncio.wait_for(rank.sock.recv_multipart(), 30)
-        msg = envelope.decode(frames[-1])
+        msg = await asyncio.wait_for(got.get(), 30)
         if msg.kind == "welcome":
             return msg.body
