@@ -7,6 +7,7 @@
 - temp_journal / flushed (journal.py): the broker's real sqlite journal in a test's directory.
 - builders (builders.py): jobspecs, job records and node resources with sensible defaults.
 - SimulatedCluster (ranksim.py): a real rank 0 with thousands of simulated worker ranks in a few processes.
+- until_true (waiting.py): poll a condition inside an event loop, with a deadline.
 
 Importing this package imports the whole stack (LocalCluster needs the launcher); test code only.
 """
@@ -17,8 +18,9 @@ from minicluster.testing.clock import FakeClock
 from minicluster.testing.cluster import LocalCluster
 from minicluster.testing.comm import RecordingSender
 from minicluster.testing.journal import flushed, temp_journal
+from minicluster.testing.waiting import until_true
 
 __all__ = [
     "FakeClock", "LocalCluster", "RecordingSender", "flushed", "job", "jobspec", "jobspec_wire", "resources",
-    "temp_journal",
+    "temp_journal", "until_true",
 ]

@@ -4,7 +4,6 @@ adopter then routes the tree's way again. Fanout 2: 7 → 3 → 1 → 0."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 from minicluster import config as config_mod
@@ -12,6 +11,7 @@ from minicluster.overlay import curve
 from minicluster.overlay.transport import Overlay
 from minicluster.overlay.uplink import HOME
 from minicluster.proto.envelope import Message
+from minicluster.testing import until_true
 
 
 def _config(tmp_path: Path) -> config_mod.InstanceConfig:
@@ -19,13 +19,6 @@ def _config(tmp_path: Path) -> config_mod.InstanceConfig:
         "name": "healing", "size": 8, "fanout": 2, "endpoint": f"ipc://{tmp_path}/rank{{rank}}.sock",
         "curve_cert": str(curve.create(tmp_path / "curve")), "state_dir": str(tmp_path),
         "heartbeat_interval": 0.1, "unresponsive_after": 0.4}, source="test")
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.02)
-    assert check(), what
 
 
 class Ranks:
@@ -66,9 +59,9 @@ async def test_a_rank_links_around_two_dead_levels_and_goes_home(tmp_path: Path)
 
         await ranks.stop(3)
         await ranks.stop(1)
-        await until(lambda: leaf.uplink is not None and leaf.uplink.parent == 0, "7 linked to rank 0")
+        await until_true(lambda: leaf.uplink is not None and leaf.uplink.parent == 0, "7 linked to rank 0")
         assert leaf.uplink.moves == 2  # 3, then 1, then 0
-        await until(lambda: 7 in root.adopted, "rank 0 took 7 in (its attach)")
+        await until_true(lambda: 7 in root.adopted, "rank 0 took 7 in (its attach)")
         await ranks.delivered(0, 7, 2)
         await ranks.delivered(7, 0, 3)
 
@@ -76,7 +69,7 @@ async def test_a_rank_links_around_two_dead_levels_and_goes_home(tmp_path: Path)
         ranks.start(3)
         await ranks.delivered(0, 3, 5)  # 3 is linked to 1, and 1 to 0
         root.send(HOME, 7, {})
-        await until(lambda: leaf.uplink is not None and leaf.uplink.parent == 3, "7 went home")
+        await until_true(lambda: leaf.uplink is not None and leaf.uplink.parent == 3, "7 went home")
         assert not any(m.kind == HOME for m in ranks.got[7]), "home is the transport's, not the handler's"
         # Rank 0 still holds 7 as adopted; its send to 7 finds 7 gone and takes the tree's way through 1 and 3.
         await ranks.delivered(0, 7, 4)

@@ -12,7 +12,7 @@ import pytest
 from minicluster.config import from_mapping
 from minicluster.proto.backoff import JOIN_REPEAT_CAP, JOIN_REPEAT_FIRST, Backoff
 from minicluster.proto.envelope import Message
-from minicluster.testing import RecordingSender
+from minicluster.testing import RecordingSender, until_true
 from minicluster.testing.builders import resources
 from worker.agent import WorkerAgent
 
@@ -53,20 +53,13 @@ def agent_and_sender(tmp_path: Path) -> tuple[WorkerAgent, TimedSender]:
     return WorkerAgent(config, 1, sender.send, resources("cores=2"), "unix:///nonexistent"), sender
 
 
-async def until(condition: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 async def test_an_agent_repeats_its_join_backing_off_and_sends_no_heartbeat_before_the_welcome(
         agent_and_sender: tuple[WorkerAgent, TimedSender]) -> None:
     agent, sender = agent_and_sender
     agent.join_repeats = Backoff(first=0.04, cap=0.32)
     running = asyncio.get_running_loop().create_task(agent.run())
     try:
-        await until(lambda: len(sender.times) >= 5)
+        await until_true(lambda: len(sender.times) >= 5, "five joins")
         kinds = [kind for kind, _ in sender.times]
         assert set(kinds) == {"join"}, f"only joins before the welcome, not {kinds}"
         sent = [t for _, t in sender.times]
@@ -76,14 +69,14 @@ async def test_an_agent_repeats_its_join_backing_off_and_sends_no_heartbeat_befo
 
         agent.handle(Message("welcome", 0, 1, {"epoch": 1, "size": 2}))
         sender.take()
-        await until(lambda: "hb" in sender.kinds())
+        await until_true(lambda: "hb" in sender.kinds(), "a heartbeat")
         assert "join" not in sender.kinds(), "welcomed: no more joins"
 
         agent.handle(Message("rejoin", 0, 1, {"epoch": 2}))
         assert sender.take("join") != [], "a rejoin while welcomed: a join at once"
         agent.handle(Message("rejoin", 0, 1, {"epoch": 2}))
         assert sender.take("join") == [], "a rejoin while a join is out: none more than the backoff's"
-        await until(lambda: "join" in sender.kinds())  # the repeat, on the restarted schedule
+        await until_true(lambda: "join" in sender.kinds(), "a join")  # the repeat, on the restarted schedule
     finally:
         agent.stopped.set()
         await asyncio.wait_for(running, 10)
