@@ -18,8 +18,7 @@ import statistics
 import time
 
 from broker.sched import Allocation, InfeasibleRequest, RankAlloc, Request, ResourceGraph, Slot
-from broker.sched.state import NodeState
-from broker.sched.topology import GroupState
+from broker.sched.state import GroupState, NodeState
 from minicluster.model import restree
 
 LEVELS = "zone=topology.kubernetes.io/zone,rack=example.com/rack"

@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 from .alloc import Allocation
 from .graph import ResourceGraph
 from .request import Request
-from .state import Hold
+from .sockets import Hold
 
 PHANTOM = ("__sched_reservation__",)
 

@@ -9,13 +9,11 @@ prefer the socket of the slot's cores.  FlatCarving is a mixin of NodeState
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from . import idset
 from .alloc import Allocation, RankAlloc, Slot, make_slot
-
-if TYPE_CHECKING:
-    from .state import Hold, NodeState, SocketState
+from .sockets import Hold, SocketState
 
 # (socket core/gpu masks and memory, n, cps, gps, mps) -> carve of an idle
 # node; values are immutable, the cache is emptied when it grows big.
@@ -27,7 +25,7 @@ _IDLE_CARVES_MAX = 4096
 _SINGLES_MAX = 4096
 
 
-class SingleHold(dict[int, "Hold"]):
+class SingleHold(dict[int, Hold]):
     """The holds record {rank: Hold} of one single-slot CPU-only task.
 
     A plain holds dict to everything in the graph, plus what lets free()
@@ -41,7 +39,7 @@ class SingleHold(dict[int, "Hold"]):
     """
 
     __slots__ = ("node", "sock", "mask", "ncores", "mem")
-    node: NodeState
+    node: FlatCarving  # the NodeState it was carved on (FlatCarving is its carving part)
     sock: SocketState | None
     mask: int
     ncores: int
@@ -246,7 +244,7 @@ class FlatCarving:
         slot = make_slot(cores, (), total)
         record = SingleHold({self.rank: (masks, self.zero, mems)})
         used = {i for i, m in enumerate(masks) if m} | {i for i, m in enumerate(mems) if m}
-        record.node = cast("NodeState", self)
+        record.node = self
         record.sock = self.sockets[used.pop()] if len(used) == 1 else None
         record.mask, record.ncores, record.mem = sum(masks), len(cores), total
         return Allocation({self.rank: RankAlloc((slot,))}), record

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 
 from . import units
 from .request import Constraint, InfeasibleRequest, Request, format_constraint
-from .state import Shape
-from .topology import GroupState
+from .state import GroupState, Shape
 from .view import GraphView
 
 

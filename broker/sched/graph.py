@@ -25,8 +25,9 @@ from .alloc import Allocation
 from .carve import SingleHold
 from .feasible import check_feasible
 from .request import Constraint, Request
-from .state import GpuSpec, Hold, MemSpec, NodeState, Shape, hold_ids
-from .topology import ClusterState, GroupState, Levels, Path, ancestors, path_of
+from .sockets import Hold, hold_ids
+from .state import ClusterState, GpuSpec, GroupState, MemSpec, NodeState, Shape, ancestors
+from .topology import Levels, Path, path_of
 
 CLUSTER = "cluster"
 MAX_RANK = 1 << 20  # bit positions are ranks: bound the index masks
@@ -405,8 +406,8 @@ class ResourceGraph:
         if type(holds) is SingleHold and holds.sock is not None:
             # An array element's core(s) and memory on one socket: the
             # general give of _account, specialised (no GPUs, known counts).
-            node = holds.node
-            if nodes.get(node.rank) is node:
+            node = nodes.get(holds.node.rank)
+            if node is not None and node is holds.node:
                 sock = holds.sock
                 sock.cores_free |= holds.mask
                 fc = node.free_cores

@@ -23,7 +23,8 @@ from . import units as socket_units
 from .alloc import Allocation, RankAlloc
 from .policies import candidate_order, check_policy
 from .request import Request
-from .state import Hold, NodeState
+from .sockets import Hold
+from .state import NodeState
 from .view import GraphView
 
 Picks = list[tuple[NodeState, int]]  # (node, units); a unit is unit_slots slots

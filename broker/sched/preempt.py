@@ -16,7 +16,7 @@ from typing import Any
 from .backfill import DetachedPrefix, K
 from .graph import ResourceGraph
 from .request import Request
-from .state import Hold
+from .sockets import Hold
 
 
 Key = tuple[int, int]  # (job, element): a running allocation

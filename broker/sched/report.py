@@ -13,8 +13,7 @@ from typing import Any
 from minicluster.model.idset import IdSet
 
 from . import idset
-from .state import NodeState
-from .topology import GroupState, ancestors
+from .state import GroupState, NodeState, ancestors
 from .view import GraphView
 
 

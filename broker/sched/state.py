@@ -1,50 +1,38 @@
-"""Per-vertex state of the resource graph below the groups: nodes and sockets.
+"""Per-vertex state of the resource graph: the groups (zones, racks, the cluster root) and the nodes.
 
 Each node vertex of the networkx graph carries a NodeState, each socket
-vertex a SocketState.  Cores and GPUs are id-sets (bitmasks) on their socket
+vertex a SocketState (sockets.py).  Cores and GPUs are id-sets (bitmasks) on their socket
 so a 64-core node is 1 node + 2 socket vertices, not 64 core vertices, yet
 real ids survive for task binding.  Memory is per socket (a NUMA domain);
 the node's free memory is the sum.  A Hold is what one allocation took from
 one node, kept so that giving it back restores the exact prior state.
 Carving ids for slots lives in carve.py (flat slots) and units.py (slots
 bound to sockets).
+
+Every group vertex (GroupState; the root, ClusterState, also holds the
+bitmask indexes) carries the aggregates of its subtree that the walk prunes
+with, kept in step by graph.py on every alloc/free/health change: free
+cores, GPUs and memory and the number of idle and of usable nodes (usable =
+up and not drained), plus the bitmask of its nodes and a count of its node
+shapes (for feasibility).  Which levels exist, and a node's path through
+them, is topology.py's.  Groups and nodes refer to each other (a node's
+`parent`, a group's `children`), so they live in one module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from . import idset
 from .alloc import Allocation, Slot
 from .carve import FlatCarving, SingleHold, take_memory
-
-if TYPE_CHECKING:
-    from .topology import GroupState
-
-# Hold = (core mask per socket, gpu mask per socket, memory MB per socket)
-Hold = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+from .sockets import Hold, SocketState
+from .topology import Path
 
 GpuSpec = tuple[int, ...] | Mapping[int, tuple[int, ...]]
 MemSpec = int | Mapping[int, int]
-
-
-class SocketState:
-    """Free/total core and GPU id-sets and memory (MB) of one socket."""
-
-    __slots__ = ("index", "cores_all", "cores_free", "gpus_all", "gpus_free", "mem_all",
-                 "mem_free")
-
-    def __init__(self, index: int, cores: int, gpus: int, mem: int) -> None:
-        self.index = index
-        self.cores_all = self.cores_free = cores
-        self.gpus_all = self.gpus_free = gpus
-        self.mem_all = self.mem_free = mem
-
-    def is_idle(self) -> bool:
-        return (self.cores_free == self.cores_all and self.gpus_free == self.gpus_all
-                and self.mem_free == self.mem_all)
 
 
 class NodeState(FlatCarving):
@@ -175,13 +163,6 @@ class NodeState(FlatCarving):
         return True
 
 
-def hold_ids(hold: Hold) -> tuple[set[int], set[int], int]:
-    """Core ids, GPU ids and memory of a hold, socket-independent."""
-    cores, gpus, mems = hold
-    return ({i for m in cores for i in idset.iter_ascending(m)},
-            {i for m in gpus for i in idset.iter_ascending(m)}, sum(mems))
-
-
 def _gpu_sockets(rank: int, gpus: GpuSpec, index_of: dict[int, int]) -> dict[int, int]:
     """GPU id -> socket index: as given per socket, or dealt out evenly over the sockets."""
     if isinstance(gpus, Mapping):
@@ -229,3 +210,91 @@ class Shape:
     def of(cls, node: NodeState) -> Shape:
         return cls(node.total_cores, node.total_gpus, node.total_mem,
                    frozenset(node.properties.items()), node.socket_totals())
+
+
+class GroupState:
+    """A vertex above the nodes (a zone, a rack, or the cluster root)."""
+
+    __slots__ = ("level", "path", "parent", "children", "mask", "nodes", "usable_nodes",
+                 "idle_nodes", "free_cores", "free_gpus", "free_mem", "shapes", "_below")
+
+    def __init__(self, level: str, path: Path, parent: GroupState | None) -> None:
+        self.level, self.path, self.parent = level, path, parent
+        self.children: dict[object, GroupState | NodeState] = {}  # vertex key -> state
+        self.mask = 0  # bits (ranks) of every node below, whatever its health
+        self.nodes = 0
+        # Aggregates over the usable nodes below (what the walk prunes with).
+        self.usable_nodes = self.idle_nodes = 0
+        self.free_cores = self.free_gpus = self.free_mem = 0
+        self.shapes: Counter[Shape] = Counter()  # every node below, for feasibility
+        self._below: dict[str, list[GroupState]] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path[-1][1] if self.path else "cluster"
+
+    @property
+    def label(self) -> str:
+        """"zone=a/rack=r1" (the cluster root: "cluster")."""
+        return "/".join(f"{lv}={v}" for lv, v in self.path) or "cluster"
+
+    def min_rank(self) -> int:
+        return (self.mask & -self.mask).bit_length() - 1
+
+    def all_idle(self) -> bool:
+        """Every node below usable and idle: the group can be taken exclusively."""
+        return self.idle_nodes == self.nodes
+
+    def below(self, level: str) -> list[GroupState]:
+        """Descendant groups at `level`, in rank order (cached until the tree changes)."""
+        cache = self._below
+        if cache is None:
+            cache = self._below = {}
+        found = cache.get(level)
+        if found is None:
+            found = cache[level] = sorted(self._walk(level), key=GroupState.min_rank)
+        return found
+
+    def _walk(self, level: str) -> Iterator[GroupState]:
+        for child in self.children.values():
+            if isinstance(child, GroupState):
+                if child.level == level:
+                    yield child
+                else:
+                    yield from child._walk(level)
+
+    def forget_order(self) -> None:
+        """Drop cached orderings here and above (membership changed)."""
+        g: GroupState | None = self
+        while g is not None:
+            g._below = None
+            g = g.parent
+
+
+class ClusterState(GroupState):
+    """The root group plus the bitmask indexes over nodes (bit = rank)."""
+
+    __slots__ = ("buckets", "avail", "gpu_avail", "idle", "usable")
+
+    def __init__(self) -> None:
+        super().__init__("cluster", (), None)
+        self.buckets: list[int] = [0]  # buckets[c]: mask of nodes with exactly c free cores
+        self.avail = 0      # nodes with >= 1 free core
+        self.gpu_avail = 0  # nodes with >= 1 free gpu
+        self.idle = 0       # nodes with nothing allocated
+        self.usable = 0     # up and not drained
+
+
+def ancestors(node: NodeState) -> Iterator[GroupState]:
+    g = node.parent
+    while g is not None:
+        yield g
+        g = g.parent
+
+
+def group_of(node: NodeState, level: str) -> GroupState | None:
+    """The node's ancestor at `level` (None if the node skips that level)."""
+    for g in ancestors(node):
+        if g.level == level:
+            return g
+    return None

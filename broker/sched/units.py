@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from . import idset
 from .alloc import Slot, make_slot
 from .request import Request
-from .state import Hold, NodeState
+from .sockets import Hold
+from .state import NodeState
 
 SocketFree = tuple[int, int, int, bool]  # free cores, GPUs, MB, idle
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from .request import Constraint
-from .state import NodeState
-from .topology import ClusterState, Levels
+from .state import ClusterState, NodeState
+from .topology import Levels
 
 
 class GraphView(Protocol):

@@ -26,7 +26,7 @@ from . import match as matcher
 from .alloc import Allocation
 from .idset import iter_ascending
 from .request import Request
-from .topology import GroupState
+from .state import GroupState
 from .view import GraphView
 
 NODE_POLICY = {"locality-first": "first-fit"}
@@ -154,7 +154,7 @@ def rebuild(graph: GraphView, req: Request,
     sockets, the sockets of its slots.  Slot memory is the request's.
     """
     from .alloc import RankAlloc, Slot
-    from .topology import group_of
+    from .state import group_of
 
     ranks: dict[int, list[Slot]] = {}
     for rank, cores, gpus in tasks:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from broker.sched import Request, ResourceGraph
 from broker.sched.graph import CLUSTER
-from broker.sched.topology import group_of
+from broker.sched.state import group_of
 from minicluster.model import restree
 
 LEVEL_SETS = [(), (("rack", "rack"),), (("zone", "zone"), ("rack", "rack"))]
