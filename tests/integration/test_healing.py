@@ -20,6 +20,7 @@ import pytest
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import event_names, job, until, wait_for
+from tests.integration.test_partition import veth_link
 
 pytestmark = pytest.mark.slow
 
@@ -126,6 +127,25 @@ def test_children_of_a_killed_interior_rank_link_around_it_and_go_home_when_it_r
         check_healed_and_finish(tree, c, job_id)
         tree.start_rank(1)
         check_home_again(tree, c)
+
+
+@pytest.mark.needs("ip", root=True)
+def test_children_of_a_cut_off_interior_rank_link_around_it_and_go_home_when_the_link_is_back(tmp_path: Path) -> None:
+    """Rank 1 alone in a network namespace, every link over CURVE TCP; the cut gives no RST, only silence."""
+    with veth_link(inside=1, size=7) as link:
+        tree = Tree(tmp_path, transport="tcp", endpoint=link.endpoint())
+        try:
+            start(tree, wrapper_of={1: ("ip", "netns", "exec", link.netns)})
+            with tree.cluster.client() as c:
+                job_id = tree.submit_below(c)
+                link.cut()
+                try:
+                    check_healed_and_finish(tree, c, job_id)
+                finally:
+                    link.restore()
+                check_home_again(tree, c)
+        finally:
+            tree.stop()
 
 
 def test_children_of_a_stopped_interior_rank_link_around_it_and_go_home_when_it_resumes(tree: Tree) -> None:

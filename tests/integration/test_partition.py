@@ -5,6 +5,7 @@ sent, whose results count when it is back. Needs root and iproute2; everything i
 and is removed at the end."""
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import random
@@ -38,8 +39,12 @@ class Link:
     subnet: ipaddress.IPv4Network
 
     def address(self, rank: int) -> str:
-        """Rank r listens on .1r: ranks 0 and 1 on the host side, rank 2 inside the namespace."""
+        """Rank r listens on .1r: one rank inside the namespace, the others on the host side."""
         return str(self.subnet.network_address + 10 + rank)
+
+    def endpoint(self) -> str:
+        """The config `endpoint` that puts every rank at its address."""
+        return f"tcp://{self.subnet.network_address.exploded.rsplit('.', 1)[0]}.1{{rank}}:{{port}}"
 
     def cut(self) -> None:
         ip("link", "set", self.host_side, "down")
@@ -48,23 +53,25 @@ class Link:
         ip("link", "set", self.host_side, "up")
 
 
-@pytest.fixture
-def link() -> Iterator[Link]:
+@contextlib.contextmanager
+def veth_link(inside: int, size: int) -> Iterator[Link]:
+    """A namespace for rank `inside`, joined to the host by a veth pair; ranks 0..size-1 but it on the host side."""
     run = f"{os.getpid() % 10000}{random.randrange(100)}"
     routes = subprocess.run(["ip", "route", "show"], capture_output=True, text=True, timeout=10).stdout
     subnet = next(net for net in (ipaddress.ip_network(f"10.{random.randrange(64, 128)}.{random.randrange(256)}.0/24")
                                   for _ in range(20)) if str(net) not in routes)
     made = Link(f"mcpart{run}", f"mcph{run}", subnet)
-    inside = f"mcpn{run}"
+    inside_side = f"mcpn{run}"
     try:
         ip("netns", "add", made.netns)
-        ip("link", "add", made.host_side, "type", "veth", "peer", "name", inside)
-        ip("link", "set", inside, "netns", made.netns)
-        for rank in (0, 1):
-            ip("addr", "add", f"{made.address(rank)}/24", "dev", made.host_side)
+        ip("link", "add", made.host_side, "type", "veth", "peer", "name", inside_side)
+        ip("link", "set", inside_side, "netns", made.netns)
+        for rank in range(size):
+            if rank != inside:
+                ip("addr", "add", f"{made.address(rank)}/24", "dev", made.host_side)
         ip("link", "set", made.host_side, "up")
-        ip("-n", made.netns, "addr", "add", f"{made.address(2)}/24", "dev", inside)
-        ip("-n", made.netns, "link", "set", inside, "up")
+        ip("-n", made.netns, "addr", "add", f"{made.address(inside)}/24", "dev", inside_side)
+        ip("-n", made.netns, "link", "set", inside_side, "up")
         ip("-n", made.netns, "link", "set", "lo", "up")
         yield made
     finally:
@@ -72,9 +79,15 @@ def link() -> Iterator[Link]:
         subprocess.run(["ip", "netns", "del", made.netns], capture_output=True, timeout=10)
 
 
+@pytest.fixture
+def link() -> Iterator[Link]:
+    with veth_link(inside=2, size=3) as made:
+        yield made
+
+
 def test_a_cut_link_loses_the_rank_and_a_restored_one_brings_it_back(tmp_path: Path, link: Link) -> None:
-    endpoint = f"tcp://{link.subnet.network_address.exploded.rsplit('.', 1)[0]}.1{{rank}}:{{port}}"
-    cluster = LocalCluster(tmp_path, size=3, fanout=2, transport="tcp", endpoint=endpoint, resources="cores=1",
+    cluster = LocalCluster(tmp_path, size=3, fanout=2, transport="tcp", endpoint=link.endpoint(),
+                           resources="cores=1",
                            lost_after=2.0)
     assert cluster.config.endpoint_of(2).startswith(f"tcp://{link.address(2)}:")
     try:
@@ -134,8 +147,7 @@ def test_a_worker_cut_off_runs_its_window_on_and_its_results_are_the_ones_record
     which lost it, queues that chain again. When the link is back its join brings the results: they come first,
     so they count, the array ends, and the copies still queued are dropped, never run (protocol.md §2.10). Rank
     0 used to start such a copy after the array had ended and crash its scheduling pass."""
-    endpoint = f"tcp://{link.subnet.network_address.exploded.rsplit('.', 1)[0]}.1{{rank}}:{{port}}"
-    cluster = LocalCluster(tmp_path / "mc", size=3, fanout=2, transport="tcp", endpoint=endpoint,
+    cluster = LocalCluster(tmp_path / "mc", size=3, fanout=2, transport="tcp", endpoint=link.endpoint(),
                            resources="cores=1", lost_after=2.0, dispatch_window=8, dispatch_window_seconds=3600.0)
     record = tmp_path / "ran"
     try:
