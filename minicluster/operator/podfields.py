@@ -2,8 +2,8 @@
 
 `PodFields.from_spec()` reads them from a MiniCluster's spec (`spec.pod`, `spec.imagePullPolicy`,
 `spec.workingDir`, `spec.commands`, `spec.services`), `problems()` says what is wrong with them in one line each,
-and `apply()` lays them over a rendered pod template. Pure: no I/O, and nothing of the operator is imported, so
-spec.py can hold a PodFields without a cycle.
+and `apply()` lays them over a rendered pod template. Pure: no I/O, and nothing of the operator is imported (apply
+sees the MiniCluster as `Owner`), so spec.py can hold a PodFields without a cycle.
 """
 from __future__ import annotations
 
@@ -11,10 +11,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from minicluster.operator.spec import MiniCluster
+from typing import Any, Protocol
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
@@ -190,7 +187,22 @@ def boot_options(fields: PodFields) -> list[str]:
     return options
 
 
-def apply(mc: MiniCluster, template: dict[str, Any], own_labels: Mapping[str, str]) -> None:
+class Owner(Protocol):
+    """What apply() reads of the MiniCluster (spec.py's, which holds a PodFields: so this module imports no spec)."""
+
+    @property
+    def pod(self) -> PodFields: ...
+    @property
+    def image(self) -> str: ...
+    @property
+    def env(self) -> tuple[Mapping[str, Any], ...]: ...
+    @property
+    def volume_mounts(self) -> tuple[Mapping[str, Any], ...]: ...
+    @property
+    def resources(self) -> Mapping[str, Any]: ...
+
+
+def apply(mc: Owner, template: dict[str, Any], own_labels: Mapping[str, str]) -> None:
     """Lay mc.pod over a rendered pod template (changed in place); `own_labels` select the MiniCluster's own pods
     (for one rank per node)."""
     fields = mc.pod
@@ -233,7 +245,7 @@ def _one_rank_per_node(affinity: Mapping[str, Any], own_labels: Mapping[str, str
     return {**affinity, "podAntiAffinity": anti}
 
 
-def _init_container(mc: MiniCluster) -> dict[str, Any]:
+def _init_container(mc: Owner) -> dict[str, Any]:
     """commands.init: as root in the application image, before the ranks start. Outside Pod Security's restricted
     profile (root, the runtime's default capabilities): a namespace that enforces it refuses these pods. Only what
     it writes to a volume (spec.volumeMounts) reaches the application container."""
