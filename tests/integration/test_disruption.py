@@ -11,7 +11,8 @@ import time
 
 from minicluster import exitcodes
 from minicluster.testing import LocalCluster
-from tests.integration.conftest import job, wait_for
+from tests.host import cmdline, descendants
+from tests.integration.conftest import job, until, wait_for
 
 
 def _started(client, job_id: int) -> None:
@@ -27,11 +28,12 @@ def test_sigterm_of_the_broker_leaves_workers_and_their_tasks_running(tmp_path) 
             _started(c, job_id)
         cluster.procs[0].send_signal(signal.SIGTERM)
         assert cluster.procs[0].wait(15) == exitcodes.DISRUPTED
-        time.sleep(1.0)
-        assert cluster.procs[1].poll() is None, "the worker was told to stop by a broker that was only evicted"
         cluster.restart(0)
         with cluster.client() as c:
+            # The same worker process joins the broker that replaces the evicted one: told to stop, it would have
+            # exited instead (so no wait is needed to see that it was not).
             cluster.wait_states({1: "up"}, timeout=15)
+            assert cluster.procs[1].poll() is None, "the worker was told to stop by a broker that was only evicted"
             [row] = [j for j in c.jobs() if j["id"] == job_id]
             assert row["state"] == "RUN", [e[2] for e in c.eventlog(job_id)]  # reattached, not ended
             c.cancel([job_id])
@@ -57,7 +59,7 @@ def test_batch_broker_stopped_by_sigterm_does_not_report_its_command(tmp_path) -
     proc = subprocess.Popen(argv)
     try:
         cluster.wait_socket(30)
-        time.sleep(0.5)
+        until(lambda: "sleep 60" in map(cmdline, descendants(proc.pid)), "the batch command runs")
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == exitcodes.DISRUPTED
