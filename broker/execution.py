@@ -13,7 +13,7 @@ import secrets
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any, NamedTuple
 
 from broker import sched, store
@@ -263,17 +263,7 @@ class Execution:
         batch = DoneBatch(self.manager.clock())
         strays = self._strays.get(rank, NO_STRAYS) if self._strays else NO_STRAYS
         for row, result in zip(rows, decoded, strict=True):
-            job = self.manager.jobs.get(result.job)
-            running = self.tasks.get((result.job, result.task))
-            verdict = results.sort(rank, result, job, None if running is None else running.rank, strays)
-            if verdict is Verdict.FINAL or verdict is Verdict.JUDGE:
-                assert job is not None
-                self._count(rank, job, result, row, verdict is Verdict.JUDGE, batch)
-            elif verdict is Verdict.SECOND_RUN:
-                assert job is not None and running is not None
-                self._give_back(job, result.task, batch)
-            elif verdict is Verdict.STRAY:
-                self._strays[rank].discard((result.job, result.task))  # once: a later run of it counts
+            self._carry_out(rank, row, result, strays, batch)
         self._settle_freed(batch.freed)
         self.manager.workflow.attempts.commit()
         fut = self.manager.journal.write(batch.statements + batch.usage_rows)
@@ -283,6 +273,20 @@ class Execution:
             when_durable(fut, lambda: messages.send(self.send, rank, messages.DoneAck(keys)))
         for job in batch.touched.values():
             self._after_results(job, batch.now)
+
+    def _carry_out(self, rank: int, row: list[Any], result: Result, strays: Container[Key], batch: DoneBatch) -> None:
+        """One result, as `results.sort` says what it is; the ones it does not count are acknowledged only."""
+        job = self.manager.jobs.get(result.job)
+        running = self.tasks.get((result.job, result.task))
+        verdict = results.sort(rank, result, job, None if running is None else running.rank, strays)
+        if job is None:
+            return  # PURGED
+        if verdict is Verdict.FINAL or verdict is Verdict.JUDGE:
+            self._count(rank, job, result, row, verdict is Verdict.JUDGE, batch)
+        elif verdict is Verdict.SECOND_RUN:
+            self._give_back(job, result.task, batch)
+        elif verdict is Verdict.STRAY:
+            self._strays[rank].discard((result.job, result.task))  # once: a later run of it counts
 
     def _count(self, rank: int, job: Job, result: Result, row: list[Any], judge: bool, batch: DoneBatch) -> None:
         """A result that counts: a workflow's attempt is judged first (broker/attempts.py), then recorded as the
@@ -323,13 +327,7 @@ class Execution:
                                                   result.ended))
         self._account(job, result, row, batch.usage_rows)
         job.record_result(final.counted, was_running=running is not None, cancelled=final.cancelled)
-        if running is not None:
-            self._free_slot(job, task, running, batch.freed)
-            if (not job.is_array and self.window.depth and result.started is not None
-                    and result.ended is not None):
-                self.window.observe(job, result.ended - result.started)
-        elif self.window.ahead and key in self.window.ahead:
-            self.window.recall([key])  # recorded from a run rank 0 took back: not needed again
+        self._ended(job, result, running, batch.freed)
         failure = final.failure
         if failure is not None:
             if failure.decides:
@@ -337,6 +335,17 @@ class Execution:
             if failure.reason:
                 job.reason = failure.cause[1]
         batch.touched[job.id] = job
+
+    def _ended(self, job: Job, result: Result, running: RunningTask | None, freed: FreedCores) -> None:
+        """A recorded task's cores go on (`_free_slot`); the window learns how long a single job ran."""
+        key = (job.id, result.task)
+        if running is not None:
+            self._free_slot(job, result.task, running, freed)
+            started, ended = result.started, result.ended
+            if not job.is_array and self.window.depth and started is not None and ended is not None:
+                self.window.observe(job, ended - started)
+        elif self.window.ahead and key in self.window.ahead:
+            self.window.recall([key])  # recorded from a run rank 0 took back: not needed again
 
     def _give_back(self, job: Job, task: int, batch: DoneBatch) -> None:
         """A second run of a task recorded already (an entry that waited ahead of it) ended: its cores come back."""

@@ -59,15 +59,22 @@ def sort(rank: int, result: Result, job: Job | None, running_rank: int | None, s
         return Verdict.PURGED
     if job.is_done(task):
         return Verdict.SECOND_RUN if running_rank == rank else Verdict.DUPLICATE
+    return _not_counted(rank, result, running_rank, strays) or _counted(job, result)
+
+
+def _not_counted(rank: int, result: Result, running_rank: int | None, strays: Container[Key]) -> Verdict | None:
+    """Why a result for a task not yet recorded comes from a run that does not count, if it does (§2.10)."""
     if running_rank is not None:
-        if running_rank != rank:
-            return Verdict.REPLACED
-    elif (result.job, task) in strays:
-        return Verdict.STRAY
+        return Verdict.REPLACED if running_rank != rank else None
+    return Verdict.STRAY if (result.job, result.task) in strays else None
+
+
+def _counted(job: Job, result: Result) -> Verdict:
+    """A result that counts: recorded, or judged first if a workflow's (an older attempt's is not)."""
     flow = job.flow
     if flow is None:
         return Verdict.FINAL
-    if not flow.current(task, result.attempt, job.is_array):
+    if not flow.current(result.task, result.attempt, job.is_array):
         return Verdict.STALE
     # Most elements exit 0 with nothing to judge: that path stays as cheap as a plain array's.
     return Verdict.JUDGE if result.status or flow.judge_all else Verdict.FINAL
