@@ -16,6 +16,7 @@ import pytest
 
 from minicluster import Client, ClientError, config
 from tests.host import children, descendants, with_cmdline as leftovers
+from tests.integration.conftest import until
 
 _instances: list[subprocess.Popen[str]] = []
 
@@ -54,8 +55,7 @@ def test_main_command_runs_across_ranks_and_leaves_nothing(tmp_path: Path) -> No
     done = mc_start("--size", "4", "--state-dir", state, "--", "mc", "run", "-N", "4", "-n", "8", "hostname")
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split()) == 8
-    time.sleep(0.2)
-    assert leftovers(state) == []
+    until(lambda: not leftovers(state), "the instance's processes end with it", timeout=15)
 
 
 def test_exit_status_is_the_commands(tmp_path: Path) -> None:
@@ -69,8 +69,7 @@ def test_running_tasks_are_killed_when_the_instance_stops(tmp_path: Path) -> Non
     started = mc_start("--size", "2", "--", "mc-submit", "-N", "2", "-n", "2", "--mpi", "none",
                        "sh", "-c", f"sleep 0.3; sleep 60; touch {marker}")
     assert started.returncode == 0, started.stderr
-    time.sleep(0.5)
-    assert leftovers(f"touch {marker}") == []
+    until(lambda: not leftovers(f"touch {marker}"), "the instance's tasks end with it", timeout=15)
 
 
 def test_state_dir_is_resumed(tmp_path: Path) -> None:
@@ -131,8 +130,7 @@ def test_signals_stop_it_cleanly_and_remove_temporary_state(sig: signal.Signals)
     proc.communicate(timeout=15)
     assert proc.returncode == 128 + sig
     assert not state.exists()
-    time.sleep(0.2)
-    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
+    until(lambda: all(not Path(f"/proc/{pid}").exists() for pid in ranks), "the ranks end and are reaped", timeout=15)
 
 
 def test_sigterm_stops_the_command_too(tmp_path: Path) -> None:
@@ -146,8 +144,8 @@ def test_sigterm_stops_the_command_too(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=15)
     assert proc.returncode == 143
-    time.sleep(0.3)
-    assert leftovers(f"sleep 60; touch {marker}") == [] and not marker.exists()
+    until(lambda: not leftovers(f"sleep 60; touch {marker}"), "the command's processes end", timeout=15)
+    assert not marker.exists()
 
 
 def test_broker_killed_stops_the_instance_and_says_so(tmp_path: Path) -> None:
