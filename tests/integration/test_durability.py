@@ -11,7 +11,7 @@ import pytest
 
 from minicluster.client import ClientError
 from minicluster.testing import LocalCluster
-from tests.integration.conftest import event_names, job, wait_for
+from tests.integration.conftest import event_names, job, until, wait_for
 
 
 def _started(c, job_id: int) -> None:
@@ -103,7 +103,7 @@ def test_kill9_during_a_50k_array_loses_no_index(tmp_path) -> None:
     with LocalCluster(tmp_path, size=3, fanout=2, test_exec=True, resources="cores=16") as cluster:
         with cluster.client() as c:
             array = c.submit(job(["true", "{cc}"], array="1-50000", env={"MC_TEST_RUN_DURATION": "0.001"}))
-        time.sleep(1.0)
+            until(lambda: c.job(array)["counts"]["succeeded"] >= 500, "the array is under way")
         cluster.kill(0, signal.SIGKILL)
         cluster.restart(0)
         with cluster.client() as c:
@@ -114,13 +114,6 @@ def test_kill9_during_a_50k_array_loses_no_index(tmp_path) -> None:
             tasks = c.task_results(array, limit=60000)
             assert sorted(t[1] for t in tasks) == list(range(1, 50001))
             assert "clean" in event_names(c, array)
-
-
-def _wait_until(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 def test_results_produced_while_the_broker_is_down_are_kept(tmp_path) -> None:
@@ -134,12 +127,12 @@ def test_results_produced_while_the_broker_is_down_are_kept(tmp_path) -> None:
         with cluster.client() as c:
             c.drain([0], "keep the job on the worker")
             job_id = c.submit(job(["sh", "-c", script]))
-            _wait_until(pid_file.exists, "the task did not start on its worker")
+            until(pid_file.exists, "the task starts on its worker")
         task = Path(f"/proc/{int(pid_file.read_text())}")
         cluster.procs[0].send_signal(signal.SIGSTOP)
         go.touch()
         # Ended and reaped by its worker while rank 0 cannot hear it: the worker keeps the result.
-        _wait_until(lambda: not task.exists(), "the task did not end")
+        until(lambda: not task.exists(), "the task ends")
         cluster.kill(0)
         cluster.restart(0)
         with cluster.client() as c:
