@@ -10,7 +10,7 @@ import pytest
 
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
-from tests.integration.conftest import job, wait_for
+from tests.integration.conftest import job, until, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_array_is_one_job_with_counts(client: Client) -> None:
 
 def test_cancel_array_mid_way(client: Client) -> None:
     array = client.submit(job(["sleep", "0.3"], array="1-200"))
-    time.sleep(0.5)
+    until(lambda: client.job(array)["counts"]["succeeded"], "some elements ended")
     client.cancel([array])
     result = wait_for(client, array)
     counts = client.job(array)["counts"]
@@ -86,7 +86,7 @@ def test_stalled_worker_does_not_grow_broker_memory(tmp_path) -> None:
             cluster.client() as c:
         noisy = ["head", "-c", "20000", "/dev/zero"]
         array = c.submit(job(noisy, array="1-2000"))
-        time.sleep(1.0)
+        until(lambda: c.job(array)["counts"]["succeeded"] >= 50, "the array streams output")
         broker = cluster.procs[0].pid
         before = _rss_kb(broker)
         os.kill(cluster.procs[2].pid, signal.SIGSTOP)

@@ -19,7 +19,7 @@ import pytest
 from broker.journal import Journal, JournalError, JournalRefused, JournalUnavailable
 from minicluster.client import Client, ClientError, wire_jobspec
 from minicluster.testing import LocalCluster, temp_journal
-from tests.integration.conftest import job, output_of, started, wait_for
+from tests.integration.conftest import job, output_of, started, until, wait_for
 from tests.integration.test_restart_output import assert_gapless
 from tests.integration.test_window import appending, each_once, lines, progressed
 
@@ -126,7 +126,8 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
             assert max(j["id"] for j in c.jobs(all=True)) == doomed
             assert c.job(first)["status"] == 0 and output_of(c, first) == {0: b"before\n"}
             assert c.status()["epoch"] == 1
-            time.sleep(2.5)  # the long job ends and reports while nothing can be written
+            # The long job ends and reports while nothing can be written.
+            until(lambda: c.job(through)["counts"]["succeeded"] == 1, "the long job's result reached rank 0")
             assert c.status()["journal"]["stalled"] == stalled
             # A cancel takes effect, but is answered only once its exception is durable.
             cancelling = c.request("cancel", jobs=[doomed])
@@ -147,9 +148,9 @@ def test_a_full_disk_refuses_cleanly_keeps_serving_and_recovers(tmp_path: Path) 
             assert after not in acked and after > doomed + 1, "the refused submission's id is not handed out"
             acked[after] = "after"
             check_acked(c, acked, markers)
-            time.sleep(0.5)
-            assert [t for t in refused if (markers / t).exists()] == [], "a refused submission ran"
+            # No job but those acknowledged (and all of them ended): a refused submission is nowhere to run from.
             assert {j["id"] for j in c.jobs(all=True)} == {*acked, doomed}
+            assert [t for t in refused if (markers / t).exists()] == [], "a refused submission ran"
         # What was acknowledged and shown finished is durable: a restart shows the same, and ids go on.
         cluster.kill(0)
         cluster.restart(0)
@@ -202,6 +203,8 @@ def test_nothing_new_starts_while_results_cannot_be_recorded_and_the_array_ends_
         wait_stalled(c)
         time.sleep(1.0)  # what ran as the stall came, and the entries already waiting behind it, end
         ran = len(lines(record))
+        # A negative with no later event to wait for: while the journal cannot be written, nothing is recorded
+        # that could come after a start that must not happen. So a bounded look, twice as long as above.
         time.sleep(2.0)
         assert len(lines(record)) == ran < 300, "nothing new started while nothing could be recorded"
         filler.unlink()
@@ -233,6 +236,7 @@ async def test_a_commit_waits_out_a_full_disk_and_goes_through(tmp_path: Path) -
     async with journal_stalled_on_a_full_disk(tmp_path / "state") as (journal, filler, pending):
         assert journal.stalled is not None and "full" in journal.stalled
         later = journal.write([(DRAIN, (3, "later"))])
+        # A negative: nothing marks a retry that failed, so a bounded wait, over several retries.
         await asyncio.sleep(0.3)
         assert not pending.done() and not later.done()  # nothing acknowledged that is not durable
         filler.unlink()
