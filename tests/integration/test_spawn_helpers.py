@@ -6,7 +6,6 @@ test_task_start_failures.py)."""
 from __future__ import annotations
 
 import array
-import asyncio
 import os
 import signal
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from minicluster.testing import LocalCluster
+from minicluster.testing import LocalCluster, until_true
 from tests.integration.conftest import job, wait_for
 from tests.integration.test_executor import ENV, PY, Harness, wait_dead
 from tests.integration.test_window import each_once, progressed
@@ -184,7 +183,7 @@ async def test_a_helper_that_dies_before_it_ever_reported_is_replaced_a_second_l
         assert h.ex._helpers.pids == []
         r, _, _ = await h.run("true")
         assert (r.status, r.error) == (126, "no spawn helper runs: they die as they start")
-        await asyncio.sleep(RESTART_DELAY + 0.2)
+        await until_true(lambda: h.ex._helpers.pids, "a helper started again", timeout=RESTART_DELAY + 10)
         r, _, _ = await h.run("true")
         assert r.status == 0
     finally:
