@@ -97,6 +97,7 @@ class Broker:
         self.heartbeats = 0
         self.heartbeats_relayed = 0
         self.heartbeat_messages = 0
+        self.homes_sent = 0
         self.overlay = Overlay(config, 0, cert, self._on_message)
         self.execution = Execution(config, self.manager, self.overlay.send, self.uri)
         self.manager.wake_scheduler = self._wake_scheduler
@@ -258,6 +259,7 @@ class Broker:
             for child in topology.children(rank, self.config.fanout, self.config.tree_size):
                 if self.ranks.is_member(child):
                     self.overlay.send(HOME, child, {})
+                    self.homes_sent += 1
 
     def _handle(self, msg: Message) -> None:
         handler = _HANDLERS.get(msg.kind)
@@ -522,6 +524,7 @@ class Broker:
                              "overlay_dropped": self.overlay.dropped, "overlay_bad_frames": self.overlay.bad_frames,
                              "heartbeats": self.heartbeats, "heartbeats_relayed": self.heartbeats_relayed,
                              "heartbeat_messages": self.heartbeat_messages,
+                             "overlay_adoptions": self.overlay.adoptions, "overlay_homes_sent": self.homes_sent,
                              "tasks_started": self.execution.tasks_started,
                              "tasks_completed": self.execution.tasks_ended,
                              "tasks_failed": self.execution.tasks_failed}}

@@ -55,6 +55,7 @@ class Overlay:
         self.uplink: Uplink | None = None
         # Ranks below this one, not its children, that linked to it around a lost rank (§2.4.1).
         self.adopted: set[int] = set()
+        self.adoptions = 0
         self.bad_frames = 0
         # An interior rank sends its subtree's heartbeats up together (protocol.md §2.6); made by start().
         self.relay: HeartbeatRelay | None = None
@@ -182,6 +183,7 @@ class Overlay:
                 return
             if child not in self.adopted and topology.parent(child, self.fanout) != self.rank:
                 self.adopted.add(child)
+                self.adoptions += 1
         elif len(frames) != 1:
             self.bad_frames += 1
             return
