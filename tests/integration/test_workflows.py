@@ -194,7 +194,8 @@ def test_plain_job_retries_with_backoff_and_rules(client: Client) -> None:
 def test_hold_release_update(client: Client) -> None:
     held = client.submit(job(["true"], hold=True))
     assert client.job(held)["held"] and event_names(client, held) == ["submit", "hold"]
-    time.sleep(0.3)
+    # A job submitted after it runs to its end: the held one had every chance to move on, and did not.
+    assert wait_for(client, client.submit(job(["true"])))["status"] == 0
     assert client.job(held)["state"] == "DEPEND"
     assert client.update(held, urgency=30, name="renamed", time_limit=60) == {
         "urgency": 30, "name": "renamed", "time_limit": 60}
@@ -226,7 +227,8 @@ def test_hold_release_update(client: Client) -> None:
     deadline = time.time() + 30
     while client.job(array)["counts"]["running"] and time.time() < deadline:
         time.sleep(0.1)                                        # the running indexes go on and end
-    time.sleep(0.3)
+    # A job submitted after them runs to its end: the freed cores went to it, not to a held index.
+    assert wait_for(client, client.submit(job(["true"])))["status"] == 0
     counts = client.job(array)["counts"]
     assert counts["running"] == 0 and counts["pending"] > 0   # and none of the held ones started
     client.release([array])
