@@ -42,18 +42,30 @@ def job(argv: list[str], **fields: Any) -> dict[str, Any]:
 def wait_for(client: Client, job_id: int, timeout: float = 90.0) -> dict[str, Any]:
     """The job's `wait` result once it is inactive; AssertionError, with the job as the broker shows it, when it is
     not within `timeout` seconds (the default stays below pytest-timeout's 120 s, so a stuck job fails here)."""
-    rid = client.request("wait", jobs=[job_id])
+    return wait_all(client, [job_id], timeout)[0]
+
+
+def wait_all(client: Client, job_ids: list[int], timeout: float = 90.0) -> list[dict[str, Any]]:
+    """The jobs' `wait` results, in the order they become inactive; AssertionError naming those that are not
+    within `timeout` seconds, with the first as the broker shows it."""
+    rid = client.request("wait", jobs=job_ids)
     deadline = time.monotonic() + timeout
+    out: list[dict[str, Any]] = []
     try:
-        while (got := client.next_response((rid,), timeout=max(0.0, deadline - time.monotonic()))) is not None:
+        while len(out) < len(job_ids) and (got := client.next_response(
+                (rid,), timeout=max(0.0, deadline - time.monotonic()))) is not None:
             msg = got[1]
             if "job" in msg:
-                return {k: v for k, v in msg.items() if k not in ("v", "id", "ok", "more")}
-            if not msg.get("more"):
-                raise AssertionError(f"the wait for job {job_id} ended without its result: {msg}")
+                out.append({k: v for k, v in msg.items() if k not in ("v", "id", "ok", "more")})
+            elif not msg.get("more"):
+                raise AssertionError(f"the wait for jobs {job_ids[:10]} ended without their results: {msg}")
     finally:
         client.discard(rid)
-    raise AssertionError(f"job {job_id} not inactive within {timeout:g}s: {client.job(job_id)}")
+    left = sorted(set(job_ids) - {r["job"] for r in out})
+    if left:
+        who = f"job {left[0]}" if len(left) == 1 else f"{len(left)} jobs ({left[:10]})"
+        raise AssertionError(f"{who} not inactive within {timeout:g}s: {client.job(left[0])}")
+    return out
 
 
 def until(check: Callable[[], T], what: str, timeout: float = 30.0) -> T:
