@@ -161,7 +161,7 @@ class Overlay:
         # Unlike a send (Sender), a read here cannot strand the edge-triggered ZMQ_FD: the await that follows
         # checks EVENTS before it waits.
         plain: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
-        while True:
+        while not sock.closed:  # an uplink that moved closed its old DEALER (§2.4.1)
             frames = await sock.recv_multipart()
             self._on_frames(frames, from_child)
             for _ in range(RECEIVE_BATCH):

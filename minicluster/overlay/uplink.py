@@ -88,7 +88,7 @@ class Uplink:
             # A short linger lets the last messages (results, the answer to a shutdown) leave.
             self._sender.sock.close(linger=200)
 
-    def _make_dealer(self, parent: int) -> zmq.asyncio.Socket:
+    def _make_dealer(self) -> zmq.asyncio.Socket:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, str(self.rank).encode())
         set_common_options(sock)
@@ -104,7 +104,6 @@ class Uplink:
         # retries (seen in tests/e2e as workers rejoining a new broker 70 s late).
         sock.setsockopt(zmq.CONNECT_TIMEOUT, 2000)
         curve.make_client(sock, self._cert)
-        sock.connect(self._config.endpoint_of(parent))
         return sock
 
     def _link_to(self, parent: int) -> None:
@@ -118,8 +117,10 @@ class Uplink:
             self._dropped_before += self._sender.dropped
             self._sender.sock.disable_monitor()
             self._sender.sock.close(linger=0)
-        dealer = self._make_dealer(parent)
+        dealer = self._make_dealer()
+        # The monitor first: a handshake it did not see would leave this link waiting for one forever.
         monitor = dealer.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        dealer.connect(self._config.endpoint_of(parent))
         self.parent = parent
         self._sender = Sender(dealer, "dealer")
         loop = asyncio.get_running_loop()

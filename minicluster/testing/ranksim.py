@@ -58,7 +58,7 @@ class SimulatedRank:
         self.uplink.send([envelope.encode(Message(kind, self.rank, dst, body))])
 
     async def receive(self, sock: zmq.asyncio.Socket) -> None:
-        while True:
+        while not sock.closed:  # closed when the uplink moved (on `home`, handled here)
             frames = await sock.recv_multipart()
             try:
                 msg = envelope.decode(frames[-1])
