@@ -5,10 +5,12 @@ restarted on its own, which is what the durability and node-loss tests need.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +116,15 @@ class LocalCluster:
             except (OSError, ClientError):
                 time.sleep(0.05)
         raise TimeoutError(f"broker socket {self.config.socket_path} did not answer in {timeout}s")
+
+    def http_status(self) -> dict[str, Any]:
+        """Rank 0's `GET /status` (docs/operator.md): needs `status_port` in the settings."""
+        if not self.config.status_port:
+            raise ValueError("this LocalCluster has no status_port")
+        host = self.config.status_hosts()[0]
+        with urllib.request.urlopen(f"http://{host}:{self.config.status_port}/status", timeout=5) as reply:
+            status: dict[str, Any] = json.load(reply)
+        return status
 
     def rank_states(self) -> dict[int, str]:
         with self.client() as c:

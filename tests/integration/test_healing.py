@@ -7,13 +7,11 @@ Seven ranks, fanout 2: 0 → {1, 2}, 1 → {3, 4}, 2 → {5, 6}. The tasks under
 heal their ranks would be lost with it."""
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -79,13 +77,6 @@ class Tree:
         rows = [tuple(int(x) for x in line.split()) for line in self.record.read_text().splitlines()]
         return sorted((task, rank, attempt) for job, task, rank, attempt in rows if job == job_id)
 
-    def counters(self) -> dict[str, int]:
-        """Rank 0's /status counters."""
-        host = self.cluster.config.status_hosts()[0]
-        with urllib.request.urlopen(f"http://{host}:{self.status_port}/status", timeout=5) as reply:
-            counters: dict[str, int] = json.load(reply)["counters"]
-        return counters
-
     def stop(self) -> None:
         self.cluster.stop()
         for log in self.logs.values():
@@ -127,7 +118,7 @@ def check_home_again(tree: Tree, c: Client) -> None:
     tree.cluster.wait_states({1: "up", 3: "up", 4: "up"}, timeout=30)
     for rank in (3, 4):
         until(lambda r=rank: "rank 1 is back; linking to it again" in tree.log(r), f"rank {rank} went home")
-    counters = tree.counters()
+    counters = tree.cluster.http_status()["counters"]
     assert counters["overlay_adoptions"] >= 2 and counters["overlay_homes_sent"] >= 2, counters
     tree.go.unlink()
     again = tree.submit_below(c)

@@ -3,6 +3,7 @@ array runs on all of them, each task done exactly once. benchmarks/ranksim.py me
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from minicluster.proto.envelope import Message
 from minicluster.testing import LocalCluster
 from minicluster.testing.builders import resources
 from minicluster.testing.ranksim import SimulatedCluster
-from tests.integration.conftest import job, wait_for
+from tests.integration.conftest import job, until, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -42,6 +43,32 @@ def test_simulated_ranks_join_and_run_an_array_once_each(tmp_path: Path, fanout:
     assert Counter(row[1] for row in rows) == Counter(range(1, TASKS + 1))
     assert all(row[3] == 0 for row in rows)
     assert {row[2] for row in rows} == set(range(SIZE))
+
+
+def test_simulated_children_of_a_killed_interior_rank_link_around_it_and_go_home(tmp_path: Path) -> None:
+    """The simulator's leaves heal as real ranks do (protocol.md §2.4.1): fanout 8, real interior ranks 1-7; when
+    rank 1 is killed its 8 simulated children link to rank 0, are not lost, and go home once it is back."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with SimulatedCluster(tmp_path, size=SIZE, processes=2, fanout=8, status_port=port, resources="cores=4",
+                          heartbeat_interval=0.2, unresponsive_after=0.8, lost_after=4.0) as sim:
+        sim.wait_joined(timeout=60)
+        children = list(range(9, 17))
+        before = sim.local.http_status()["counters"]
+        sim.local.kill(1)
+        until(lambda: sim.local.http_status()["counters"]["overlay_adoptions"] - before["overlay_adoptions"]
+              >= len(children), "rank 0 took in rank 1's children")
+        sim.local.wait_states({1: "lost"}, timeout=30)
+        sim.local.wait_states(dict.fromkeys(children, "up"), timeout=10)
+        sim.local.start_rank(1)
+        sim.local.wait_states({1: "up"}, timeout=30)
+        until(lambda: sim.local.http_status()["counters"]["overlay_homes_sent"] - before["overlay_homes_sent"]
+              >= len(children), "rank 0 sent them home")
+        with sim.local.client() as client:  # work reaches every rank, rank 1's children through rank 1 again
+            array = client.submit(job(["true"], array=f"1-{TASKS}"))
+            assert wait_for(client, array, timeout=120)["status"] == 0
+            assert {row[2] for row in client.task_results(array)} >= set(children)
 
 
 def test_a_repeated_join_is_welcomed_again_and_redoes_nothing(tmp_path: Path) -> None:
