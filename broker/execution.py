@@ -21,7 +21,7 @@ from broker.job import Job, State
 from broker.jobmanager import JobManager, request_of
 from broker.pmiexchange import PmiExchange
 from broker import results
-from broker.results import Verdict
+from broker.results import FINAL, JUDGE, SECOND_RUN, STRAY
 from broker.journal import Statement, when_durable
 from broker.share import accounting
 from broker.stdin import StdinRelay
@@ -258,8 +258,8 @@ class Execution:
     def on_done(self, rank: int, rows: list[list[Any]], ack: bool = True) -> None:
         """Carry out what broker/results.py judges each result of a batch from `rank` to be, one after another;
         write the batch's rows at once and acknowledge it once they are durable."""
-        # Checked as their message was decoded (or built here): decoded before anything changes, all or none.
-        decoded = [Result.from_row(row) for row in rows]
+        # Checked as their message was decoded (or built here, in _end_locally).
+        decoded = [Result.of_checked(row) for row in rows]
         batch = DoneBatch(self.manager.clock())
         strays = self._strays.get(rank, NO_STRAYS) if self._strays else NO_STRAYS
         for row, result in zip(rows, decoded, strict=True):
@@ -280,34 +280,34 @@ class Execution:
         running = self.tasks.get((result.job, result.task))
         verdict = results.sort(rank, result, job, None if running is None else running.rank, strays)
         if job is None:
-            return  # PURGED
-        if verdict is Verdict.FINAL or verdict is Verdict.JUDGE:
-            self._count(rank, job, result, row, verdict is Verdict.JUDGE, batch)
-        elif verdict is Verdict.SECOND_RUN:
+            return  # purged
+        if verdict is FINAL:
+            preempted = (job.id, result.task) in self.preempted
+            self._record(rank, job, result, row,
+                         results.final(rank, result, job, (result.status, False), preempted, batch.now), batch)
+        elif verdict is JUDGE:
+            self._judge(rank, job, result, row, batch)
+        elif verdict is SECOND_RUN:
             self._give_back(job, result.task, batch)
-        elif verdict is Verdict.STRAY:
+        elif verdict is STRAY:
             self._strays[rank].discard((result.job, result.task))  # once: a later run of it counts
 
-    def _count(self, rank: int, job: Job, result: Result, row: list[Any], judge: bool, batch: DoneBatch) -> None:
-        """A result that counts: a workflow's attempt is judged first (broker/attempts.py), then recorded as the
-        task's result, or, when the attempt is not final, recorded as an attempt and queued again."""
-        judged = (result.status, False)
-        if judge:
-            verdict = self.manager.workflow.attempts.judge(job, result.task, rank, row, result.attempt)
-            if verdict is not None:
-                judged = verdict
-            else:  # queued again once the attempt is durable
-                self._account(job, result, row, batch.usage_rows)  # it held its cores all the same
-                running = self._untrack((job.id, result.task))
-                if running is not None:
-                    job.running -= 1
-                    if job.is_array:
-                        self._free_slot(job, result.task, running, batch.freed)
-                batch.touched[job.id] = job
-                return
-        key = (job.id, result.task)
-        self._record(rank, job, result, row,
-                     results.final(rank, result, job, judged, key in self.preempted, batch.now), batch)
+    def _judge(self, rank: int, job: Job, result: Result, row: list[Any], batch: DoneBatch) -> None:
+        """A workflow's attempt, judged by broker/attempts.py: recorded as the task's result if final, else
+        recorded as an attempt (it held its cores all the same) and queued again once that is durable."""
+        judged = self.manager.workflow.attempts.judge(job, result.task, rank, row, result.attempt)
+        if judged is not None:
+            preempted = (job.id, result.task) in self.preempted
+            self._record(rank, job, result, row, results.final(rank, result, job, judged, preempted, batch.now),
+                         batch)
+            return
+        self._account(job, result, row, batch.usage_rows)
+        running = self._untrack((job.id, result.task))
+        if running is not None:
+            job.running -= 1
+            if job.is_array:
+                self._free_slot(job, result.task, running, batch.freed)
+        batch.touched[job.id] = job
 
     def _record(self, rank: int, job: Job, result: Result, row: list[Any], final: results.Final,
                 batch: DoneBatch) -> None:
@@ -327,7 +327,13 @@ class Execution:
                                                   result.ended))
         self._account(job, result, row, batch.usage_rows)
         job.record_result(final.counted, was_running=running is not None, cancelled=final.cancelled)
-        self._ended(job, result, running, batch.freed)
+        if running is not None:
+            self._free_slot(job, task, running, batch.freed)
+            started, ended = result.started, result.ended
+            if not job.is_array and self.window.depth and started is not None and ended is not None:
+                self.window.observe(job, ended - started)
+        elif self.window.ahead and key in self.window.ahead:
+            self.window.recall([key])  # recorded from a run rank 0 took back: not needed again
         failure = final.failure
         if failure is not None:
             if failure.decides:
@@ -335,17 +341,6 @@ class Execution:
             if failure.reason:
                 job.reason = failure.cause[1]
         batch.touched[job.id] = job
-
-    def _ended(self, job: Job, result: Result, running: RunningTask | None, freed: FreedCores) -> None:
-        """A recorded task's cores go on (`_free_slot`); the window learns how long a single job ran."""
-        key = (job.id, result.task)
-        if running is not None:
-            self._free_slot(job, result.task, running, freed)
-            started, ended = result.started, result.ended
-            if not job.is_array and self.window.depth and started is not None and ended is not None:
-                self.window.observe(job, ended - started)
-        elif self.window.ahead and key in self.window.ahead:
-            self.window.recall([key])  # recorded from a run rank 0 took back: not needed again
 
     def _give_back(self, job: Job, task: int, batch: DoneBatch) -> None:
         """A second run of a task recorded already (an entry that waited ahead of it) ended: its cores come back."""

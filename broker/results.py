@@ -35,6 +35,12 @@ class Verdict(enum.Enum):
     FINAL = "final"  # the task's result, to record
 
 
+# The members by plain names, and the states read here: a lookup through the enum class costs as much as a
+# call, and these run for every result.
+PURGED, DUPLICATE, SECOND_RUN, REPLACED, STRAY, STALE, JUDGE, FINAL = Verdict
+_INACTIVE, _SCHED = State.INACTIVE, State.SCHED
+
+
 class Failure(NamedTuple):
     """A failed task the job hears of."""
     cause: Cause  # (status, `task 3 on rank 1 exited with status 2`)
@@ -51,33 +57,30 @@ class Final(NamedTuple):
     failure: Failure | None  # a failure that is news: not one the job's end or a cancel caused
 
 
+SUCCEEDED = Final(0, False, False, None)
+
+
 def sort(rank: int, result: Result, job: Job | None, running_rank: int | None, strays: Container[Key]) -> Verdict:
     """What the result from `rank` is. `job` is its job, if rank 0 has it; `running_rank` where rank 0 knows its
-    task running, if it does; `strays` the tasks rank 0 killed at that rank's join."""
+    task running, if it does; `strays` the tasks rank 0 killed at that rank's join (empty: none)."""
+    # One function, no helpers: it runs for every result (each call costs more than its tests).
     task = result.task
-    if job is None or job.state == State.INACTIVE or not 0 <= task < job.total_tasks:
-        return Verdict.PURGED
+    if job is None or job.state is _INACTIVE or not 0 <= task < job.total_tasks:
+        return PURGED
     if job.is_done(task):
-        return Verdict.SECOND_RUN if running_rank == rank else Verdict.DUPLICATE
-    return _not_counted(rank, result, running_rank, strays) or _counted(job, result)
-
-
-def _not_counted(rank: int, result: Result, running_rank: int | None, strays: Container[Key]) -> Verdict | None:
-    """Why a result for a task not yet recorded comes from a run that does not count, if it does (§2.10)."""
+        return SECOND_RUN if running_rank == rank else DUPLICATE
     if running_rank is not None:
-        return Verdict.REPLACED if running_rank != rank else None
-    return Verdict.STRAY if (result.job, result.task) in strays else None
-
-
-def _counted(job: Job, result: Result) -> Verdict:
-    """A result that counts: recorded, or judged first if a workflow's (an older attempt's is not)."""
+        if running_rank != rank:
+            return REPLACED
+    elif strays and (result.job, task) in strays:
+        return STRAY
     flow = job.flow
     if flow is None:
-        return Verdict.FINAL
-    if not flow.current(result.task, result.attempt, job.is_array):
-        return Verdict.STALE
+        return FINAL
+    if not flow.current(task, result.attempt, job.is_array):
+        return STALE
     # Most elements exit 0 with nothing to judge: that path stays as cheap as a plain array's.
-    return Verdict.JUDGE if result.status or flow.judge_all else Verdict.FINAL
+    return JUDGE if result.status or flow.judge_all else FINAL
 
 
 def final(rank: int, result: Result, job: Job, judged: tuple[int, bool], preempted: bool, now: float) -> Final:
@@ -85,8 +88,11 @@ def final(rank: int, result: Result, job: Job, judged: tuple[int, bool], preempt
     it (the result's own status, not cancelled, without one); `preempted` whether rank 0 preempted the task."""
     counted, cancelled = judged
     cancelled = cancelled or preempted
-    started_ahead = job.state == State.SCHED and job.flow is None and not job.is_array
+    # Only a plain job without a workflow can have started ahead; an array element's result never did.
+    started_ahead = job.array is None and job.flow is None and job.state is _SCHED
     status = result.status
+    if not (status or counted or cancelled or started_ahead):
+        return SUCCEEDED  # most results: nothing to build
     failure = None
     if status and not job.ending and not cancelled:  # a task a workflow rule cut short is a consequence
         spec = job.spec

@@ -26,6 +26,9 @@ def task_row_ok(row: Any) -> bool:
             and (len(row) < 6 or type(row[5]) is int))
 
 
+_new = tuple.__new__
+
+
 class Result(NamedTuple):
     """One task's end, a row of `done` (and of `join.results`)."""
     job: int
@@ -46,7 +49,14 @@ class Result(NamedTuple):
             raise BadMessage(f"done: malformed result row {_shown(row)}: expected [job, task, status, exit_code, "
                              "signal, error, started, ended, (attempt, (usage))] with integer job, task, status "
                              "and attempt", "bad-request")
-        return cls(*row)
+        return cls.of_checked(row)
+
+    @classmethod
+    def of_checked(cls, row: list[Any]) -> Result:
+        """The record of a row checked already (the message decoder checks every `done` row): per result, so no
+        check again and no Python-level __new__."""
+        n = len(row)
+        return _new(cls, row if n == 10 else [*row, 0, None] if n == 8 else [*row, None])
 
     def to_row(self) -> list[Any]:
         """The wire row: `attempt` only when it is not 0 or usage follows it, usage only when measured."""
