@@ -1,26 +1,29 @@
-"""ResourceGraph: the networkx containment model plus its pruning aggregates.
+"""ResourceGraph: the resource model (a networkx graph, model.py) and the matcher's index compiled from it.
 
-Vertices, top down: "cluster" -> group vertices of the configured levels
-(e.g. zone -> rack; topology.py) -> ("node", rank) -> ("socket", rank, sid)
--> ("memory", rank, sid).  Cores and GPUs are id-sets on their socket vertex
-(state.py).  Every vertex carries the free counts of its subtree: sockets
-their free id-sets and memory, nodes free cores/GPUs/memory, groups the
-totals over their usable nodes plus counts of idle and usable nodes, and
-the cluster root in addition bitmask indexes over nodes (bit = rank): ranks
-by exact free-core count ("buckets"), with any free core, with any free GPU,
-fully idle, usable, and per property.  All are updated incrementally on
-every alloc/free/health change.  The matcher (query.py: match.py, walk.py) descends
-this tree, pruning whole subtrees by their aggregates and ANDing the masks
-before it visits node vertices.
+The model is the truth about structure: vertices cluster -> group vertices
+of the configured levels (e.g. zone -> rack; topology.py) -> ("node", rank)
+-> ("socket", rank, sid) -> ("memory", rank, sid), containment edges, each
+node's description and health (its NodeState) and each socket's id-sets (its
+SocketState).  Every join, re-description and removal changes the model
+first and then indexes or unindexes the node from it; drains and health
+changes set the node vertex's state and update the index in the same call.
+The index, what the matcher (query.py: match.py, walk.py) reads, is one
+GroupState per group vertex with the free counts of its subtree (free cores,
+GPUs, memory over its usable nodes, idle and usable node counts, its node
+mask and shapes) and, on the cluster root, bitmask indexes over nodes (bit
+= rank): by exact free-core count ("buckets"), any free core, any free GPU,
+fully idle, usable, per property.  Allocation-time counters (a node's free
+counts, the groups' aggregates, the masks) live only in the index and are
+updated incrementally on every alloc/free; ResourceGraph(levels, model)
+compiles them afresh from a model (JGF in, tests).  The reports and JGF out
+read the model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 
-import networkx as nx
-
-from . import match as matcher, query, report
+from . import match as matcher, model, query, report
 from .alloc import Allocation
 from .carve import SingleHold
 from .feasible import check_feasible
@@ -29,18 +32,23 @@ from .sockets import Hold, hold_ids
 from .state import ClusterState, GpuSpec, GroupState, MemSpec, NodeState, Shape, ancestors
 from .topology import Levels, Path, path_of
 
-CLUSTER = "cluster"
 MAX_RANK = 1 << 20  # bit positions are ranks: bound the index masks
 
 
-class ResourceGraph:
-    """Resources of one MiniCluster; see the module docstring for the model."""
+def _checked(rank: int) -> int:
+    if not 0 <= rank < MAX_RANK:
+        raise ValueError(f"rank {rank} out of range 0..{MAX_RANK - 1}")
+    return rank
 
-    def __init__(self, levels: Levels = ()) -> None:
+
+class ResourceGraph:
+    """Resources of one MiniCluster: the model (self.graph) and the matcher's index compiled from it."""
+
+    def __init__(self, levels: Levels = (), graph: model.Model | None = None) -> None:
+        """An empty instance, or one whose index is compiled from graph (a model as model.py builds it)."""
         self.levels = tuple(levels)
-        self.graph: nx.DiGraph[Hashable] = nx.DiGraph()
+        self.graph = model.new() if graph is None else graph
         self.cluster = ClusterState()
-        self.graph.add_node(CLUSTER, kind="cluster", state=self.cluster)
         self.groups: dict[Path, GroupState] = {(): self.cluster}
         self.nodes: dict[int, NodeState] = {}
         self.by_pos: list[NodeState | None] = []  # index = rank
@@ -50,6 +58,9 @@ class ResourceGraph:
         self._constraint_cache: dict[tuple[Constraint, ...], int] = {}
         self.version = 0  # bumped on every change; lets the scheduler skip idle cycles
         self.topology_version = 0  # bumped when ranks are added/removed/change health
+        for node in model.nodes(self.graph):
+            node.recount()
+            self._index(_checked(node.rank))
 
     # ----------------------------------------------------------------- ranks
 
@@ -65,16 +76,14 @@ class ResourceGraph:
         has.  A drain survives: it is an operator's decision, not a
         property of the node's last life.
         """
-        if not 0 <= rank < MAX_RANK:
-            raise ValueError(f"rank {rank} out of range 0..{MAX_RANK - 1}")
-        old = self.nodes.get(rank)
+        old = self.nodes.get(_checked(rank))
         node = NodeState(rank, hostname, sockets, gpus, memory_mb, properties or {})
         if old:
             node.drain_reason = old.drain_reason
-            self._detach_node(old)
-        elif rank >= len(self.by_pos):
-            self.by_pos.extend([None] * (rank + 1 - len(self.by_pos)))
-        self._attach_node(node)
+            self._unindex(old)
+            model.remove_node(self.graph, rank)
+        model.add_node(self.graph, path_of(self.levels, node.properties), node)
+        self._index(rank)
         if old:
             self._carry_holds(node)
 
@@ -84,8 +93,8 @@ class ResourceGraph:
         Dropping those holds matters if the rank is added again later: the
         new node must not be credited with resources it never gave out.
         """
-        self._detach_node(self._node(rank))
-        self.by_pos[self.nodes.pop(rank).pos] = None
+        self._unindex(self._node(rank))
+        model.remove_node(self.graph, rank)
         for holds in self._holds.values():
             holds.pop(rank, None)
 
@@ -107,32 +116,25 @@ class ResourceGraph:
         except KeyError:
             raise KeyError(f"unknown rank {rank}") from None
 
+    # ------------------------------------------- the index, compiled from the model
+
     def _group(self, path: Path) -> GroupState:
-        """The group vertex for path, created (with its ancestors) on first use."""
+        """The index's group for the model's group vertex at path, created (with its ancestors) on first use."""
         group = self.groups.get(path)
         if group is None:
             parent = self._group(path[:-1])
-            group = self.groups[path] = GroupState(path[-1][0], path, parent)
-            parent.children[path] = group
-            self.graph.add_node(path, kind=group.level, state=group)
-            self.graph.add_edge(path[:-1] or CLUSTER, path)
+            group = self.groups[path] = GroupState(self.graph.nodes[path]["kind"], path, parent)
+            parent.subgroups[path] = group
         return group
 
-    def _attach_node(self, node: NodeState) -> None:
-        g, r = self.graph, node.rank
-        parent = self._group(path_of(self.levels, node.properties))
+    def _index(self, rank: int) -> None:
+        """Index the model's node vertex of rank: its group (from its parent vertex), aggregates and masks."""
+        node: NodeState = self.graph.nodes[("node", rank)]["state"]
+        parent = self._group(model.path_of_node(self.graph, rank))
         node.parent = parent
-        parent.children[("node", r)] = node
-        g.add_node(("node", r), kind="node", state=node)
-        g.add_edge(parent.path or CLUSTER, ("node", r))
-        for sock in node.sockets:
-            key = ("socket", r, sock.index)
-            g.add_node(key, kind="socket", state=sock)
-            g.add_edge(("node", r), key)
-            g.add_node(("memory", r, sock.index), kind="memory", size_mb=sock.mem_all)
-            g.add_edge(key, ("memory", r, sock.index))
-        self.nodes[r] = node
-        self.by_pos[node.pos] = node
+        if rank >= len(self.by_pos):
+            self.by_pos.extend([None] * (rank + 1 - len(self.by_pos)))
+        self.nodes[rank] = self.by_pos[rank] = node
         cl = self.cluster
         while len(cl.buckets) <= node.total_cores:
             cl.buckets.append(0)
@@ -149,10 +151,9 @@ class ResourceGraph:
             self._key_masks[prop] = self._key_masks.get(prop, 0) | node.bit
         self._changed()
 
-    def _detach_node(self, node: NodeState) -> None:
+    def _unindex(self, node: NodeState) -> None:
+        """Take a node out of the index (its model vertices are removed by the caller)."""
         r, cl = node.rank, self.cluster
-        self.graph.remove_nodes_from(
-            [("node", r)] + [(kind, r, s.index) for s in node.sockets for kind in ("socket", "memory")])
         cl.buckets[node.free_cores] &= ~node.bit
         self._flag(node, False)
         shape = Shape.of(node)
@@ -163,19 +164,19 @@ class ResourceGraph:
             if not group.shapes[shape]:
                 del group.shapes[shape]
         parent = node.parent
-        assert parent is not None, "an attached node has a parent"
-        del parent.children[("node", r)]
+        assert parent is not None, "an indexed node has a parent"
         parent.forget_order()
-        while parent is not cl and not parent.nodes:  # drop groups left empty
+        while parent is not cl and not parent.nodes:  # drop groups left empty, as the model does
             above = parent.parent
             assert above is not None, "only the cluster root has no parent"
             del self.groups[parent.path]
-            del above.children[parent.path]
-            self.graph.remove_node(parent.path)
+            del above.subgroups[parent.path]
             parent = above
         for key, value in node.properties.items():
             self._prop_masks[(key, value)] &= ~node.bit
             self._key_masks[key] &= ~node.bit
+        del self.nodes[r]
+        self.by_pos[r] = None
         self._changed()
 
     def _changed(self) -> None:
@@ -551,24 +552,24 @@ class ResourceGraph:
         """Raise InfeasibleRequest if request could never fit, even on an empty instance."""
         check_feasible(self, request)
 
-    # --------------------------------------------------------------- reports
+    # ------------------------------------------------- reports: read from the model
 
     def iter_nodes(self) -> Iterator[NodeState]:
-        """Node vertex states in rank order."""
+        """Node vertex states in rank order (from the index)."""
         for rank in sorted(self.nodes):
             yield self.nodes[rank]
 
     def summary(self) -> list[dict[str, object]]:
         """Per-rank view for `mc resources` (plain, JSON-safe values; report.py)."""
-        return report.summary(self)
+        return report.summary(self.graph)
 
     def cores_busy(self) -> dict[str, list[tuple[object, ...]]]:
         """Cores and cores held per rank and per topology group, for /metrics (report.py)."""
-        return report.cores_busy(self)
+        return report.cores_busy(self.graph)
 
     def tree(self) -> dict[str, object]:
         """The containment hierarchy with free/used/total per vertex (report.py)."""
-        return report.tree(self)
+        return report.tree(self.graph)
 
     def held_ranks(self, key: Hashable) -> list[int]:
         """Ranks key holds anything on (with or without tasks), ascending."""
@@ -576,7 +577,7 @@ class ResourceGraph:
 
     def placement(self, ranks: Iterable[int]) -> list[dict[str, str]]:
         """Ranks grouped by the topology vertex they hang from (`mc jobs -o alloc`; report.py)."""
-        return report.placement(self, ranks)
+        return report.placement(self.graph, ranks)
 
     def snapshot(self) -> tuple[object, ...]:
         """Hashable copy of all accounting state (tests compare before/after free)."""

@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 from minicluster.model import restree
 
+from . import model
 from .graph import ResourceGraph
 from .idset import iter_ascending
-from .topology import Path
+from .sockets import SocketState
+from .state import NodeState
+from .topology import Path, path_of
 
 Meta = dict[str, Any]  # a JGF vertex's metadata
 
@@ -49,11 +52,15 @@ def load(path: str) -> ResourceGraph:
 
 
 def build(data: Any) -> ResourceGraph:
-    levels, ranks = read(data)
-    graph = ResourceGraph(tuple((name, name) for name in levels))
+    """The model (model.py) of the JGF data, and the index compiled from it."""
+    names, ranks = read(data)
+    levels = tuple((name, name) for name in names)
+    g = model.new()
     for spec in ranks:
-        graph.add_rank(**spec)
-    return graph
+        node = NodeState(spec["rank"], spec["hostname"], spec["sockets"], spec["gpus"], spec["memory_mb"],
+                         spec["properties"])
+        model.add_node(g, path_of(levels, node.properties), node)
+    return ResourceGraph(levels, g)
 
 
 def read(data: Any) -> tuple[list[str], list[dict[str, Any]]]:
@@ -221,7 +228,8 @@ def _megabytes(meta: Mapping[str, Any]) -> int:
 
 
 def dump(graph: ResourceGraph) -> dict[str, Any]:
-    """The graph as JGF (levels, nodes, sockets, cores, GPUs, memory): what `load` reads back."""
+    """The model as JGF (levels, nodes, sockets, cores, GPUs, memory): what `load` reads back."""
+    g = graph.graph
     nodes: list[dict[str, Any]] = []
     edges: list[dict[str, Any]] = []
 
@@ -237,24 +245,26 @@ def dump(graph: ResourceGraph) -> dict[str, Any]:
     root = vertex("cluster", "cluster0", None, id=0)
     ids: dict[Path, int] = {(): root}
     level_props = {prop for _, prop in graph.levels}
-    for node in graph.iter_nodes():
+    for node in model.nodes(g):
         parent = ids[()]
-        group = node.parent
-        assert group is not None, "a node in the graph has a parent"
-        for depth in range(1, len(group.path) + 1):
-            path = group.path[:depth]
-            if path not in ids:
-                ids[path] = vertex(path[-1][0], path[-1][1], parent)
-            parent = ids[path]
+        path = model.path_of_node(g, node.rank)
+        for depth in range(1, len(path) + 1):
+            above = path[:depth]
+            if above not in ids:
+                ids[above] = vertex(g.nodes[above]["kind"], g.nodes[above]["name"], parent)
+            parent = ids[above]
         props = {k: v for k, v in node.properties.items() if k not in level_props}
         nid = vertex("node", node.hostname, parent, rank=node.rank, properties=props)
-        for sock in node.sockets:
+        below = g.succ[("node", node.rank)]
+        found: list[tuple[SocketState, Hashable]] = [(g.nodes[key]["state"], key) for key in below]
+        for sock, key in sorted(found, key=lambda found: found[0].index):
             sid = vertex("socket", f"socket{sock.index}", nid, id=sock.index)
             for c in iter_ascending(sock.cores_all):
                 vertex("core", f"core{c}", sid, id=c)
-            for g in iter_ascending(sock.gpus_all):
-                vertex("gpu", f"gpu{g}", sid, id=g)
-            if sock.mem_all:
-                vertex("memory", f"memory{sock.index}", sid, id=sock.index, size=sock.mem_all,
-                       unit="MB")
+            for gpu in iter_ascending(sock.gpus_all):
+                vertex("gpu", f"gpu{gpu}", sid, id=gpu)
+            for memory in g.succ[key]:
+                if g.nodes[memory]["size_mb"]:
+                    vertex("memory", f"memory{sock.index}", sid, id=sock.index,
+                           size=g.nodes[memory]["size_mb"], unit="MB")
     return {"graph": {"nodes": nodes, "edges": edges}}

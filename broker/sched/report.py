@@ -1,5 +1,6 @@
-"""Plain, JSON-safe views of the graph: per-rank rows (`mc resources`), the containment hierarchy
-(`mc resources --tree`, protocol.md §3.3) and placements by vertex (`mc jobs -o alloc`).
+"""Plain, JSON-safe views of the resource model (model.py, the networkx graph): per-rank rows (`mc resources`),
+the containment hierarchy (`mc resources --tree`, protocol.md §3.3), cores busy per rank and group (/metrics) and
+placements by vertex (`mc jobs -o alloc`).  All read the model's vertices, not the matcher's index.
 
 In the hierarchy free counts only usable (up, undrained) nodes; used is what allocations hold on any
 node; so total - free - used is out of service.
@@ -7,41 +8,56 @@ node; so total - free - used is out of service.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 from minicluster.model.idset import IdSet
 
-from . import idset
-from .state import GroupState, NodeState, ancestors
-from .view import GraphView
+from . import idset, model
+from .model import CLUSTER, Model
+from .sockets import SocketState
+from .state import NodeState
 
 
-def tree(graph: GraphView) -> dict[str, Any]:
-    return _group(graph.cluster)
+def tree(g: Model) -> dict[str, Any]:
+    return _group(g, CLUSTER)[1]
 
 
-def _group(group: GroupState) -> dict[str, Any]:
-    children = sorted(group.children.values(),
-                      key=lambda c: c.rank if isinstance(c, NodeState) else c.min_rank())
-    kids = [_node(c) if isinstance(c, NodeState) else _group(c) for c in children]
-    out: dict[str, Any] = {"type": group.level, "name": group.name, "path": group.label}
+def _group(g: Model, key: Hashable) -> tuple[int, dict[str, Any]]:
+    """(lowest rank below, the vertex's subtree) of a group vertex (or the cluster vertex)."""
+    kids: list[tuple[int, dict[str, Any]]] = []
+    nodes = [0, 0, 0]  # idle, usable, all nodes below
+    for child in g.succ[key]:
+        data = g.nodes[child]
+        if data["kind"] == "node":
+            node: NodeState = data["state"]
+            kids.append((node.rank, _node(g, node)))
+            nodes[0] += node.usable and node.is_idle()
+            nodes[1] += node.usable
+            nodes[2] += 1
+        else:
+            kid = _group(g, child)
+            kids.append(kid)
+            nodes = [a + b for a, b in zip(nodes, kid[1]["nodes"], strict=True)]
+    kids.sort(key=lambda kid: kid[0])
+    data = g.nodes[key]
+    out: dict[str, Any] = {"type": data["kind"], "name": data.get("name", "cluster"), "path": model.label(key)}
     for kind in ("cores", "gpus", "memory_mb"):
-        out[kind] = [sum(k[kind][i] for k in kids) for i in range(3)]
-    out["nodes"] = [group.idle_nodes, group.usable_nodes, group.nodes]
-    out["children"] = kids
-    return out
+        out[kind] = [sum(k[kind][i] for _, k in kids) for i in range(3)]
+    out["nodes"] = nodes
+    out["children"] = [k for _, k in kids]
+    return min((r for r, _ in kids), default=-1), out
 
 
 def node_state(node: NodeState) -> str:
     return "down" if not node.up else "drained" if node.drain_reason is not None else "up"
 
 
-def summary(graph: GraphView) -> list[dict[str, Any]]:
+def summary(g: Model) -> list[dict[str, Any]]:
     rows = []
-    for node in graph.iter_nodes():
+    for node in model.nodes(g):
         free_cores = [c for s in node.sockets for c in idset.iter_ascending(s.cores_free)]
-        free_gpus = [g for s in node.sockets for g in idset.iter_ascending(s.gpus_free)]
+        free_gpus = [i for s in node.sockets for i in idset.iter_ascending(s.gpus_free)]
         rows.append({
             "rank": node.rank, "hostname": node.hostname, "state": node_state(node),
             "reason": node.drain_reason or "",
@@ -51,48 +67,55 @@ def summary(graph: GraphView) -> list[dict[str, Any]]:
             "gpus_free_ids": str(IdSet.from_ints(free_gpus)),
             "memory_mb_total": node.total_mem, "memory_mb_free": node.free_mem,
             "properties": dict(node.properties),
-            "path": node.parent.label if node.parent is not None else "cluster",
+            "path": model.label(model.group_of(g, node.rank)),
         })
     return rows
 
 
-def cores_busy(graph: GraphView) -> dict[str, list[tuple[Any, ...]]]:
-    """For /metrics: (rank, cores, busy) per rank and (level, path, cores, busy) per topology group below the
-    cluster root, busy being the cores allocations hold.  O(ranks × levels) from the kept counts."""
+def cores_busy(g: Model) -> dict[str, list[tuple[Any, ...]]]:
+    """For /metrics: (rank, cores, busy) per rank and (level, path, cores, busy) per group vertex below the
+    cluster vertex, busy being the cores allocations hold.  One walk of the model down to the nodes."""
     ranks: list[tuple[Any, ...]] = []
-    groups: dict[GroupState, list[int]] = {}  # [cores, busy]; by identity, so each label is built once
-    for node in graph.iter_nodes():
-        busy = node.total_cores - node.free_cores
-        ranks.append((node.rank, node.total_cores, busy))
-        for group in ancestors(node):
-            if group.path:
-                found = groups.get(group)
-                if found is None:
-                    found = groups[group] = [0, 0]
-                found[0] += node.total_cores
-                found[1] += busy
-    return {"ranks": ranks, "domains": [(g.level, g.label, *counts) for g, counts in groups.items()]}
+    domains: list[tuple[Any, ...]] = []
+
+    def walk(key: Hashable) -> tuple[int, int]:
+        cores = busy = 0
+        for child in g.succ[key]:
+            data = g.nodes[child]
+            if data["kind"] == "node":
+                node: NodeState = data["state"]
+                ranks.append((node.rank, node.total_cores, node.total_cores - node.free_cores))
+                c, b = node.total_cores, node.total_cores - node.free_cores
+            else:
+                c, b = walk(child)
+                domains.append((data["kind"], model.label(child), c, b))
+            cores, busy = cores + c, busy + b
+        return cores, busy
+
+    walk(CLUSTER)
+    ranks.sort()
+    return {"ranks": ranks, "domains": domains}
 
 
-def placement(graph: GraphView, ranks: Iterable[int]) -> list[dict[str, str]]:
+def placement(g: Model, ranks: Iterable[int]) -> list[dict[str, str]]:
     """[{"path": "zone=a/rack=r1", "ranks": "0-3"}, ...] in rank order; unknown ranks: path "?"."""
     groups: dict[str, list[int]] = {}
     for rank in sorted(set(ranks)):
-        node = graph.nodes.get(rank)
-        label = node.parent.label if node is not None and node.parent is not None else "?"
+        label = model.label(model.group_of(g, rank)) if ("node", rank) in g else "?"
         groups.setdefault(label, []).append(rank)
     return [{"path": path, "ranks": str(IdSet.from_ints(rs))} for path, rs in groups.items()]
 
 
-def _node(node: NodeState) -> dict[str, Any]:
+def _node(g: Model, node: NodeState) -> dict[str, Any]:
     usable = node.usable
+    found: list[SocketState] = [g.nodes[v]["state"] for v in g.succ[("node", node.rank)]]
     sockets = [{
         "type": "socket", "name": f"socket{s.index}", "id": s.index,
         "cores": _counts(s.cores_free.bit_count(), s.cores_all.bit_count(), usable),
         "gpus": _counts(s.gpus_free.bit_count(), s.gpus_all.bit_count(), usable),
         "memory_mb": _counts(s.mem_free, s.mem_all, usable),
         "children": [],
-    } for s in node.sockets]
+    } for s in sorted(found, key=lambda s: s.index)]
     return {"type": "node", "name": node.hostname, "rank": node.rank, "state": node_state(node),
             "reason": node.drain_reason or "",
             "cores": _counts(node.free_cores, node.total_cores, usable),

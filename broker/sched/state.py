@@ -1,7 +1,8 @@
-"""Per-vertex state of the resource graph: the groups (zones, racks, the cluster root) and the nodes.
+"""The vertex states: the nodes (the model's data, plus their index fields) and the groups of the matcher's index.
 
-Each node vertex of the networkx graph carries a NodeState, each socket
-vertex a SocketState (sockets.py).  Cores and GPUs are id-sets (bitmasks) on their socket
+Each node vertex of the model (model.py, the networkx graph) carries a NodeState, each socket
+vertex a SocketState (sockets.py): description, health and free id-sets.  A node's free counts and
+`parent` are index fields graph.py derives from the model.  Cores and GPUs are id-sets (bitmasks) on their socket
 so a 64-core node is 1 node + 2 socket vertices, not 64 core vertices, yet
 real ids survive for task binding.  Memory is per socket (a NUMA domain);
 the node's free memory is the sum.  A Hold is what one allocation took from
@@ -9,14 +10,15 @@ one node, kept so that giving it back restores the exact prior state.
 Carving ids for slots lives in carve.py (flat slots) and units.py (slots
 bound to sockets).
 
-Every group vertex (GroupState; the root, ClusterState, also holds the
-bitmask indexes) carries the aggregates of its subtree that the walk prunes
-with, kept in step by graph.py on every alloc/free/health change: free
+Each group vertex of the model has a GroupState in the index (the root,
+ClusterState, also holds the bitmask indexes), compiled from the model by
+graph.py, with the aggregates of its subtree that the walk prunes with, kept
+in step by graph.py on every alloc/free/health change: free
 cores, GPUs and memory and the number of idle and of usable nodes (usable =
 up and not drained), plus the bitmask of its nodes and a count of its node
 shapes (for feasibility).  Which levels exist, and a node's path through
 them, is topology.py's.  Groups and nodes refer to each other (a node's
-`parent`, a group's `children`), so they live in one module.
+`parent`, a group's `subgroups`), so they live in one module.
 """
 
 from __future__ import annotations
@@ -90,6 +92,12 @@ class NodeState(FlatCarving):
     @property
     def usable(self) -> bool:
         return self.up and self.drain_reason is None
+
+    def recount(self) -> None:
+        """Derive the node's free counts from its sockets' (when the index is compiled from a model)."""
+        self.free_cores = sum(s.cores_free.bit_count() for s in self.sockets)
+        self.free_gpus = sum(s.gpus_free.bit_count() for s in self.sockets)
+        self.free_mem = sum(s.mem_free for s in self.sockets)
 
     def is_idle(self) -> bool:
         return (self.free_cores == self.total_cores and self.free_gpus == self.total_gpus
@@ -215,12 +223,12 @@ class Shape:
 class GroupState:
     """A vertex above the nodes (a zone, a rack, or the cluster root)."""
 
-    __slots__ = ("level", "path", "parent", "children", "mask", "nodes", "usable_nodes",
+    __slots__ = ("level", "path", "parent", "subgroups", "mask", "nodes", "usable_nodes",
                  "idle_nodes", "free_cores", "free_gpus", "free_mem", "shapes", "_below")
 
     def __init__(self, level: str, path: Path, parent: GroupState | None) -> None:
         self.level, self.path, self.parent = level, path, parent
-        self.children: dict[object, GroupState | NodeState] = {}  # vertex key -> state
+        self.subgroups: dict[Path, GroupState] = {}  # the groups right below (nodes: only in mask)
         self.mask = 0  # bits (ranks) of every node below, whatever its health
         self.nodes = 0
         # Aggregates over the usable nodes below (what the walk prunes with).
@@ -256,12 +264,11 @@ class GroupState:
         return found
 
     def _walk(self, level: str) -> Iterator[GroupState]:
-        for child in self.children.values():
-            if isinstance(child, GroupState):
-                if child.level == level:
-                    yield child
-                else:
-                    yield from child._walk(level)
+        for child in self.subgroups.values():
+            if child.level == level:
+                yield child
+            else:
+                yield from child._walk(level)
 
     def forget_order(self) -> None:
         """Drop cached orderings here and above (membership changed)."""

@@ -1,4 +1,4 @@
-"""What the matcher, the feasibility check and the reports read of a resource graph (graph.py's ResourceGraph).
+"""What the matcher and the feasibility check read of a resource graph (graph.py's ResourceGraph).
 
 They take the graph as this Protocol rather than as ResourceGraph, so that the graph, which calls them, is the
 only one of them that imports the other: no import cycle between the graph and its algorithms.
@@ -6,7 +6,6 @@ only one of them that imports the other: no import cycle between the graph and i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Protocol
 
 from .request import Constraint
@@ -15,7 +14,7 @@ from .topology import Levels
 
 
 class GraphView(Protocol):
-    """The containment tree's root and nodes, and the masks the matcher prunes with."""
+    """The index compiled from the model: the root group, the nodes and the masks the matcher prunes with."""
 
     levels: Levels                    # topology levels, top down
     cluster: ClusterState             # the root vertex: aggregates and the bitmask indexes over nodes
@@ -24,8 +23,4 @@ class GraphView(Protocol):
 
     def constraint_mask(self, constraints: tuple[Constraint, ...]) -> int:
         """Mask of the nodes that satisfy every constraint."""
-        ...
-
-    def iter_nodes(self) -> Iterator[NodeState]:
-        """Node vertices in rank order."""
         ...

@@ -2,7 +2,7 @@
 import pytest
 
 from broker.sched import InfeasibleRequest, Request, ResourceGraph
-from broker.sched.graph import CLUSTER
+from broker.sched.model import CLUSTER
 
 from conftest import add_node, make_graph
 

@@ -12,7 +12,7 @@ from collections import Counter
 from hypothesis import strategies as st
 
 from broker.sched import Request, ResourceGraph
-from broker.sched.graph import CLUSTER
+from broker.sched.model import CLUSTER
 from broker.sched.state import group_of
 from minicluster.model import restree
 
