@@ -14,7 +14,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
@@ -44,7 +44,7 @@ LOST_AFTER = 4.0
 class Tree:
     """The seven-rank cluster, the files its tasks use, and each rank's log."""
 
-    def __init__(self, tmp_path: Path, **settings: object) -> None:
+    def __init__(self, tmp_path: Path, **settings: Any) -> None:
         self.dir = tmp_path
         self.record, self.go = tmp_path / "runs", tmp_path / "go"
         with socket.socket() as s:
@@ -116,8 +116,7 @@ def check_healed_and_finish(tree: Tree, c: Client, job_id: int) -> None:
 def check_home_again(tree: Tree, c: Client) -> None:
     """Rank 1 is back: its children link to it again, and work reaches them through it."""
     tree.cluster.wait_states({1: "up", 3: "up", 4: "up"}, timeout=30)
-    for rank in (3, 4):
-        until(lambda r=rank: "rank 1 is back; linking to it again" in tree.log(r), f"rank {rank} went home")
+    until(lambda: all("rank 1 is back; linking to it again" in tree.log(r) for r in (3, 4)), "3 and 4 went home")
     counters = tree.cluster.http_status()["counters"]
     assert counters["overlay_adoptions"] >= 2 and counters["overlay_homes_sent"] >= 2, counters
     tree.go.unlink()
