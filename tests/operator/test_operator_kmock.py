@@ -48,9 +48,11 @@ async def broker() -> AsyncIterator[dict[str, Any]]:
         "ready": False,
         "jobs": {"queued": 3, "running": 1, "finished": 0, "failed": 0},
         "command": None,
+        "_polls": 0,  # the operator's reads of it: one per poll of an active MiniCluster
     }
 
     async def serve(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        report["_polls"] += 1
         return aiohttp.web.json_response(report)
 
     app = aiohttp.web.Application()
@@ -124,6 +126,13 @@ async def eventually(check: Callable[[], Any], timeout: float = 8.0) -> Any:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"condition not met in {timeout}s: {result!r}")
         await asyncio.sleep(0.1)
+
+
+async def polls(broker: dict[str, Any], count: int = 3) -> None:
+    """Wait until `count` more of the operator's polls read the broker's status: a witness that polls, each of
+    which would have acted, went by (instead of a sleep that hopes they did)."""
+    seen = broker["_polls"]
+    await eventually(lambda: broker["_polls"] >= seen + count)
 
 
 def obj(kmock: kmocklib.KubernetesEmulator, resource: str, name: str) -> dict[str, Any]:
@@ -204,7 +213,7 @@ async def test_a_job_the_api_server_kept_whole_raises_no_alarm(
     assert reconciled["reason"] == "ChildrenUpToDate"
     broker["ranks"]["up"], broker["ready"] = 4, True
     await eventually(lambda: obj(kmock, MC, "demo")["status"]["phase"] == "Running")
-    await asyncio.sleep(1)  # several polls, each checking the Jobs again
+    await polls(broker)  # each checking the Jobs again
     assert obj(kmock, MC, "demo")["status"]["phase"] == "Running"
     assert (obj(kmock, JOB, "demo-broker")["spec"]["parallelism"], obj(kmock, JOB, "demo")["spec"]["parallelism"]) == (
         1, 4)
@@ -309,6 +318,8 @@ async def test_a_standing_problem_is_reported_once(operator: None, kmock: Kmock,
     await eventually(reported)  # the event may trail the condition on a loaded machine
     await asyncio.sleep(0.5)  # and a second writer's (below)
     before = reported()
+    # Kept: polls of a Job not ours stop before reading the broker (polls() cannot count them), and this is a
+    # negative (no second report) with no later event to wait for.
     await asyncio.sleep(1.5)  # several polls, each retrying the reconcile
     # (kmock has no resourceVersion conflicts, so create and the first poll
     # may both report; a real API server makes the second writer re-read.)
@@ -349,7 +360,7 @@ async def test_storage_gives_rank_0_a_claim_and_a_job_and_ends_the_workers_with_
 
 @pytest.mark.parametrize("mode", ["copy", "imageVolume"])
 async def test_every_job_brings_the_runtime_to_the_application_image(
-    operator: None, kmock: Kmock, make_body: Make, mode: str,
+    operator: None, kmock: Kmock, make_body: Make, broker: dict[str, Any], mode: str,
 ) -> None:
     await create(kmock, make_body(
         image="docker.io/library/debian:bookworm", storage={"size": "1Gi"},
@@ -372,7 +383,7 @@ async def test_every_job_brings_the_runtime_to_the_application_image(
             assert "initContainers" not in pod
             assert volume["image"] == {"reference": "registry.example/runtime:2", "pullPolicy": "Always"}
     # What the pods were made from is recorded: the same spec raises no TemplateImmutable on the next polls.
-    await asyncio.sleep(1.0)
+    await polls(broker)
     assert condition(obj(kmock, MC, "demo")["status"], "Reconciled")["status"] == "True"
 
 
@@ -465,6 +476,8 @@ async def test_a_finished_minicluster_never_runs_again(operator: None, kmock: Km
     # Whichever comes first: the operator says it leaves the Job gone, or it has made it again.
     await eventually(lambda: exists(kmock, JOB, "demo")
                      or condition(obj(kmock, MC, "demo")["status"], "Reconciled")["reason"] == "Finished")
+    # Kept: with its Jobs gone a poll reads no broker (polls() cannot count it), and a Job made again is a
+    # negative with no later event to wait for.
     await asyncio.sleep(1)  # several more polls
     assert not exists(kmock, JOB, "demo")
     assert "not made again" in condition(obj(kmock, MC, "demo")["status"], "Reconciled")["message"]
@@ -497,7 +510,7 @@ async def test_a_poll_with_a_body_older_than_the_end_does_not_run_a_finished_min
 
 
 async def test_pod_fields_reach_every_job_and_a_bad_one_is_refused_before_anything_is_made(
-    operator: None, kmock: Kmock, make_body: Make,
+    operator: None, kmock: Kmock, make_body: Make, broker: dict[str, Any],
 ) -> None:
     await create(kmock, make_body(
         storage={"size": "1Gi"}, imagePullPolicy="IfNotPresent", workingDir="/work",
@@ -518,7 +531,7 @@ async def test_pod_fields_reach_every_job_and_a_bad_one_is_refused_before_anythi
         assert (app["imagePullPolicy"], app["workingDir"]) == ("IfNotPresent", "/work")
         assert app["command"][2:4] == ["--pre", '["true"]']
     # What the pods were made from is recorded: the same spec raises no TemplateImmutable on the next polls ...
-    await asyncio.sleep(1.0)
+    await polls(broker)
     assert condition(obj(kmock, MC, "demo")["status"], "Reconciled")["status"] == "True"
     # ... and a change of them does.
     await patch(kmock, "demo", {"spec": {"pod": {"labels": {"team": "chemistry"}}}})
@@ -562,12 +575,12 @@ async def test_phase_changes_are_events_and_progress_is_kstatus(
 
 
 async def test_the_ttl_reaches_a_job_only_once_its_end_is_recorded(
-    operator: None, kmock: Kmock, make_body: Make,
+    operator: None, kmock: Kmock, make_body: Make, broker: dict[str, Any],
 ) -> None:
     # Deleted by the TTL controller before the operator saw it end, the Job would be made (and run) again.
     await create(kmock, make_body(command=["true"], ttlSecondsAfterFinished=0))
     await eventually(lambda: condition(obj(kmock, MC, "demo")["status"], "Reconciled"))
-    await asyncio.sleep(1)  # several polls of the running Job
+    await polls(broker)  # of the running Job
     assert "ttlSecondsAfterFinished" not in obj(kmock, JOB, "demo")["spec"]
     done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
     async with kmock.patch("/apis/batch/v1/namespaces/default/jobs/demo/status", json=done) as resp:
