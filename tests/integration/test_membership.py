@@ -56,18 +56,6 @@ def test_worker_kill_ends_its_tasks_with_node_lost_and_rank_rejoins(tmp_path) ->
         assert wait_for(c, back)["status"] == 0
 
 
-def test_interior_rank_loss_and_return(tmp_path) -> None:
-    """Rank 1 is the parent of 3 and 4 (fanout 2): when it dies they are cut off, and come back with it."""
-    with LocalCluster(tmp_path, size=5, fanout=2, resources="cores=1", lost_after=1.5) as cluster:
-        cluster.kill(1)
-        cluster.wait_states({1: "lost", 3: "lost", 4: "lost", 2: "up"}, timeout=10)
-        cluster.restart(1)
-        cluster.wait_states({1: "up", 3: "up", 4: "up"}, timeout=10)
-        with cluster.client() as c:
-            job_id = c.submit(job(["true"], nnodes=5, ntasks=5, mpi="none"))
-            assert wait_for(c, job_id)["status"] == 0
-
-
 def test_peer_with_another_key_cannot_join(tmp_path) -> None:
     with LocalCluster(tmp_path / "good", size=2, fanout=2, max_size=3) as cluster:
         intruder_cert = curve.create(tmp_path / "bad")
