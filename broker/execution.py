@@ -1,5 +1,6 @@
 """Task execution as seen from rank 0: dispatch (`run`), results (`done`), output, kills, time limits and
-lost ranks (protocol.md §2.5–2.7); the PMI exchange is broker/pmiexchange.py's, the window broker/window.py's.
+lost ranks (protocol.md §2.5–2.7); the PMI exchange is broker/pmiexchange.py's, the window broker/window.py's, and
+what each result is and means broker/results.py's (pure): `on_done` carries its verdicts out.
 
 Tracks every running task by (job, task) with its rank, so a lost rank, a cancel or a time limit can be
 turned into the right `kill` messages and exceptions.  Job-level consequences go back to the JobManager.
@@ -258,18 +259,18 @@ class Execution:
     def on_done(self, rank: int, rows: list[list[Any]], ack: bool = True) -> None:
         """Carry out what broker/results.py judges each result of a batch from `rank` to be, one after another;
         write the batch's rows at once and acknowledge it once they are durable."""
-        # Checked as their message was decoded (or built here, in _end_locally).
-        decoded = [Result.of_checked(row) for row in rows]
         batch = DoneBatch(self.manager.clock())
         strays = self._strays.get(rank, NO_STRAYS) if self._strays else NO_STRAYS
-        for row, result in zip(rows, decoded, strict=True):
+        keys = []
+        for row in rows:
+            result = Result.of_checked(row)  # checked as its message was decoded (or built in _end_locally)
+            keys.append([result.job, result.task, result.attempt] if result.attempt else [result.job, result.task])
             self._carry_out(rank, row, result, strays, batch)
         self._settle_freed(batch.freed)
         self.manager.workflow.attempts.commit()
         fut = self.manager.journal.write(batch.statements + batch.usage_rows)
         self._count_unrecorded(fut, len(batch.statements))
-        if ack and decoded:
-            keys = [result.ack_key for result in decoded]
+        if ack and keys:  # its `done-ack` key: the attempt left out when 0 (protocol.md §2.9)
             when_durable(fut, lambda: messages.send(self.send, rank, messages.DoneAck(keys)))
         for job in batch.touched.values():
             self._after_results(job, batch.now)

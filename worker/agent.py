@@ -21,7 +21,7 @@ from minicluster.model.text import cut
 from minicluster.proto import messages, topology
 from minicluster.proto.backoff import Backoff
 from minicluster.proto.envelope import BadMessage, Message
-from minicluster.proto.rows import Result, TaskEntry
+from minicluster.proto.rows import Result, TaskEntry, result_row
 from worker.containment import contain
 from worker.helpers import helper_count
 from worker.executor import STATUS_CANNOT_RUN, TaskExecutor, TaskResult, TaskSpec, TestExecutor
@@ -223,7 +223,7 @@ class WorkerAgent:
         self.jobs.update(run.jobs)
         local: dict[int, list[TaskEntry]] = {}
         for row in run.tasks:
-            entry = TaskEntry.from_row(row)  # checked as the message was decoded: cannot fail here
+            entry = TaskEntry.of_checked(row)  # checked as the message was decoded
             local.setdefault(entry.job, []).append(entry)
         for job_id, entries in local.items():
             info = self.jobs.get(job_id)
@@ -300,7 +300,7 @@ class WorkerAgent:
                     self._after_exit[key] = (entry.to_row(), info)
                 continue
             row = self.unacked.get(key)
-            if row is not None and Result.from_row(row).attempt >= attempt:
+            if row is not None and Result.attempt_of(row) >= attempt:
                 continue
             fresh.append(entry)
         return fresh
@@ -390,7 +390,7 @@ class WorkerAgent:
             key = (entry[0], entry[1])
             row = self.unacked.get(key)
             # Only the acknowledged attempt's result (protocol.md §2.9); a missing attempt means 0.
-            if row is not None and Result.from_row(row).attempt == (entry[2] if len(entry) > 2 else 0):
+            if row is not None and Result.attempt_of(row) == (entry[2] if len(entry) > 2 else 0):
                 del self.unacked[key]
 
     def _on_pmi_kvs(self, kvs: messages.PmiKvs) -> None:
@@ -462,8 +462,8 @@ class WorkerAgent:
             self._forget_job(key[0])  # none of its tasks here could start
         # Accounting (protocol.md §2.5), when measured.
         usage = {"cpu": result.cpu, "rss": max_rss} if result.cpu or max_rss else None
-        row = Result(key[0], key[1], result.status, result.exit_code, result.signal, error, result.started,
-                     result.ended, self.attempts.pop(key, 0), usage).to_row()
+        row = result_row(key[0], key[1], result.status, result.exit_code, result.signal, error, result.started,
+                         result.ended, self.attempts.pop(key, 0), usage)
         self.unacked[key] = row
         self._done.append(row)
         self._schedule_flush()

@@ -58,20 +58,23 @@ class Result(NamedTuple):
         n = len(row)
         return _new(cls, row if n == 10 else [*row, 0, None] if n == 8 else [*row, None])
 
-    def to_row(self) -> list[Any]:
-        """The wire row: `attempt` only when it is not 0 or usage follows it, usage only when measured."""
-        row: list[Any] = [self.job, self.task, self.status, self.exit_code, self.signal, self.error, self.started,
-                          self.ended]
-        if self.attempt or self.usage is not None:
-            row.append(self.attempt)
-        if self.usage is not None:
-            row.append(self.usage)
-        return row
+    @staticmethod
+    def attempt_of(row: list[Any]) -> int:
+        """The attempt of a checked row, without decoding the rest (a worker reads it per `done-ack` key)."""
+        return row[8] if len(row) > 8 else 0
 
-    @property
-    def ack_key(self) -> list[int]:
-        """The `done-ack` key of this result (§2.9): [job, task, attempt], attempt left out when 0."""
-        return [self.job, self.task, self.attempt] if self.attempt else [self.job, self.task]
+
+def result_row(job: int, task: int, status: int, exit_code: int | None, signal: int | None, error: str | None,
+               started: float | None, ended: float | None, attempt: int = 0,
+               usage: dict[str, Any] | None = None) -> list[Any]:
+    """A `done` row as the wire has it: `attempt` only when it is not 0 or usage follows it, usage only when
+    measured. A worker builds one per task without a record in between."""
+    row: list[Any] = [job, task, status, exit_code, signal, error, started, ended]
+    if attempt or usage is not None:
+        row.append(attempt)
+    if usage is not None:
+        row.append(usage)
+    return row
 
 
 class TaskEntry(NamedTuple):
@@ -90,7 +93,13 @@ class TaskEntry(NamedTuple):
             raise BadMessage(f"run: malformed task row {_shown(row)}: expected [job, task, index, cores, gpus, "
                              "(attempt)] with integer job, task, index and attempt and lists of cores and gpus",
                              "bad-request")
-        return cls(*row)
+        return cls.of_checked(row)
+
+    @classmethod
+    def of_checked(cls, row: list[Any]) -> TaskEntry:
+        """The record of a row checked already (the message decoder checks every `run` row), without a check again
+        or a Python-level __new__."""
+        return _new(cls, row if len(row) == 6 else [*row, 0])
 
     def to_row(self) -> list[Any]:
         """The wire row: `attempt` only when it is not 0."""

@@ -17,7 +17,7 @@ from broker.flowstate import Flow
 from broker.job import Job, State
 from broker.results import Failure, Final, Verdict
 from minicluster.proto.envelope import BadMessage
-from minicluster.proto.rows import Result, TaskEntry
+from minicluster.proto.rows import Result, TaskEntry, result_row
 from minicluster.testing import job
 from tests.unit import core_rig
 from tests.unit.core_rig import Core
@@ -238,8 +238,8 @@ ROWS: dict[str, tuple[list[Any], Result]] = {
 @pytest.mark.parametrize("name", ROWS)
 def test_a_done_row_decodes_to_its_record_and_back_unchanged(name: str) -> None:
     wire, record = ROWS[name]
-    assert Result.from_row(wire) == record and record.to_row() == wire
-    assert record.ack_key == ([1, record.task, record.attempt] if record.attempt else [1, record.task])
+    assert Result.from_row(wire) == record == Result.of_checked(wire) and result_row(*record) == wire
+    assert Result.attempt_of(wire) == record.attempt
 
 
 @pytest.mark.parametrize("wire", [
@@ -259,6 +259,7 @@ def test_a_malformed_done_row_is_refused_with_what_a_row_is(wire: Any) -> None:
 
 def test_a_run_row_decodes_to_its_record_and_back_and_a_bad_one_is_refused() -> None:
     assert TaskEntry.from_row([4, 1, 7, [0, 1], []]) == TaskEntry(4, 1, 7, [0, 1], [], 0)
+    assert TaskEntry.of_checked([4, 1, 7, [0, 1], []]) == TaskEntry(4, 1, 7, [0, 1], [], 0)
     assert TaskEntry.from_row([4, 1, 7, [0], [2], 3]).attempt == 3
     for wire in ([4, 1, 7, [0], [2]], [4, 1, 7, [0], [2], 3]):
         assert TaskEntry.from_row(wire).to_row() == wire
