@@ -15,7 +15,6 @@ from minicluster.model.idset import IdSet
 
 from . import idset, model
 from .model import CLUSTER, Model
-from .sockets import SocketState
 from .state import NodeState
 
 
@@ -26,25 +25,27 @@ def tree(g: Model) -> dict[str, Any]:
 def _group(g: Model, key: Hashable) -> tuple[int, dict[str, Any]]:
     """(lowest rank below, the vertex's subtree) of a group vertex (or the cluster vertex)."""
     kids: list[tuple[int, dict[str, Any]]] = []
-    nodes = [0, 0, 0]  # idle, usable, all nodes below
+    idle = usable = count = 0  # nodes below
+    vertices = g.nodes
     for child in g.succ[key]:
-        data = g.nodes[child]
+        data = vertices[child]
         if data["kind"] == "node":
             node: NodeState = data["state"]
-            kids.append((node.rank, _node(g, node)))
-            nodes[0] += node.usable and node.is_idle()
-            nodes[1] += node.usable
-            nodes[2] += 1
+            kids.append((node.rank, _node(node)))
+            idle += node.usable and node.is_idle()
+            usable += node.usable
+            count += 1
         else:
             kid = _group(g, child)
             kids.append(kid)
-            nodes = [a + b for a, b in zip(nodes, kid[1]["nodes"], strict=True)]
+            i, u, c = kid[1]["nodes"]
+            idle, usable, count = idle + i, usable + u, count + c
     kids.sort(key=lambda kid: kid[0])
-    data = g.nodes[key]
+    data = vertices[key]
     out: dict[str, Any] = {"type": data["kind"], "name": data.get("name", "cluster"), "path": model.label(key)}
     for kind in ("cores", "gpus", "memory_mb"):
         out[kind] = [sum(k[kind][i] for _, k in kids) for i in range(3)]
-    out["nodes"] = nodes
+    out["nodes"] = [idle, usable, count]
     out["children"] = [k for _, k in kids]
     return min((r for r, _ in kids), default=-1), out
 
@@ -106,16 +107,16 @@ def placement(g: Model, ranks: Iterable[int]) -> list[dict[str, str]]:
     return [{"path": path, "ranks": str(IdSet.from_ints(rs))} for path, rs in groups.items()]
 
 
-def _node(g: Model, node: NodeState) -> dict[str, Any]:
+def _node(node: NodeState) -> dict[str, Any]:
+    """A node vertex's subtree; its socket vertices' states are node.sockets."""
     usable = node.usable
-    found: list[SocketState] = [g.nodes[v]["state"] for v in g.succ[("node", node.rank)]]
     sockets = [{
         "type": "socket", "name": f"socket{s.index}", "id": s.index,
         "cores": _counts(s.cores_free.bit_count(), s.cores_all.bit_count(), usable),
         "gpus": _counts(s.gpus_free.bit_count(), s.gpus_all.bit_count(), usable),
         "memory_mb": _counts(s.mem_free, s.mem_all, usable),
         "children": [],
-    } for s in sorted(found, key=lambda s: s.index)]
+    } for s in node.sockets]
     return {"type": "node", "name": node.hostname, "rank": node.rank, "state": node_state(node),
             "reason": node.drain_reason or "",
             "cores": _counts(node.free_cores, node.total_cores, usable),
