@@ -96,9 +96,10 @@ class Uplink:
         sock.setsockopt(zmq.RECONNECT_IVL, 50)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         # A stopped or cut-off parent is noticed from these (§2.4.1); libzmq's I/O thread answers them, so a rank
-        # whose event loop is busy is not taken for lost.
-        sock.setsockopt(zmq.HEARTBEAT_IVL, round(1000 * min(self._config.heartbeat_interval, 1.0)))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(1000 * min(self._config.unresponsive_after, 3.0)))
+        # whose event loop is busy is not taken for lost. Not shorter: a dropped connection loses what the parent
+        # had in flight on it, and a parent stopped for a second (a test's SIGSTOP of rank 0) must not cost that.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
         # A replaced parent pod has a new IP, and a connect to the old one may get no answer at all (its network
         # namespace is gone): give up after 2 s and resolve the name again, instead of the kernel's ~2 min SYN
         # retries (seen in tests/e2e as workers rejoining a new broker 70 s late).
@@ -132,7 +133,9 @@ class Uplink:
         linked, deadline = False, loop.time() + self._patience
         try:
             while True:
-                waits = linked or not self._was_home
+                # Rank 0 is never left: there is nothing above it, and a fresh socket would drop what waits in
+                # this one's queue for it (results, output: protocol.md §2.6) while it is down or stopped.
+                waits = linked or not self._was_home or parent == 0
                 try:
                     async with asyncio.timeout(None if waits else max(0.0, deadline - loop.time())):
                         event = parse_monitor_message(await monitor.recv_multipart())["event"]
@@ -151,9 +154,7 @@ class Uplink:
 
     def _move_up(self, lost: int) -> None:
         above = topology.parent(lost, self._config.fanout)
-        if above is None:
-            self._link_to(lost)  # rank 0 itself is out of reach: keep trying it afresh
-            return
+        assert above is not None, "rank 0 is never left"
         log.warning("rank %d: no link to rank %d for %.1f s; linking to rank %d", self.rank, lost, self._patience,
                     above)
         self.moves += 1

@@ -37,8 +37,9 @@ TASK = textwrap.dedent("""
         time.sleep(0.05)
     sys.exit(0 if os.path.exists(sys.argv[2]) else 3)
 """)
-# Heal bound here: unresponsive_after 0.8 s + patience 2 × 0.2 s; lost_after leaves room for a loaded machine.
-LOST_AFTER = 4.0
+# Heal bound here (protocol.md §2.4.1): the link's 3 s heartbeat timeout + a patience of 2 × 0.2 s for a stopped or
+# cut-off parent; lost_after leaves room for a loaded machine.
+LOST_AFTER = 7.0
 
 
 class Tree:
