@@ -3,6 +3,7 @@ loop while counting what is dropped (protocol.md §2.4)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import socket
@@ -83,3 +84,13 @@ class Sender:
 
     async def drained(self) -> None:
         await self._idle.wait()
+
+
+async def drain_then_cancel(sender: Sender | None, tasks: list[asyncio.Task[None]]) -> None:
+    """Give what `sender` queued up to a second to leave, then end `tasks` (its socket's readers)."""
+    if sender is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(sender.drained(), 1.0)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -7,7 +7,6 @@ envelopes between ranks without blocking the event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 from minicluster.config import InstanceConfig
 from minicluster.overlay import curve
 from minicluster.overlay.relay import RELAYED, HeartbeatRelay
-from minicluster.overlay.sockets import Sender, set_common_options
+from minicluster.overlay.sockets import Sender, drain_then_cancel, set_common_options
 from minicluster.overlay.uplink import ATTACH, HOME, Uplink
 from minicluster.proto import envelope, messages, topology
 from minicluster.proto.envelope import BadMessage, Message
@@ -104,12 +103,7 @@ class Overlay:
             self.relay.close()
         if self.uplink is not None:
             await self.uplink.close()
-        if self._down is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._down.drained(), 1.0)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await drain_then_cancel(self._down, self._tasks)
         if self._auth is not None:
             self._auth.stop()
         if self._ctx is not None:

@@ -7,7 +7,6 @@ this class, so simulated ranks heal as real ones do.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -18,7 +17,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from minicluster.config import InstanceConfig
 from minicluster.overlay import curve
-from minicluster.overlay.sockets import Sender, set_common_options
+from minicluster.overlay.sockets import Sender, drain_then_cancel, set_common_options
 from minicluster.proto import envelope, topology
 from minicluster.proto.envelope import Message
 
@@ -77,12 +76,7 @@ class Uplink:
             self._link_to(self.home)
 
     async def close(self) -> None:
-        if self._sender is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._sender.drained(), 1.0)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await drain_then_cancel(self._sender, self._tasks)
         if self._sender is not None:
             self._sender.sock.disable_monitor()
             # A short linger lets the last messages (results, the answer to a shutdown) leave.
