@@ -14,7 +14,7 @@ import secrets
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable, Container
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from broker import sched, store
@@ -262,36 +262,34 @@ class Execution:
         batch = DoneBatch(self.manager.clock())
         strays = self._strays.get(rank, NO_STRAYS) if self._strays else NO_STRAYS
         keys = []
+        jobs, tasks, preempted = self.manager.jobs, self.tasks, self.preempted
         for row in rows:
             result = Result.of_checked(row)  # checked as its message was decoded (or built in _end_locally)
-            keys.append([result.job, result.task, result.attempt] if result.attempt else [result.job, result.task])
-            self._carry_out(rank, row, result, strays, batch)
+            job_id, task = result.job, result.task
+            keys.append([job_id, task, result.attempt] if result.attempt else [job_id, task])
+            job = jobs.get(job_id)
+            running = tasks.get((job_id, task))
+            verdict = results.sort(rank, result, job, None if running is None else running.rank, strays)
+            if job is None:
+                continue  # purged: acknowledged only, as the verdicts not handled below
+            if verdict is FINAL:
+                was_preempted = (job_id, task) in preempted if preempted else False
+                final = results.final(rank, result, job, (result.status, False), was_preempted, batch.now)
+                self._record(rank, job, result, row, final, batch)
+            elif verdict is JUDGE:
+                self._judge(rank, job, result, row, batch)
+            elif verdict is SECOND_RUN:
+                self._give_back(job, task, batch)
+            elif verdict is STRAY:
+                self._strays[rank].discard((job_id, task))  # once: a later run of it counts
         self._settle_freed(batch.freed)
         self.manager.workflow.attempts.commit()
         fut = self.manager.journal.write(batch.statements + batch.usage_rows)
         self._count_unrecorded(fut, len(batch.statements))
-        if ack and keys:  # its `done-ack` key: the attempt left out when 0 (protocol.md §2.9)
+        if ack and keys:  # each result's `done-ack` key: the attempt left out when 0 (protocol.md §2.9)
             when_durable(fut, lambda: messages.send(self.send, rank, messages.DoneAck(keys)))
         for job in batch.touched.values():
             self._after_results(job, batch.now)
-
-    def _carry_out(self, rank: int, row: list[Any], result: Result, strays: Container[Key], batch: DoneBatch) -> None:
-        """One result, as `results.sort` says what it is; the ones it does not count are acknowledged only."""
-        job = self.manager.jobs.get(result.job)
-        running = self.tasks.get((result.job, result.task))
-        verdict = results.sort(rank, result, job, None if running is None else running.rank, strays)
-        if job is None:
-            return  # purged
-        if verdict is FINAL:
-            preempted = (job.id, result.task) in self.preempted
-            self._record(rank, job, result, row,
-                         results.final(rank, result, job, (result.status, False), preempted, batch.now), batch)
-        elif verdict is JUDGE:
-            self._judge(rank, job, result, row, batch)
-        elif verdict is SECOND_RUN:
-            self._give_back(job, result.task, batch)
-        elif verdict is STRAY:
-            self._strays[rank].discard((result.job, result.task))  # once: a later run of it counts
 
     def _judge(self, rank: int, job: Job, result: Result, row: list[Any], batch: DoneBatch) -> None:
         """A workflow's attempt, judged by broker/attempts.py: recorded as the task's result if final, else
