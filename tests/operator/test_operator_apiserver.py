@@ -340,9 +340,17 @@ async def test_a_refused_scale_leaves_the_status_live(operator: None, admin: Kub
     await admin.create(MC_PATH.format(ns="default"), fixed)
     path = f"{MC_PATH.format(ns='default')}/fixed"
     await until(lambda: _when(lambda: admin.get(path), lambda o: (o.get("status") or {}).get("maxSize") == 1))
-    scale = await admin.get(f"{path}/scale")
-    scale["spec"]["replicas"] = 2
-    await admin.request("PUT", f"{path}/scale", scale)
+    for _ in range(10):  # the operator writes the status meanwhile: a PUT of a stale resourceVersion gets 409
+        scale = await admin.get(f"{path}/scale")
+        scale["spec"]["replicas"] = 2
+        try:
+            await admin.request("PUT", f"{path}/scale", scale)
+            break
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+    else:
+        raise AssertionError("the scale was never written: 409 ten times")
     cond = await until(lambda: _when(lambda: _cond(admin, path, "Reconciled"),
                                      lambda c: c.get("reason") == "InvalidSpec"))
     assert "exceeds maxSize 1" in cond["message"]
