@@ -332,7 +332,10 @@ class Execution:
             if not job.is_array and self.window.depth and started is not None and ended is not None:
                 self.window.observe(job, ended - started)
         elif self.window.ahead and key in self.window.ahead:
-            self.window.recall([key])  # recorded from a run rank 0 took back: not needed again
+            if self.window.ahead[key].rank == rank:
+                self.window.ended_early(key)  # its predecessor's result is still to come
+            else:
+                self.window.recall([key])  # recorded from a run rank 0 took back: not needed again
         failure = final.failure
         if failure is not None:
             if failure.decides:

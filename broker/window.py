@@ -252,6 +252,22 @@ class DispatchWindow:
             self.limit[rank] = len(self.by_rank.get(rank, ())) // 2
         return out
 
+    def ended_early(self, key: Key) -> None:
+        """Entry `key` ran and ended before rank 0 heard its predecessor end: the worker started it at once, as
+        what it follows was not there (protocol.md §2.10). Its successor follows its predecessor, as on the worker,
+        so the predecessor's end hands the cores on to that one rather than to this task again; a recall makes
+        the worker drop it, should it still wait there (a result from a run rank 0 took back)."""
+        ahead = self.ahead[key]
+        self.tails.clear()
+        if self.next_of.get(ahead.after) == key:
+            del self.next_of[ahead.after]
+        following = self.next_of.pop(key, None)
+        if following is not None:
+            self.next_of[ahead.after] = following
+            self.ahead[following] = self.ahead[following]._replace(after=ahead.after)
+        self._forget(key)
+        messages.send(self.execution.send, ahead.rank, messages.Recall([list(key)]))
+
     def drop_rank(self, rank: int) -> dict[int, list[int]]:
         """The rank lost its window (node loss, a new join): every entry of it, as job -> tasks."""
         out: dict[int, list[int]] = defaultdict(list)

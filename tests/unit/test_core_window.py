@@ -785,3 +785,22 @@ async def test_dispatch_window_grace_sets_how_long_a_chain_waits_behind_a_job_th
     async with two_one_core_ranks(tmp_path, dispatch_window_grace=5.0, **WINDOW) as core:
         await queued_jobs(core, 6)  # expected 5 s each (their time limit)
         await recalled_once_overdue(core, grace=5.0)
+
+
+async def test_a_job_whose_result_comes_before_its_predecessors_ends_and_the_next_takes_over_the_core(
+        core: Core) -> None:
+    """The worker started a job sent ahead at once (the job it follows had ended there: protocol.md §2.10), and
+    its result reached rank 0 before its predecessor's (control-plane benchmark, rank 0's own worker): it ends,
+    and the predecessor's result hands the core to the job behind it, not to it again."""
+    jobs = await queued_jobs(core, 6)
+    rank = single_rank(core, jobs[0])
+    (follower, _), (behind, _) = job_aheads(core)[rank]
+    follower_job, behind_job = core.manager.jobs[follower], core.manager.jobs[behind]
+    core.done(rank, follower_job, 0)
+    await core.durable()
+    assert follower_job.state is State.INACTIVE and follower_job.succeeded == 1, "it ended with its result"
+    core.done(rank, jobs[0], 0)
+    assert single_rank(core, behind_job) == rank and behind_job.state is State.RUN, "the next took over the core"
+    await drive_jobs(core, jobs)
+    assert core.event_names(follower_job)[-5:] == ["alloc", "start", "finish", "release", "clean"]
+    assert await recorded_jobs(core, jobs) == sorted(j.id for j in jobs)
