@@ -76,6 +76,8 @@ class DispatchWindow:
         if not self._open(job, rank):
             return
         tail, length = self.tails.get(head) or self._walk(head)
+        if tail in self.recalling:
+            return  # the worker may have dropped it: an entry behind it would start there at once
         room = self.depth_of(job) - length
         if rank in self.limit:
             room = min(room, self.limit[rank] - len(self.by_rank.get(rank, ())))
@@ -144,6 +146,8 @@ class DispatchWindow:
         while (following := self.next_of.get(tail)) is not None:
             tail, length = following, length + 1
             planned += self.ahead[following].expect
+        if tail in self.recalling:
+            return  # as in `fill`
         room = self.depth - length
         if rank in self.limit:
             room = min(room, self.limit[rank] - len(self.by_rank.get(rank, ())))

@@ -804,3 +804,20 @@ async def test_a_job_whose_result_comes_before_its_predecessors_ends_and_the_nex
     await drive_jobs(core, jobs)
     assert core.event_names(follower_job)[-5:] == ["alloc", "start", "finish", "release", "clean"]
     assert await recorded_jobs(core, jobs) == sorted(j.id for j in jobs)
+
+
+async def test_nothing_is_sent_ahead_behind_an_entry_that_is_being_recalled(core: Core) -> None:
+    """The worker may have dropped a recalled entry already: one sent behind it would start there at once, on the
+    cores of a task still running, and end before its predecessor as rank 0 knows it (protocol.md §2.10)."""
+    jobs = await queued_jobs(core, 8)
+    rank = single_rank(core, jobs[0])
+    (first, _), (last, _) = job_aheads(core)[rank]
+    core.execution.window.recall([(last, 0)])
+    await core.turn()
+    assert [m.body["keys"] for m in core.sender.take("recall")] == [[[last, 0]]]
+    core.done(rank, jobs[0], 0)  # the first entry starts: its chain is topped up, but not behind the recalled one
+    assert single_rank(core, core.manager.jobs[first]) == rank
+    assert all(after != last for entries in job_aheads(core).values() for _, after in entries)
+    core.execution.on_returned(rank, [[last, 0]])
+    await drive_jobs(core, jobs)
+    assert await recorded_jobs(core, jobs) == sorted(j.id for j in jobs)
