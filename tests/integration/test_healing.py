@@ -23,7 +23,7 @@ from minicluster.testing import LocalCluster
 from tests.integration.conftest import event_names, job, until, wait_for
 from tests.integration.test_partition import veth_link
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 # One task: records where it runs and which attempt it is, then waits (bounded) for the test's go-ahead.
 TASK = textwrap.dedent("""

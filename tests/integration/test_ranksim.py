@@ -45,6 +45,7 @@ def test_simulated_ranks_join_and_run_an_array_once_each(tmp_path: Path, fanout:
     assert {row[2] for row in rows} == set(range(SIZE))
 
 
+@pytest.mark.long
 def test_simulated_children_of_a_killed_interior_rank_link_around_it_and_go_home(tmp_path: Path) -> None:
     """The simulator's leaves heal as real ranks do (protocol.md §2.4.1): fanout 8, real interior ranks 1-7; when
     rank 1 is killed its 8 simulated children link to rank 0, are not lost, and go home once it is back."""
