@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -171,6 +173,22 @@ async def pod_change_latency(kube: Kube, ns: str, name: str, timeout: float) -> 
     return round(time.monotonic() - t0, 2)
 
 
+@contextlib.contextmanager
+def control_plane() -> Iterator[tuple[Any, str, int]]:
+    """A started API server, etcd and controller-manager with the CRD and RBAC installed, and the stand-in broker:
+    (cluster, the operator's token, the broker's port); all stopped at the end."""
+    broker = ThreadingHTTPServer(("127.0.0.1", 0), _NoBroker)
+    threading.Thread(target=broker.serve_forever, daemon=True).start()
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Cluster(Path(tmp), binaries_or_skip())
+        cluster.start()
+        try:
+            yield cluster, asyncio.run(install(cluster)), broker.server_address[1]
+        finally:
+            cluster.stop()
+            broker.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
@@ -184,25 +202,15 @@ def main() -> None:
         ns, server, ca, token, port, interval = args.run_operator
         run_operator(ns, server, ca, token, int(port), float(interval))
         return
-    broker = ThreadingHTTPServer(("127.0.0.1", 0), _NoBroker)
-    threading.Thread(target=broker.serve_forever, daemon=True).start()
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = Cluster(Path(tmp), binaries_or_skip())
-        cluster.start()
-        try:
-            token = asyncio.run(install(cluster))
-            for count in [int(c) for c in args.counts.split(",")]:
-                result = asyncio.run(measure(cluster, token, broker.server_address[1], count, args.size,
-                                             args.window, args.interval))
-                results.append(result)
-                if not args.json:
-                    print(f"{count} MiniClusters: {result['requests_per_minute']} requests/min, "
-                          f"{result['operator_cpu_s_per_minute']} CPU s/min, pod change to status "
-                          f"{result['pod_change_to_status_s']} s; {result['by_verb_resource']}", flush=True)
-        finally:
-            cluster.stop()
-            broker.shutdown()
+    with control_plane() as (cluster, token, broker_port):
+        for count in [int(c) for c in args.counts.split(",")]:
+            result = asyncio.run(measure(cluster, token, broker_port, count, args.size, args.window, args.interval))
+            results.append(result)
+            if not args.json:
+                print(f"{count} MiniClusters: {result['requests_per_minute']} requests/min, "
+                      f"{result['operator_cpu_s_per_minute']} CPU s/min, pod change to status "
+                      f"{result['pod_change_to_status_s']} s; {result['by_verb_resource']}", flush=True)
     if args.json:
         print(json.dumps(results, indent=2))
 

@@ -40,18 +40,15 @@ import operator as operator_mod
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "benchmarks"), str(REPO), str(REPO / "tests" / "operator")]
-from k8s_control_plane import ADMIN_TOKEN, Cluster, binaries_or_skip, request_counts  # type: ignore[import-not-found]  # noqa: E402
+from k8s_control_plane import ADMIN_TOKEN, Cluster, request_counts  # type: ignore[import-not-found]  # noqa: E402
 from operator_requests import (  # noqa: E402
-    MC_PATH, _NoBroker, install, login, minicluster, pod_change_latency, ready_reason,
+    MC_PATH, control_plane, login, minicluster, pod_change_latency, ready_reason,
 )
 
 from minicluster.operator import reconcile  # noqa: E402
@@ -174,23 +171,14 @@ def main() -> None:
     args = parser.parse_args()
     # Bounded from outside by timeout(1): its SIGTERM still stops the cluster and the operator (the finally's).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    broker = ThreadingHTTPServer(("127.0.0.1", 0), _NoBroker)
-    threading.Thread(target=broker.serve_forever, daemon=True).start()
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = Cluster(Path(tmp), binaries_or_skip())
-        cluster.start()
-        try:
-            token = asyncio.run(install(cluster))
-            for size in [int(s) for s in args.sizes.split(",")]:
-                result = asyncio.run(measure(cluster, token, broker.server_address[1], size,
-                                             0 < args.direct_from <= size, args.window, args.interval))
-                results.append(result)
-                if not args.json:
-                    print(json.dumps(result), flush=True)
-        finally:
-            cluster.stop()
-            broker.shutdown()
+    with control_plane() as (cluster, token, broker_port):
+        for size in [int(s) for s in args.sizes.split(",")]:
+            result = asyncio.run(measure(cluster, token, broker_port, size, 0 < args.direct_from <= size,
+                                         args.window, args.interval))
+            results.append(result)
+            if not args.json:
+                print(json.dumps(result), flush=True)
     if args.json:
         print(json.dumps(results, indent=2))
 
