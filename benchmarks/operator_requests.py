@@ -132,15 +132,8 @@ async def measure(cluster: Cluster, token: str, broker_port: int, count: int, si
         operator.terminate()
         await asyncio.wait_for(operator.wait(), 30)
         operator = None
-        base0 = request_counts(cluster)
-        await asyncio.sleep(window)
-        base1 = request_counts(cluster)
         minutes = (t1 - t0) / 60
-        with_op = after - before
-        without = base1 - base0
-        per_minute = {f"{verb} {res}": round((with_op[(verb, res)] - without[(verb, res)]) / minutes, 1)
-                      for verb, res in sorted(set(with_op) | set(without))
-                      if with_op[(verb, res)] - without[(verb, res)] > 0}
+        per_minute = await operator_requests_per_minute(cluster, after - before, window, minutes)
         return {"miniclusters": count, "pods_each": size, "window_s": round(t1 - t0, 1),
                 "requests_per_minute": round(sum(per_minute.values()), 1), "by_verb_resource": per_minute,
                 "operator_cpu_s_per_minute": round((cpu1 - cpu0) / minutes, 2),
@@ -171,6 +164,18 @@ async def pod_change_latency(kube: Kube, ns: str, name: str, timeout: float) -> 
             raise TimeoutError("the MiniCluster's status never showed the pod's change")
         await asyncio.sleep(0.05)
     return round(time.monotonic() - t0, 2)
+
+
+async def operator_requests_per_minute(cluster: Any, with_op: Any, window: float,
+                                       minutes: float) -> dict[str, float]:
+    """The operator's requests per minute by verb and resource: `with_op` (counted over `minutes` while it ran)
+    less what the API server counts over the same `window` right after the operator stopped (the
+    controller-manager's own)."""
+    base0 = request_counts(cluster)
+    await asyncio.sleep(window)
+    without = request_counts(cluster) - base0
+    return {f"{verb} {res}": round((with_op[(verb, res)] - without[(verb, res)]) / minutes, 1)
+            for verb, res in sorted(set(with_op) | set(without)) if with_op[(verb, res)] - without[(verb, res)] > 0}
 
 
 @contextlib.contextmanager

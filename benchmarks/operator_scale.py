@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "benchmarks"), str(REPO), str(REPO / "tests" / "operator")]
 from k8s_control_plane import ADMIN_TOKEN, Cluster, request_counts  # type: ignore[import-not-found]  # noqa: E402
 from operator_requests import (  # noqa: E402
-    MC_PATH, control_plane, login, minicluster, pod_change_latency, ready_reason,
+    MC_PATH, control_plane, login, minicluster, operator_requests_per_minute, pod_change_latency, ready_reason,
 )
 
 from minicluster.operator import reconcile  # noqa: E402
@@ -139,14 +139,8 @@ async def measure(cluster: Cluster, token: str, broker_port: int, size: int, dir
         operator.terminate()
         await asyncio.wait_for(operator.wait(), 30)
         operator = None
-        base0 = request_counts(cluster)
-        await asyncio.sleep(window)
-        base1 = request_counts(cluster)
         minutes = (t2 - t1) / 60
-        with_op, without = after - before, base1 - base0
-        per_minute = {f"{verb} {res}": round((with_op[(verb, res)] - without[(verb, res)]) / minutes, 1)
-                      for verb, res in sorted(set(with_op) | set(without))
-                      if with_op[(verb, res)] - without[(verb, res)] > 0}
+        per_minute = await operator_requests_per_minute(cluster, after - before, window, minutes)
         return {"size": size, "pods_by": "benchmark" if direct else "job controller",
                 "render_wall_s": round(render[0], 2), "render_operator_cpu_s": round(render[1], 2),
                 "pods_created_s": round(pods_created, 1), "settled_s": round(settled, 1),
