@@ -1,6 +1,7 @@
 """Benchmark of the broker.sched matcher and EASY scheduler (not a timed test).
 
     python benchmarks/matcher.py [--json] [--quick]
+    python benchmarks/matcher.py --scale 10000:256   # one graph of 10,000 nodes, a 256-node gang (issue 29)
 
 Each graph size runs in its own subprocess so its RSS is not polluted by the
 others.  Per size: graph build time and RSS, single-core match+alloc rate
@@ -145,9 +146,9 @@ def median_ms(fn, repeats: int = 21, clock=time.process_time) -> float:
     return statistics.median(times)
 
 
-def bench_gang(graph: ResourceGraph, repeats: int = 21) -> dict:
-    """64-node exclusive gang: on the empty graph, and with every other node busy."""
-    nnodes = min(64, len(graph.nodes) // 2)
+def bench_gang(graph: ResourceGraph, repeats: int = 21, width: int = 64) -> dict:
+    """`width`-node exclusive gang: on the empty graph, and with every other node busy."""
+    nnodes = min(width, len(graph.nodes) // 2)
     req = Request(nslots=nnodes, nnodes=nnodes, exclusive=True)
 
     def match_alloc_free() -> None:
@@ -321,6 +322,9 @@ def run_case(name: str, quick: bool) -> dict:
             return topology_bench.bench_sockets(**(SOCKETS_QUICK if quick else SOCKETS))
         return topology_bench.bench_topology(**(TOPOLOGY_QUICK if quick else TOPOLOGY),
                                              rss_mb=rss_mb)
+    if name.startswith("scale:"):
+        scale_nodes, _, scale_width = name.removeprefix("scale:").partition(":")
+        return scale_case(int(scale_nodes), int(scale_width))
     kind, _, size = name.rpartition(":")
     _, nodes, cores, gpus, cap, queued = next(c for c in (QUICK if quick else FULL) if c[0] == size)
     if kind:  # "mixed:SIZE" (trees, racks) or "baseline:SIZE" (the code before, no trees)
@@ -333,6 +337,15 @@ def run_case(name: str, quick: bool) -> dict:
     result["busy_cycle"] = bench_busy_cycle(graph, queued, bool(gpus))
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
+
+
+def scale_case(nodes: int, width: int, cores: int = 64, queued: int = 10_000) -> dict:
+    """One graph of `nodes` nodes: its build, a `width`-node exclusive gang, and the EASY cycles (a pass)."""
+    graph, built = bench_build(nodes, cores, 0)
+    gc.freeze()  # as the broker does once the ranks joined
+    return {"nodes": nodes, "cores_per_node": cores, "build": built, "gang": bench_gang(graph, width=width),
+            "cycle": bench_cycle(graph, queued, False), "busy_cycle": bench_busy_cycle(graph, queued, False),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def mixed_cycles(kind: str, nodes: int, cores: int, gpus: int, queued: int) -> dict:
@@ -487,10 +500,12 @@ def main() -> int:
                         help="only the cases of before the topology work, or only the new ones")
     parser.add_argument("--baseline", default=BASELINE_REF, metavar="REF",
                         help=f"git commit for the side-by-side cycles (default {BASELINE_REF}; none)")
+    parser.add_argument("--scale", metavar="NODES:WIDTH",
+                        help="only one graph of NODES x 64 cores: build, a WIDTH-node gang, the EASY cycles (JSON)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one size, in a child process
     args = parser.parse_args()
-    if args.case:
-        print(json.dumps(run_case(args.case, args.quick)))
+    if args.case or args.scale:
+        print(json.dumps(run_case(args.case or f"scale:{args.scale}", args.quick)))
         return 0
     results, array, rows = {}, None, []
     topo: dict[str, Any] = {}

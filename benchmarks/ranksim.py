@@ -1,6 +1,7 @@
 """Rank 0 at 1,000+ ranks, measured with the rank simulator (minicluster/testing/ranksim.py; issue 29).
 
-    python benchmarks/ranksim.py [--ranks 1000,4000] [--processes 4] [--tasks 100000] [--idle 20] [--json]
+    python benchmarks/ranksim.py [--ranks 1000,4000] [--processes 4] [--tasks 100000] [--idle 20] [--fanout 32]
+                                 [--nice 10] [--json]
 
 Rank 0 is the real broker process (test executor, journal on, 64 cores a rank); every other rank is a simulated
 leaf: the real WorkerAgent with the test executor on its own CURVE DEALER, many to a process. What is left out:
@@ -11,8 +12,12 @@ rank 0's own (utime + stime from /proc).
 For each size N: the time until every rank has joined, from the first simulator's first connect (polled through
 `status` every 0.2 s); rank 0's CPU per second while idle (heartbeats every 1 s only); rank 0's settled RSS, and
 per rank against a small instance (`--base` ranks); an array of `--tasks` elements over all ranks: tasks/s and
-rank 0's CPU per task; the answer times of `status`, `resources` and HTTP `/status` (medians of 5). The same
-array at `--base` ranks gives the ratio the issue asks for (≥ 90 % of the small rate).
+rank 0's CPU per task; the answer times of `status`, `resources` and HTTP `/status` (medians of 5); one exclusive
+job on `--gang` nodes from submit to its end (median of 3). The same array at `--base` ranks gives the ratio the
+issue asks for (≥ 90 % of the small rate); so does an array at `--base` ranks with as many tasks per core as the
+big instance's (`array_rate_vs_base_same_tasks_per_core`), since 100,000 tasks queue on a small instance's cores
+but all start at once on a big one's. With `--fanout`, the interior ranks are real workers; `--nice` runs them and
+the simulators at a lower priority than rank 0, which would have a node to itself.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from procstat import cpu_seconds
+from procstat import cpu_seconds, status_kib
 from throughput import loadavg, progress, run_all, settled_rss, spec
 
 from minicluster.testing.ranksim import SimulatedCluster, raise_fd_limit
@@ -75,14 +80,39 @@ def array_rate(sim: SimulatedCluster, tasks: int) -> dict[str, float]:
             "array_broker_cpu_us_per_task": (cpu_seconds(sim.broker_pid) - cpu0) / tasks * 1e6}
 
 
-def measure(size: int, processes: int, tasks: int, idle_s: float, fanout: int | None, stagger: float,
-            join_timeout: float) -> dict[str, Any]:
+def gang_times(sim: SimulatedCluster, nodes: int, repeats: int = 3) -> dict[str, float]:
+    """One exclusive task on each of `nodes` nodes, submit to end: matching, `run` to each rank, their `done`."""
+    walls, cpus = [], []
+    with sim.local.client() as client:
+        for _ in range(repeats):
+            cpu0, start = cpu_seconds(sim.broker_pid), time.perf_counter()
+            run_all(client, [client.submit(spec(["true"], ntasks=nodes, nnodes=nodes, exclusive=True))])
+            walls.append(time.perf_counter() - start)
+            cpus.append(cpu_seconds(sim.broker_pid) - cpu0)
+    return {"gang_nodes": nodes, "gang_ms": statistics.median(walls) * 1000,
+            "gang_broker_cpu_ms": statistics.median(cpus) * 1000}
+
+
+def rss_mb(pids: list[int]) -> float:
+    return sum(status_kib(pid, "VmRSS") for pid in pids) / 1024
+
+
+def mem_available_mb() -> float:
+    with open("/proc/meminfo") as meminfo:
+        return next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:")) / 1024
+
+
+def measure(size: int, processes: int, tasks: list[int], idle_s: float, fanout: int | None, stagger: float,
+            join_timeout: float, nice: int, gang: int) -> dict[str, Any]:
+    """One instance of `size` ranks; an array for each of `tasks` (the first is the main one, the rest are the
+    base instance's arrays with the big ones' tasks per core)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="mc-ranksim-") as state_dir, \
             SimulatedCluster(state_dir, size=size, processes=processes, fanout=fanout, stagger=stagger,
-                             status_port=port) as sim:
+                             nice=nice, status_port=port) as sim:
         out: dict[str, Any] = {"ranks": size, "processes": len(sim.simulators), "interior_ranks": len(sim.interior),
-                               "load_before": loadavg()}
+                               "broker_pid": sim.broker_pid, "load_before": loadavg()}
+        progress(f"{size} ranks: rank 0 is pid {sim.broker_pid}, {len(sim.interior)} interior workers")
         # Rank 0's CPU for the joins: unlike join_s, it hardly depends on what else runs on the machine.
         join_cpu0 = cpu_seconds(sim.broker_pid)
         try:
@@ -93,8 +123,12 @@ def measure(size: int, processes: int, tasks: int, idle_s: float, fanout: int | 
             out["join_s"], out["joined_at_timeout"] = None, sim.joined()
             progress(str(exc))
         out["join_broker_cpu_s"] = cpu_seconds(sim.broker_pid) - join_cpu0
-        time.sleep(2.0)  # let the joins' journal writes settle before the idle window
         interior = [sim.local.procs[r].pid for r in sim.interior]
+        simulators = [proc.pid for proc in sim.simulators]
+        # Their start (Python, imports) and joins, from their exec on: what the real interior ranks cost this machine.
+        out["interior_join_cpu_s"] = sum(map(cpu_seconds, interior))
+        out["load_joined"] = loadavg()
+        time.sleep(2.0)  # let the joins' journal writes settle before the idle window
         cpu0, inner0, start = cpu_seconds(sim.broker_pid), sum(map(cpu_seconds, interior)), time.perf_counter()
         time.sleep(idle_s)
         elapsed = time.perf_counter() - start
@@ -103,6 +137,9 @@ def measure(size: int, processes: int, tasks: int, idle_s: float, fanout: int | 
             interior_cpu = sum(map(cpu_seconds, interior)) - inner0
             out["interior_idle_cpu_fraction_each"] = interior_cpu / elapsed / len(interior)
         out["rss_mb"] = settled_rss(sim.broker_pid) / 2**20
+        out["interior_rss_mb"], out["simulators_rss_mb"] = rss_mb(interior), rss_mb(simulators)
+        out["mem_available_mb"] = mem_available_mb()
+        out["load_idle"] = loadavg()
         with sim.local.client() as client:
             out["status_ms"] = answer_ms(client.status)
             out["resources_ms"] = answer_ms(client.resources)
@@ -110,10 +147,16 @@ def measure(size: int, processes: int, tasks: int, idle_s: float, fanout: int | 
         out["http_status_ms"] = answer_ms(lambda: urllib.request.urlopen(url, timeout=30).read())
         progress(f"{size} ranks: idle {out['idle_cpu_fraction']:.1%} of a core, RSS {out['rss_mb']:.0f} MB, "
                  f"status {out['status_ms']:.0f} ms")
-        if tasks:
-            out.update(array_rate(sim, tasks))
-            progress(f"{size} ranks: {out['array_tasks_per_s']:,.0f} tasks/s, "
-                     f"{out['array_broker_cpu_us_per_task']:.0f} µs broker CPU/task")
+        if gang:
+            out.update(gang_times(sim, min(gang, size)))
+            progress(f"{size} ranks: {out['gang_nodes']}-node gang {out['gang_ms']:.0f} ms")
+        for i, count in enumerate(tasks):
+            rate = array_rate(sim, count)
+            if i == 0:
+                out.update(rate)
+            out.setdefault("arrays", {})[count] = rate
+            progress(f"{size} ranks, {count:,} tasks: {rate['array_tasks_per_s']:,.0f} tasks/s, "
+                     f"{rate['array_broker_cpu_us_per_task']:.0f} µs broker CPU/task")
         out["load_after"] = loadavg()
     return out
 
@@ -136,23 +179,34 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=20.0, help="idle window in seconds (default 20)")
     parser.add_argument("--stagger", type=float, default=0.0, help="spread the connects over S seconds (default 0)")
     parser.add_argument("--join-timeout", type=float, default=60.0, help="give up waiting for joins (default 60 s)")
+    parser.add_argument("--nice", type=int, default=0, help="run interior ranks and simulators under nice -n N")
+    parser.add_argument("--gang", type=int, default=256, help="nodes of the exclusive job timed (default 256; 0: none)")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     args = parser.parse_args()
     raise_fd_limit()
     sizes = [int(n) for n in args.ranks.split(",")]
     fanout = args.fanout or None
-    base = measure(args.base, min(args.processes, 2), args.tasks, args.idle, fanout, 0.0, args.join_timeout)
+    # The base instance's arrays with each big instance's tasks per core.
+    same_per_core = {size: max(1, round(args.tasks * args.base / size)) for size in sizes} if args.tasks else {}
+    base_tasks = list(dict.fromkeys([args.tasks, *same_per_core.values()])) if args.tasks else []
+    base = measure(args.base, min(args.processes, 2), base_tasks, args.idle, fanout, 0.0, args.join_timeout,
+                   args.nice, args.gang)
     results = []
     for size in sizes:
-        result = measure(size, args.processes, args.tasks, args.idle, fanout, args.stagger, args.join_timeout)
+        result = measure(size, args.processes, [args.tasks] if args.tasks else [], args.idle, fanout, args.stagger,
+                         args.join_timeout, args.nice, args.gang)
         result["rss_kb_per_rank"] = (result["rss_mb"] - base["rss_mb"]) * 1024 / (size - args.base)
         if args.tasks:
             result["array_rate_vs_base"] = result["array_tasks_per_s"] / base["array_tasks_per_s"]
+            small = base["arrays"][same_per_core[size]]
+            result["base_tasks_same_per_core"] = same_per_core[size]
+            result["array_rate_vs_base_same_tasks_per_core"] = result["array_tasks_per_s"] / small["array_tasks_per_s"]
         result["goals_met"] = verdicts(result)
         results.append(result)
     doc = {"benchmark": "ranksim", "machine": {"cpus": len(os.sched_getaffinity(0)),
                                                  "python": platform.python_version()},
            "tasks": args.tasks, "idle_s": args.idle, "stagger_s": args.stagger, "fanout": args.fanout or "flat",
+           "nice": args.nice, "processes": args.processes,
            "base": base,
            "sizes": results, "goals": {k: list(v) for k, v in GOALS.items()}}
     print(json.dumps(doc, indent=None if args.json else 2))
