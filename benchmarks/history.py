@@ -2,7 +2,7 @@
 
     python benchmarks/history.py [--jobs N] [--runs R] [--checkout DIR]      (prints JSON)
 
-A journal is filled with N finished jobs (default 1,000,000) through the store's statements (broker/store.py),
+A journal is filled with N finished jobs (default 1,000,000) through the store's statements (broker/durable/store.py),
 as the broker writes them: the job row, its `submit`, `finish` and `clean` events, and the row's close. Then a
 one-rank broker is started on it and on an empty journal, interleaved run by run:
 
@@ -29,9 +29,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker import store
-from broker.journal import Journal, Statement
-from broker.store import pack
+from broker.durable import store
+from broker.durable.journal import Journal, Statement
+from broker.durable.store import pack
 from minicluster.testing import LocalCluster
 from minicluster.testing.builders import jobspec_wire
 

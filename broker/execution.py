@@ -17,13 +17,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from broker import sched, store
+from broker import sched
+from broker.durable import store
 from broker.job import Job, State
 from broker.jobmanager import JobManager, request_of
 from broker.pmiexchange import PmiExchange
 from broker import results
 from broker.results import FINAL, JUDGE, SECOND_RUN, STRAY
-from broker.journal import Statement, when_durable
+from broker.durable.journal import Statement, when_durable
 from broker.share import accounting
 from broker.stdin import StdinRelay
 from broker.window import DispatchWindow
@@ -292,7 +293,7 @@ class Execution:
             self._after_results(job, batch.now)
 
     def _judge(self, rank: int, job: Job, result: Result, row: list[Any], batch: DoneBatch) -> None:
-        """A workflow's attempt, judged by broker/attempts.py: recorded as the task's result if final, else
+        """A workflow's attempt, judged by broker/flow/attempts.py: recorded as the task's result if final, else
         recorded as an attempt (it held its cores all the same) and queued again once that is durable."""
         judged = self.manager.workflow.attempts.judge(job, result.task, rank, row, result.attempt)
         if judged is not None:

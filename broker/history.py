@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 from broker.job import Job, State
 from broker.share.accounting import UsageRecord, efficiencies
-from broker.store import JobStore, Row, unpack
+from broker.durable.store import JobStore, Row, unpack
 from minicluster.model import jobspec as jobspec_model
 from minicluster.model.text import control_character, printable
 
@@ -29,7 +29,7 @@ def stored_spec(blob: bytes) -> jobspec_model.Jobspec:
 
 
 def record_of(row: Row, retries: int = 0) -> Job:
-    """A job's record from its JOB_COLUMNS row (broker/store.py); an inactive one is retired at once."""
+    """A job's record from its JOB_COLUMNS row (broker/durable/store.py); an inactive one is retired at once."""
     job_id, uid, gid, state, spec_blob, t_submit, t_run, t_inactive, status, exception, seq, counts = row[:12]
     job = Job(job_id, uid, stored_spec(spec_blob), t_submit, gid)
     job.restore_row(State(state), t_run, t_inactive, status, exception, seq,

@@ -156,7 +156,7 @@ class Job:
         self.reason: str | None = None
         # INACTIVE on disk: the `clean` event is durable. `state` runs ahead of the disk, followers must not.
         self.closed = False
-        # Workflow state (broker/flowstate.py) of a job that has dependencies, a policy, a hold or retries.
+        # Workflow state (broker/flow/state.py) of a job that has dependencies, a policy, a hold or retries.
         self.flow: Any = None
         # Retries made (protocol.md §3.9.2; all indexes of an array together), kept once inactive.
         self.retries = 0
@@ -247,7 +247,7 @@ class Job:
         self.status = max(self.status or 0, 1)
 
     def count_as_success(self) -> None:
-        """A result counted as failed that the job's policy ignores (a restart judges it again, flowrecovery)."""
+        """A result counted as failed that the job's policy ignores (a restart judges it again, flow/recovery.py)."""
         self.failed -= 1
         self.succeeded += 1
 

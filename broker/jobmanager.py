@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from broker import sched, store
+from broker import sched
+from broker.durable import store
 from broker.history import History
 from broker.job import Effect, Event, Job, State
-from broker.journal import Journal, JournalRefused, Statement, when_durable
+from broker.durable.journal import Journal, JournalRefused, Statement, when_durable
 from broker.watchers import Watchers
-from broker.workflow import Workflow, WorkflowRefusal
+from broker.flow.workflow import Workflow, WorkflowRefusal
 from minicluster.config import InstanceConfig
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec

@@ -22,7 +22,7 @@ from broker import sched
 from broker.history import record_of
 from broker.job import Event, Job, State
 from broker.jobmanager import JobManager, request_of
-from broker.store import JobStore, unpack
+from broker.durable.store import JobStore, unpack
 from broker.taskmap import TaskMap
 from minicluster.proto import messages
 
@@ -95,7 +95,7 @@ class Reattach:
 
     def __init__(self, manager: JobManager, active: list[Job]) -> None:
         self.manager = manager
-        # Jobs still waiting for their dependencies are the workflow's to recover (broker/flowrecovery.py).
+        # Jobs still waiting for their dependencies are the workflow's to recover (broker/flow/recovery.py).
         self.active = [job for job in active if job.state not in (State.DEPEND, State.PRIORITY)]
         # rank -> what it runs; a rank may join several times in the window, its last report counts.
         self.by_rank: dict[int, list[list[Any]]] = {}

@@ -4,7 +4,7 @@
 `final` says what a result that ends its task means for the job (the status it counts, cancelled or not, the
 failure it reports). Both read the job and what rank 0 tracks, change nothing and do no I/O; broker/execution.py
 carries their verdicts out (frees cores, records the result in the journal, acknowledges the batch) and
-broker/attempts.py judges a workflow's attempt in between, as it keeps the retry counts.
+broker/flow/attempts.py judges a workflow's attempt in between, as it keeps the retry counts.
 
 The rows of one `done` are judged one after another, each against the state the rows before it left: a result
 can end the task that another row of the same batch started behind it (protocol.md §2.10), or repeat a row.
@@ -31,7 +31,7 @@ class Verdict(enum.Enum):
     REPLACED = "replaced"  # from a run rank 0 replaced by one on another rank (§2.10)
     STRAY = "stray"  # from a stray rank 0 killed at its rank's join (§2.10)
     STALE = "stale"  # an older attempt's straggler (§2.9)
-    JUDGE = "judge"  # a workflow's attempt, for broker/attempts.py to judge: final, or retried or requeued
+    JUDGE = "judge"  # a workflow's attempt, for broker/flow/attempts.py to judge: final, or retried or requeued
     FINAL = "final"  # the task's result, to record
 
 

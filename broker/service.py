@@ -16,22 +16,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker import flowops  # noqa: F401  (registers the workflow operations)
+from broker.api import flowops  # noqa: F401  (registers the workflow operations)
 from broker import nodes, sched
-from broker.clientapi import ClientServer
+from broker.api.clientapi import ClientServer
 from broker.execution import Execution
-from broker.flowrecovery import recover as recover_workflows, settled as settle_workflows
+from broker.flow.recovery import recover as recover_workflows, settled as settle_workflows
 from broker.job import State
 from broker.jobmanager import JobManager
-from broker.journal import Journal
-from broker.ops import Operations
+from broker.durable.journal import Journal
+from broker.api.ops import Operations
 from broker.ranks import RankTable
 from broker.recovery import Reattach, load
 from broker.share import accounting, preemption
-from broker.share import ops as sharing_ops  # noqa: F401  (registers the sharing operations)
+from broker.api import shareops  # noqa: F401  (registers the sharing operations)
 from broker.share.service import Sharing
 from broker.stop import settle_running
-from broker.statelock import StateLock
+from broker.durable.statelock import StateLock
 from broker.status_http import StatusServer
 from broker.supervise import Supervisor
 from broker.watchers import Watchers

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from broker.attempts import PLANNED_STOP
+from broker.flow.attempts import PLANNED_STOP
 from broker.jobmanager import JobManager
 
 log = logging.getLogger(__name__)

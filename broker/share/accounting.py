@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from broker.journal import Journal, Statement
+from broker.durable.journal import Journal, Statement
 from broker.share import store
 
 HOUR = 3600.0

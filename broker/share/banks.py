@@ -10,7 +10,7 @@ from typing import Any
 
 from broker.job import State
 from broker.jobmanager import JobError
-from broker.journal import Statement
+from broker.durable.journal import Statement
 from broker.share import store
 from minicluster.model.sharing import MAX_SHARES, ROOT_BANK, valid_name
 

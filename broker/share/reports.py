@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.journal import Journal
+from broker.durable.journal import Journal
 from broker.share import store
 from broker.share.accounting import HOUR, UsageRecord
 

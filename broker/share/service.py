@@ -17,7 +17,7 @@ from typing import Any, cast
 from broker import sched
 from broker.job import Job, State
 from broker.jobmanager import JobError, request_of
-from broker.journal import Journal, Statement
+from broker.durable.journal import Journal, Statement
 from broker.policy.fairshare import Assoc, FairShare
 from broker.policy.priority import Priority
 from broker.sched.limits import Usage as LimitUsage

@@ -1,5 +1,5 @@
-"""Every statement on the sharing tables (their DDL: broker/schema.py): banks, their members, queue states, fair-share
-usage and accounting.  The job tables are broker/store.py's; nothing else in the broker writes SQL.
+"""Every statement on the sharing tables (their DDL: broker/durable/schema.py): banks, their members, queue states,
+fair-share usage and accounting.  The job tables are broker/durable/store.py's; nothing else in the broker writes SQL.
 
 Statements are built here and committed by their callers together with what must commit with them (a job's usage
 rows with its `finish` event).  The reads that take a Journal run at start-up only; those that take a connection
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from broker.journal import Journal, Statement
+from broker.durable.journal import Journal, Statement
 
 Row = tuple[Any, ...]
 _USAGE_HOUR = ("INSERT INTO usage_hours VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (hour, uid, project, queue) DO UPDATE "

@@ -25,7 +25,7 @@ from minicluster.overlay import curve
 TERMINATION_LOG = "/dev/termination-log"
 
 if TYPE_CHECKING:
-    from broker.statelock import StateLock
+    from broker.durable.statelock import StateLock
 
 
 def setup_logging(rank: int) -> None:

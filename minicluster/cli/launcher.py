@@ -22,7 +22,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.statelock import StateLock
+from broker.durable.statelock import StateLock
 from minicluster import config as config_mod
 from minicluster import exitcodes
 from minicluster.cli.argparser import Parser

@@ -1,7 +1,7 @@
 """Client protocol framing (protocol.md §3.1): 4-byte big-endian length + msgpack map.
 
 No asyncio here: every `mc` command imports this, and start-up time is what a shell loop of them pays.
-The broker's asynchronous reader lives in broker/clientapi.py.  The client's side (pack_request, read_blocking)
+The broker's asynchronous reader lives in broker/api/clientapi.py.  The client's side (pack_request, read_blocking)
 encodes and decodes small frames with smallpack.py, so that `mc-submit` does not import msgpack; the broker
 (pack, unpack_body) and large frames use msgpack.
 """

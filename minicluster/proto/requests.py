@@ -1,5 +1,5 @@
 """Typed client requests (protocol.md §3.3): a dataclass per operation, its fields checked once, where the broker
-reads the request (broker/ops.py registers each operation with its class).
+reads the request (broker/api/ops.py registers each operation with its class).
 
 The field table is the one overlay messages use (minicluster/proto/schema.py) in the client dialect of §3.2:
 `missing field 'job'`, `field 'limit' has the wrong type`, `field 'job' is out of range (a signed 64-bit

@@ -1,8 +1,8 @@
-"""The broker's journal for tests: the real sqlite journal (broker/journal.py) in a directory the test owns.
+"""The broker's journal for tests: the real sqlite journal (broker/durable/journal.py) in a directory the test owns.
 
 It runs its real writer thread, so a test sees group commit and durability as the broker does; `flushed`
 waits until everything appended so far is committed (writes commit in order).  A journal held wholly in
-memory with a synchronous writer needs a seam inside broker/journal.py and is left to phase B of issue 12.
+memory with a synchronous writer needs a seam inside broker/durable/journal.py and is left to phase B of issue 12.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 
-from broker.journal import Journal
+from broker.durable.journal import Journal
 
 
 @contextlib.asynccontextmanager

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from broker.journal import Journal
+from broker.durable.journal import Journal
 from broker.status_http import metrics_text
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job, until, wait_for

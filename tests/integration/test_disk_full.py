@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.journal import Journal, JournalError, JournalRefused, JournalUnavailable
+from broker.durable.journal import Journal, JournalError, JournalRefused, JournalUnavailable
 from minicluster.client import Client, ClientError, wire_jobspec
 from minicluster.testing import LocalCluster, temp_journal
 from tests.integration.conftest import job, output_of, started, until, wait_for

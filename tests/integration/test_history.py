@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from broker import store
+from broker.durable import store
 from minicluster.client import Client
 from minicluster.testing import LocalCluster
 from tests.integration.conftest import job

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.journal import Journal
-from broker.statelock import StateDirInUse
+from broker.durable.journal import Journal
+from broker.durable.statelock import StateDirInUse
 from minicluster.client import Client, ClientError
 from minicluster.testing import LocalCluster, temp_journal
 from tests.integration.conftest import job, output_of, wait_for

@@ -3,7 +3,7 @@ broker/service.py wires them, with the test kit's fakes at the edges.
 
 - time is a FakeClock (JobManager's `clock`; Execution reads the manager's);
 - the overlay's `send` is a RecordingSender, so every `run`, `kill` and `done-ack` passes through the codec;
-- the journal is the real sqlite journal (broker/journal.py, its writer thread included), on tmpfs when there
+- the journal is the real sqlite journal (broker/durable/journal.py, its writer thread included), on tmpfs when there
   is one: a test takes milliseconds, not the ~10 ms per commit of FULL sync on a disk;
 - nothing schedules by itself: the test says when (`schedule()`), as the broker's `_wake_scheduler` would.
 
@@ -20,13 +20,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from broker import flowrecovery, nodes, sched
+from broker.flow import recovery as flowrecovery
+from broker import nodes, sched
 from broker.execution import Execution
 from broker.job import Job
 from broker.jobmanager import JobManager
-from broker.journal import Journal, Statement
+from broker.durable.journal import Journal, Statement
 from broker.recovery import Reattach, load
-from broker.store import unpack
+from broker.durable.store import unpack
 from broker.watchers import Watchers
 from minicluster.config import InstanceConfig
 from minicluster.testing import FakeClock, RecordingSender, flushed, jobspec, resources

@@ -1,5 +1,5 @@
 """Restart settlement without sockets: each case of docs/architecture.md#restart, by replaying the journal one life
-of rank 0 left into a fresh JobManager (broker/recovery.py load, Reattach, broker/flowrecovery.py) and closing
+of rank 0 left into a fresh JobManager (broker/recovery.py load, Reattach, broker/flow/recovery.py) and closing
 the reattach window with what the workers report in their `join`."""
 from __future__ import annotations
 

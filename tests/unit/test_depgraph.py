@@ -1,10 +1,10 @@
-"""The dependency graph (broker/depgraph.py): verdicts for every dependency type, singleton order, begin times,
+"""The dependency graph (broker/flow/depgraph.py): verdicts for every dependency type, singleton order, begin times,
 cycles, and release costs proportional to the dependants."""
 from __future__ import annotations
 
 import pytest
 
-from broker.depgraph import DepGraph, DependencyError, TargetState, Verdict
+from broker.flow.depgraph import DepGraph, DependencyError, TargetState, Verdict
 
 PENDING = TargetState(started=False, ended=False)
 RUNNING = TargetState(started=True, ended=False)

@@ -88,12 +88,12 @@ def test_no_private_name_is_imported_across_modules() -> None:
 
 
 def test_the_checks_find_what_main_had() -> None:
-    modules = {"broker.ops", "broker.flowops", "broker.sched", "broker.sched.queue", "broker.sched.cycle"}
-    assert private_imports("from broker.ops import _readable, op\n", "broker.flowops", False, modules) == [
-        "broker.flowops:1: from broker.ops import _readable"]
+    modules = {"broker.api.ops", "broker.api.flowops", "broker.sched", "broker.sched.queue", "broker.sched.cycle"}
+    assert private_imports("from broker.api.ops import _readable, op\n", "broker.api.flowops", False, modules) == [
+        "broker.api.flowops:1: from broker.api.ops import _readable"]
     assert private_imports("from .queue import Scheduler, _Pending\n", "broker.sched.cycle", False, modules) == [
         "broker.sched.cycle:1: from broker.sched.queue import _Pending"]
-    assert private_imports("from broker import ops\nops._then(1)\n", "broker.flowops", False, modules) == [
-        "broker.flowops:2: broker.ops._then"]
+    assert private_imports("from broker.api import ops\nops._then(1)\n", "broker.api.flowops", False, modules) == [
+        "broker.api.flowops:2: broker.api.ops._then"]
     # Its own private names, and a private attribute of an object, are a module's own business.
-    assert private_imports("def _f(): pass\n_f()\nself._x = 1\n", "broker.ops", False, modules) == []
+    assert private_imports("def _f(): pass\n_f()\nself._x = 1\n", "broker.api.ops", False, modules) == []

@@ -6,8 +6,8 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
-from broker import store
-from broker.journal import JournalError, Statement, _run_transaction
+from broker.durable import store
+from broker.durable.journal import JournalError, Statement, _run_transaction
 from minicluster.testing import temp_journal
 
 TASKS = 2 * 4096 + 40  # two statements of 4,096 rows, one of 32, 8 rows one by one

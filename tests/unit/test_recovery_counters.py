@@ -7,9 +7,9 @@ from pathlib import Path
 from broker import nodes, sched
 from broker.job import State
 from broker.jobmanager import JobManager
-from broker.journal import Journal
+from broker.durable.journal import Journal
 from broker.recovery import load
-from broker.store import pack
+from broker.durable.store import pack
 from broker.watchers import Watchers
 from minicluster import config as config_mod
 from minicluster.testing import jobspec_wire

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from broker.ops import OPS
+from broker.api.ops import OPS
 from minicluster.proto import requests
 from minicluster.proto.envelope import BadMessage
 
@@ -14,7 +14,7 @@ ENVELOPE = {"v": 1, "id": 3, "op": "x"}
 
 
 def test_every_operation_of_the_protocol_has_its_request_class() -> None:
-    for module in ("broker.flowops", "broker.share.ops"):  # they register their operations with broker.ops
+    for module in ("broker.api.flowops", "broker.api.shareops"):  # they register their operations with broker.api.ops
         importlib.import_module(module)
     # protocol.md §3.3, the operations table.
     assert set(OPS) == {

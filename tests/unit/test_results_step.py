@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from broker import results
-from broker.flowstate import Flow
+from broker.flow.state import Flow
 from broker.job import Job, State
 from broker.results import Failure, Final, Verdict
 from minicluster.proto.envelope import BadMessage
@@ -50,7 +50,7 @@ def recorded(record: Job, task: int = 0) -> Job:
 
 
 def with_flow(record: Job, attempt: int = 0, attempts: dict[int, int] | None = None) -> Job:
-    """A job under a workflow (retries, success policy, requeues: broker/workflow.py gives it a Flow)."""
+    """A job under a workflow (retries, success policy, requeues: broker/flow/workflow.py gives it a Flow)."""
     record.flow = Flow(record.spec)
     record.flow.attempt = attempt
     record.flow.attempts = dict(attempts or {})

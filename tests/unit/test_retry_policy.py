@@ -1,9 +1,9 @@
-"""Failure and success policy decisions (broker/retry.py) and their command-line forms."""
+"""Failure and success policy decisions (broker/flow/retry.py) and their command-line forms."""
 from __future__ import annotations
 
 import pytest
 
-from broker.retry import (FAILED, FAILED_JOB, RETRIED, SUCCEEDED, Decision, Policy, SuccessTracker, decide,
+from broker.flow.retry import (FAILED, FAILED_JOB, RETRIED, SUCCEEDED, Decision, Policy, SuccessTracker, decide,
                           strongest)
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import InvalidJobspec, from_wire

@@ -1,8 +1,8 @@
 """One owner of the SQL (issue 12 item 3; docs/architecture.md#where-state-lives): statements are written only in
 the journal and the store modules; the rest of the broker calls functions named after what they record or read.
 
-import-linter keeps `sqlite3` itself in the journal and broker/store.py (pyproject.toml); this keeps SQL text and
-direct reads of the journal out of every other module.
+import-linter keeps `sqlite3` itself in the journal and broker/durable/store.py (pyproject.toml); this keeps SQL
+text and direct reads of the journal out of every other module.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OWNERS = {"broker/journal.py", "broker/store.py", "broker/share/store.py", "broker/schema.py"}
+OWNERS = {"broker/durable/journal.py", "broker/durable/store.py", "broker/share/store.py", "broker/durable/schema.py"}
 # An SQL statement's opening words, or a read of the journal that takes SQL or a connection.
 SQL = re.compile(r"\b(SELECT\s+\S|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+"
                  r"(TABLE|INDEX))|\.execute(many|script)?\(|\bjournal\.(query|read)\(|\bexecute_now\(")
@@ -30,7 +30,7 @@ def offending_lines() -> list[str]:
 
 
 def test_no_sql_outside_the_store_modules() -> None:
-    assert offending_lines() == [], "SQL belongs in broker/store.py or broker/share/store.py"
+    assert offending_lines() == [], "SQL belongs in broker/durable/store.py or broker/share/store.py"
 
 
 def test_the_pattern_finds_what_main_had() -> None:

@@ -1,8 +1,8 @@
 """A page of `attempts` reads a bounded part of the journal (the real sqlite journal, temp_journal)."""
 from __future__ import annotations
 
-from broker import store
-from broker.store import JobStore
+from broker.durable import store
+from broker.durable.store import JobStore
 from minicluster.testing import flushed, temp_journal
 
 

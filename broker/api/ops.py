@@ -10,13 +10,13 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from broker import store
-from broker.access import check_owner, listed, readable_record
-from broker.brokerview import BrokerView
-from broker.clientapi import MAX_ERROR_MESSAGE, Peer
+from broker.durable import store
+from broker.api.access import check_owner, listed, readable_record
+from broker.api.brokerview import BrokerView
+from broker.api.clientapi import MAX_ERROR_MESSAGE, Peer
 from broker.history import finished_record_of
 from broker.job import State
-from broker.journal import JournalRefused
+from broker.durable.journal import JournalRefused
 from broker.stop import MODES as STOP_MODES
 from broker.jobmanager import JobError
 from minicluster.model import jobspec as jobspec_model

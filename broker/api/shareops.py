@@ -5,11 +5,11 @@ import asyncio
 import time
 from typing import Any
 
-from broker.brokerview import BrokerView
-from broker.access import check_owner, check_readable
-from broker.clientapi import Peer
+from broker.api.brokerview import BrokerView
+from broker.api.access import check_owner, check_readable
+from broker.api.clientapi import Peer
 from broker.jobmanager import JobError
-from broker.ops import op, reply_when_done
+from broker.api.ops import op, reply_when_done
 from broker.share import banks, reports
 from broker.share.service import uid_of
 from minicluster.proto import requests

@@ -5,13 +5,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from broker.access import readable_record
-from broker.brokerview import BrokerView
-from broker.clientapi import Peer
+from broker.api.access import readable_record
+from broker.api.brokerview import BrokerView
+from broker.api.clientapi import Peer
 from broker.job import Job
 from broker.jobmanager import JobError
-from broker.ops import once_durable, op, reply_when_done, task_of_index
-from broker.workflow import WorkflowRefusal
+from broker.api.ops import once_durable, op, reply_when_done, task_of_index
+from broker.flow.workflow import WorkflowRefusal
 from minicluster.proto import requests
 
 

@@ -1,6 +1,6 @@
 """The client socket (protocol.md §3.1–3.2): a unix-domain listener, peer credentials, framing and dispatch.
 
-Each request is handed to an operation in broker/ops.py.  An operation returns a response map, a future of
+Each request is handed to an operation in broker/api/ops.py.  An operation returns a response map, a future of
 one (a submission answered once durable, without holding up the requests behind it), or an async iterator
 of responses for streaming requests.
 """

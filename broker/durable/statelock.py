@@ -4,7 +4,7 @@ Two brokers on one journal would each take the other's workers and interleave th
 `flock` on `STATE_DIR/lock`, which names the holder's pid; the kernel drops it when the holder dies, even by
 `kill -9`, so a stale lock file never blocks a restart. `mc start` takes it before it forks any rank and hands
 it to its broker; a broker started alone (`mc broker`, a pod) takes it itself. The journal file is locked the
-same way (broker/journal.py), so a second Journal on it is refused whatever its state dir is called.
+same way (broker/durable/journal.py), so a second Journal on it is refused whatever its state dir is called.
 """
 from __future__ import annotations
 

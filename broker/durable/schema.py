@@ -1,6 +1,6 @@
-"""Every table of the journal (docs/architecture.md#where-state-lives): the DDL alone, which broker/journal.py runs
-when it opens the file. The statements on these tables are in broker/store.py (the job tables) and
-broker/share/store.py (the sharing tables).
+"""Every table of the journal (docs/architecture.md#where-state-lives): the DDL alone, which
+broker/durable/journal.py runs when it opens the file. The statements on these tables are in
+broker/durable/store.py (the job tables) and broker/share/store.py (the sharing tables).
 
 The DDL lives here, below both store modules and beside the journal, so that the journal, the bottom layer, imports
 none of the layers that own the tables. Every statement is `IF NOT EXISTS`, so an older journal gains new tables;

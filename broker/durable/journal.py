@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, Union
 
-from broker.schema import SCHEMA_VERSION, TABLES
-from broker.statelock import lock_file
+from broker.durable.schema import SCHEMA_VERSION, TABLES
+from broker.durable.statelock import lock_file
 from minicluster.model.histogram import Histogram
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Journal:
     def __init__(self, state_dir: str) -> None:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         self.path = os.path.join(state_dir, "journal.sqlite")
-        # Held until close(): one writer per journal (broker/statelock.py). sqlite's own locks are fcntl
+        # Held until close(): one writer per journal (broker/durable/statelock.py). sqlite's own locks are fcntl
         # locks, which a flock does not touch.
         self._lock_fd: int | None = lock_file(self.path, f"journal {self.path}")
         try:

@@ -16,9 +16,10 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from broker import retry, store
-from broker.flowstate import Flow
-from broker.journal import Statement
+from broker.flow import retry
+from broker.durable import store
+from broker.flow.state import Flow
+from broker.durable.journal import Statement
 from broker.job import Job, State
 from broker.taskmap import TaskMap
 from minicluster.model.idset import IdSet

@@ -1,14 +1,14 @@
 """The workflow state of one active job (protocol.md §3.9): attempts, retries, holds, requeues, success.
 
 Only jobs that need it carry one (`Job.flow`): a job with a workflow field, a hold, a requeue, or an array a
-restart re-queued. Pure data and small rules; the broker acts on it (broker/attempts.py, broker/workflow.py).
+restart re-queued. Pure data and small rules; the broker acts on it (broker/flow/attempts.py, broker/flow/workflow.py).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from broker.depgraph import Verdict
-from broker.retry import Policy, SuccessTracker
+from broker.flow.depgraph import Verdict
+from broker.flow.retry import Policy, SuccessTracker
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec
 

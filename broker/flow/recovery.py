@@ -12,13 +12,13 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from broker.depgraph import BEGIN, SINGLETON, Verdict
-from broker.flowstate import Corr, Flow
+from broker.flow.depgraph import BEGIN, SINGLETON, Verdict
+from broker.flow.state import Corr, Flow
 from broker.job import Job, State
-from broker.journal import Journal
-from broker.store import JobStore, unpack
+from broker.durable.journal import Journal
+from broker.durable.store import JobStore, unpack
 from broker.taskmap import TaskMap
-from broker.workflow import Workflow, index_outcomes, target_state
+from broker.flow.workflow import Workflow, index_outcomes, target_state
 
 log = logging.getLogger(__name__)
 

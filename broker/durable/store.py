@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from broker.journal import Journal, Statement
+from broker.durable.journal import Journal, Statement
 
 
 def pack(value: Any) -> bytes:
@@ -166,7 +166,7 @@ class JobStore:
                                   f"({_in(job_ids)}) ORDER BY job, task, attempt", list(job_ids))
 
     def index_results(self, job_id: int) -> list[Row]:
-        """(idx, status, exit_code, signal, spec) of the job's final results (broker/workflow.py's aftercorr)."""
+        """(idx, status, exit_code, signal, spec) of the job's final results (broker/flow/workflow.py's aftercorr)."""
         return self.journal.query(_INDEX_RESULTS, (job_id,))
 
     def drains(self) -> dict[int, str]:

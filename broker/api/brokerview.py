@@ -1,4 +1,4 @@
-"""What the client operations (broker/ops.py, flowops.py, access.py, share/ops.py) may use of the broker.
+"""What the client operations (ops.py, flowops.py, shareops.py and access.py here) may use of the broker.
 
 The operations are plain functions of (broker, peer, request): this Protocol is the broker they see, so mypy
 checks every use against the real types and a new dependency of an operation on the broker shows here.
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from broker.execution import Execution
     from broker.jobmanager import JobManager
-    from broker.journal import Journal
+    from broker.durable.journal import Journal
     from broker.ranks import RankTable
     from broker.sched import ResourceGraph
     from broker.share.service import Sharing

@@ -2,7 +2,7 @@
 
 The JobManager hands every submission to `admit`, every `start` and `clean` event to `observe`, and asks
 `absorbs`/`before_finish` before ending a job. Decisions come from the pure dependency graph
-(broker/depgraph.py) and policy (broker/retry.py); this module turns them into events and queue changes.
+(broker/flow/depgraph.py) and policy (broker/flow/retry.py); this module turns them into events and queue changes.
 Verdicts are applied from a queue, not recursively, so a chain of 1,000 jobs failing one after the other does
 not nest 1,000 calls deep.
 """
@@ -15,13 +15,13 @@ import signal
 from collections import deque
 from typing import Any
 
-from broker import store
-from broker.attempts import Attempts
-from broker.depgraph import BEGIN, SINGLETON, DependencyError, DepGraph, TargetState, Verdict
-from broker.flowstate import Corr, Flow
+from broker.durable import store
+from broker.flow.attempts import Attempts
+from broker.flow.depgraph import BEGIN, SINGLETON, DependencyError, DepGraph, TargetState, Verdict
+from broker.flow.state import Corr, Flow
 from broker.history import stored_spec
 from broker.job import Job, State
-from broker.retry import IGNORE, SUCCESS, Policy
+from broker.flow.retry import IGNORE, SUCCESS, Policy
 from broker.supervise import Supervisor
 from broker.taskmap import TaskMap
 from minicluster.model import jobspec as jobspec_model
@@ -55,7 +55,7 @@ class Workflow:
         self.attempts.tick = self._tick
         self._verdicts: deque[Verdict] = deque()
         self._applying = False
-        # True from a restart until the reattach window closed: verdicts wait (broker/flowrecovery.py).
+        # True from a restart until the reattach window closed: verdicts wait (broker/flow/recovery.py).
         self.recovering = False
         # Indexes of aftercorr dependants that can never run, per job, noted in one event per batch.
         self._never: dict[int, list[int]] = {}

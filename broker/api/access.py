@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.brokerview import BrokerView
-from broker.clientapi import Peer
+from broker.api.brokerview import BrokerView
+from broker.api.clientapi import Peer
 from broker.jobmanager import JobError
 
 
