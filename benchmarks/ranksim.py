@@ -1,7 +1,7 @@
 """Rank 0 at 1,000+ ranks, measured with the rank simulator (minicluster/testing/ranksim.py; issue 29).
 
     python benchmarks/ranksim.py [--ranks 1000,4000] [--processes 4] [--tasks 100000] [--idle 20] [--fanout 32]
-                                 [--nice 10] [--json]
+                                 [--nice 10] [--interior-first] [--json]
 
 Rank 0 is the real broker process (test executor, journal on, 64 cores a rank); every other rank is a simulated
 leaf: the real WorkerAgent with the test executor on its own CURVE DEALER, many to a process. What is left out:
@@ -12,12 +12,15 @@ rank 0's own (utime + stime from /proc).
 For each size N: the time until every rank has joined, from the first simulator's first connect (polled through
 `status` every 0.2 s); rank 0's CPU per second while idle (heartbeats every 1 s only); rank 0's settled RSS, and
 per rank against a small instance (`--base` ranks); an array of `--tasks` elements over all ranks: tasks/s and
-rank 0's CPU per task; the answer times of `status`, `resources` and HTTP `/status` (medians of 5); one exclusive
+rank 0's CPU per task; the answer times of `status`, `resources` and HTTP `/status` (medians of 5; `mc status` and
+`mc resources` as commands, medians of 3); one exclusive
 job on `--gang` nodes from submit to its end (median of 3). The same array at `--base` ranks gives the ratio the
 issue asks for (≥ 90 % of the small rate); so does an array at `--base` ranks with as many tasks per core as the
 big instance's (`array_rate_vs_base_same_tasks_per_core`), since 100,000 tasks queue on a small instance's cores
 but all start at once on a big one's. With `--fanout`, the interior ranks are real workers; `--nice` runs them and
-the simulators at a lower priority than rank 0, which would have a node to itself.
+the simulators at a lower priority than rank 0, which would have a node to itself; `--interior-first` starts the
+simulators once the interior ranks are up, so that join_s does not count hundreds of Python start-ups one after
+another on this machine's cores (`interior_up_s` says how long those took).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -70,6 +74,13 @@ def answer_ms(call: Callable[[], object], repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+def command_ms(uri: str, command: str) -> float:
+    """`mc COMMAND` as a user types it: a new process, which prints the table."""
+    argv = [sys.executable, "-m", "minicluster", command]
+    env = {**os.environ, "MC_URI": uri}
+    return answer_ms(lambda: subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True), repeats=3)
+
+
 def array_rate(sim: SimulatedCluster, tasks: int) -> dict[str, float]:
     with sim.local.client() as client:
         run_all(client, [client.submit(spec(["true"], array="1-100"))])  # warm-up
@@ -103,15 +114,17 @@ def mem_available_mb() -> float:
 
 
 def measure(size: int, processes: int, tasks: list[int], idle_s: float, fanout: int | None, stagger: float,
-            join_timeout: float, nice: int, gang: int) -> dict[str, Any]:
+            join_timeout: float, nice: int, gang: int, interior_first: bool) -> dict[str, Any]:
     """One instance of `size` ranks; an array for each of `tasks` (the first is the main one, the rest are the
     base instance's arrays with the big ones' tasks per core)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="mc-ranksim-") as state_dir, \
             SimulatedCluster(state_dir, size=size, processes=processes, fanout=fanout, stagger=stagger,
-                             nice=nice, status_port=port) as sim:
+                             nice=nice, wait_interior=join_timeout if interior_first else 0.0,
+                             status_port=port) as sim:
         out: dict[str, Any] = {"ranks": size, "processes": len(sim.simulators), "interior_ranks": len(sim.interior),
-                               "broker_pid": sim.broker_pid, "load_before": loadavg()}
+                               "broker_pid": sim.broker_pid, "interior_up_s": sim.interior_up_s,
+                               "load_before": loadavg()}
         progress(f"{size} ranks: rank 0 is pid {sim.broker_pid}, {len(sim.interior)} interior workers")
         # Rank 0's CPU for the joins: unlike join_s, it hardly depends on what else runs on the machine.
         join_cpu0 = cpu_seconds(sim.broker_pid)
@@ -145,6 +158,8 @@ def measure(size: int, processes: int, tasks: list[int], idle_s: float, fanout: 
             out["resources_ms"] = answer_ms(client.resources)
         url = f"http://127.0.0.1:{port}/status"
         out["http_status_ms"] = answer_ms(lambda: urllib.request.urlopen(url, timeout=30).read())
+        for command in ("status", "resources"):
+            out[f"mc_{command}_command_ms"] = command_ms(sim.local.uri, command)
         progress(f"{size} ranks: idle {out['idle_cpu_fraction']:.1%} of a core, RSS {out['rss_mb']:.0f} MB, "
                  f"status {out['status_ms']:.0f} ms")
         if gang:
@@ -181,6 +196,8 @@ def main() -> int:
     parser.add_argument("--join-timeout", type=float, default=60.0, help="give up waiting for joins (default 60 s)")
     parser.add_argument("--nice", type=int, default=0, help="run interior ranks and simulators under nice -n N")
     parser.add_argument("--gang", type=int, default=256, help="nodes of the exclusive job timed (default 256; 0: none)")
+    parser.add_argument("--interior-first", action="store_true",
+                        help="start the simulators once the interior ranks are up (their start is not in join_s)")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     args = parser.parse_args()
     raise_fd_limit()
@@ -190,11 +207,11 @@ def main() -> int:
     same_per_core = {size: max(1, round(args.tasks * args.base / size)) for size in sizes} if args.tasks else {}
     base_tasks = list(dict.fromkeys([args.tasks, *same_per_core.values()])) if args.tasks else []
     base = measure(args.base, min(args.processes, 2), base_tasks, args.idle, fanout, 0.0, args.join_timeout,
-                   args.nice, args.gang)
+                   args.nice, args.gang, args.interior_first)
     results = []
     for size in sizes:
         result = measure(size, args.processes, [args.tasks] if args.tasks else [], args.idle, fanout, args.stagger,
-                         args.join_timeout, args.nice, args.gang)
+                         args.join_timeout, args.nice, args.gang, args.interior_first)
         result["rss_kb_per_rank"] = (result["rss_mb"] - base["rss_mb"]) * 1024 / (size - args.base)
         if args.tasks:
             result["array_rate_vs_base"] = result["array_tasks_per_s"] / base["array_tasks_per_s"]
@@ -206,7 +223,7 @@ def main() -> int:
     doc = {"benchmark": "ranksim", "machine": {"cpus": len(os.sched_getaffinity(0)),
                                                  "python": platform.python_version()},
            "tasks": args.tasks, "idle_s": args.idle, "stagger_s": args.stagger, "fanout": args.fanout or "flat",
-           "nice": args.nice, "processes": args.processes,
+           "nice": args.nice, "processes": args.processes, "interior_first": args.interior_first,
            "base": base,
            "sizes": results, "goals": {k: list(v) for k, v in GOALS.items()}}
     print(json.dumps(doc, indent=None if args.json else 2))

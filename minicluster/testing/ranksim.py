@@ -138,7 +138,7 @@ class SimulatedCluster:
     """
 
     def __init__(self, state_dir: str | os.PathLike[str], size: int, processes: int = 2, fanout: int | None = None,
-                 stagger: float = 0.0, nice: int = 0, **settings: Any) -> None:
+                 stagger: float = 0.0, nice: int = 0, wait_interior: float = 0.0, **settings: Any) -> None:
         fanout = fanout or size  # flat by default: every simulated rank is a child of rank 0
         values: dict[str, Any] = dict(test_exec=True, resources="cores=64", heartbeat_interval=1.0,
                                       unresponsive_after=10.0, lost_after=30.0)
@@ -155,6 +155,10 @@ class SimulatedCluster:
         self.stagger = stagger
         # On one machine the other ranks stand for other nodes: `nice` lowers their priority, not rank 0's.
         self.wrapper = ("nice", "-n", str(nice)) if nice else ()
+        # Seconds to wait for the interior ranks to be up before the simulators start (0: start those at once).
+        # Hundreds of interior processes start one after another on a small machine, in parallel on real nodes.
+        self.wait_interior = wait_interior
+        self.interior_up_s: float | None = None
         self.first_connect = 0.0
 
     @property
@@ -164,8 +168,12 @@ class SimulatedCluster:
     def start(self, timeout: float = 60.0) -> SimulatedCluster:
         self.local.start_rank(0)
         self.local.wait_socket(timeout)
+        started = time.time()
         for rank in self.interior:
             self.local.start_rank(rank, wrapper=self.wrapper)
+        if self.wait_interior and self.interior:
+            self._wait_up(1 + len(self.interior), self.wait_interior)
+            self.interior_up_s = time.time() - started
         for block in self.blocks:
             # Blocks are contiguous ranges of leaves unless an interior rank falls inside; one process per block.
             for part in _runs(block):
@@ -186,15 +194,19 @@ class SimulatedCluster:
 
     def wait_joined(self, timeout: float = 120.0, poll: float = 0.2) -> float:
         """Wait until every rank is up; the seconds since `first_connect` (to within `poll` and one request)."""
+        self._wait_up(self.config.size, timeout, poll)
+        return time.time() - self.first_connect
+
+    def _wait_up(self, count: int, timeout: float, poll: float = 0.2) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
-                if self.joined() == self.config.size:
-                    return time.time() - self.first_connect
+                if self.joined() >= count:
+                    return
             except OSError:  # a busy rank 0 let the HTTP request time out: not joined yet, ask again
                 pass
             time.sleep(poll)
-        raise TimeoutError(f"{self.joined()} of {self.config.size} ranks joined in {timeout}s")
+        raise TimeoutError(f"{self.joined()} of {count} ranks joined in {timeout}s")
 
     def joined(self) -> int:
         """How many ranks are up: from `/status`'s counts when rank 0 serves it, which rank 0 keeps as ranks change
