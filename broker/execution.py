@@ -99,17 +99,11 @@ class Execution:
         self._strays: dict[int, set[Key]] = {}
         self.stdin = StdinRelay(send)
         self.pmi = PmiExchange(manager, send)
-        self.window = DispatchWindow(self, config)
+        self.window = DispatchWindow(config, manager, send, self.tasks, self.jobinfo)
         # Since this broker started, for rates (`mc top`).
         self.tasks_started = 0
         self.tasks_ended = 0
         self.tasks_failed = 0  # of those ended, with a non-zero status (as judged: a retried attempt is not one)
-        manager.kill_tasks = self.kill_job
-        manager.job_finished = lambda job: self.stdin.ended(job.id)
-        manager.retime = self.retime
-        manager.running_tasks = lambda job: [task for _, task in self.by_job.get(job.id, ())]
-        manager.recall_ahead = self.window.recall_job
-        manager.ahead_rank = self.window.ahead_rank
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
@@ -509,6 +503,18 @@ class Execution:
             for key in keys:  # its cores may be wanted (a preemption): the single jobs behind it run elsewhere
                 self.window.recall_after(key)
         self._signal(keys, sig)
+
+    def job_finished(self, job: Job) -> None:
+        self.stdin.ended(job.id)
+
+    def running_tasks(self, job: Job) -> list[int]:
+        return [task for _, task in self.by_job.get(job.id, ())]
+
+    def recall_ahead(self, job: Job) -> None:
+        self.window.recall_job(job)
+
+    def ahead_rank(self, job: Job) -> int | None:
+        return self.window.ahead_rank(job)
 
     def task_of_element(self, job: Job, element: int) -> int | None:
         """The task running as scheduler element `element` of an array, if any."""

@@ -11,13 +11,14 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from broker import sched
 from broker.durable import store
 from broker.history import History
 from broker.job import Effect, Event, Job, State
 from broker.durable.journal import Journal, JournalRefused, Statement, when_durable
+from broker.supervise import Supervisor
 from broker.watchers import Watchers
 from broker.flow.workflow import Workflow, WorkflowRefusal
 from minicluster.config import InstanceConfig
@@ -71,9 +72,52 @@ def request_of(spec: Jobspec) -> sched.Request:
 PURGE_BATCH = 50_000
 
 
+class Tasks(Protocol):
+    """What the job manager asks of the tasks it does not run itself (broker/execution.py)."""
+
+    def kill_job(self, job: Job, sig: int) -> None:
+        """End the job's running tasks with `sig`."""
+
+    def job_finished(self, job: Job) -> None:
+        """Nothing of the job runs any more."""
+
+    def retime(self, job: Job) -> None:
+        """A running job's time limit changed."""
+
+    def running_tasks(self, job: Job) -> list[int]:
+        """The task numbers of the job that run now."""
+
+    def recall_ahead(self, job: Job) -> None:
+        """Take back the job's elements sent ahead and not started (protocol.md §2.10)."""
+
+    def ahead_rank(self, job: Job) -> int | None:
+        """The rank a single job was sent ahead to, while it has neither started nor come back."""
+
+
+class SharingPolicy(Protocol):
+    """Queues, banks, priorities and accounting as the job manager sees them (broker/share/service.py)."""
+
+    def resolve(self, uid: int, spec: Jobspec) -> Jobspec: ...
+
+    def admit(self, uid: int, spec: Jobspec, request: sched.Request, count: int) -> None: ...
+
+    def bucket_fields(self, uid: int, spec: Jobspec) -> dict[str, Any]: ...
+
+    def describe(self, job: Job) -> dict[str, Any]: ...
+
+    def finished(self, job: Job) -> list[Statement]: ...
+
+
 class JobManager:
+    """The job table and its events. `tasks` builds the task execution from the manager (the two call each other,
+    so the manager makes it once it is whole); `wake_scheduler` is called when the queue may have work that fits;
+    `background` runs the workflow's background work; `sharing` is None in an instance without queues and banks
+    (unit tests)."""
+
     def __init__(self, config: InstanceConfig, journal: Journal, scheduler: sched.Scheduler,
-                 watchers: Watchers, owner_uid: int, next_id: int,
+                 watchers: Watchers, owner_uid: int, next_id: int, *,
+                 tasks: Callable[[JobManager], Tasks], wake_scheduler: Callable[[], None],
+                 background: Supervisor, sharing: SharingPolicy | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.journal = journal
@@ -83,44 +127,31 @@ class JobManager:
         self.owner_uid = owner_uid
         self.next_id = next_id
         self.clock = clock
+        self.wake_scheduler = wake_scheduler
+        self.sharing = sharing
         self.jobs: dict[int, Job] = {}
         # Jobs whose submission is not durable yet: not shown to anyone until it is (or forgotten if refused).
         self.unacknowledged: set[int] = set()
-        # Set by the broker: called when the queue may have work that fits.
-        self.wake_scheduler: Callable[[], None] = lambda: None
-        # Set by the broker: ends a job's running tasks (execution.kill_job).
-        self.kill_tasks: Callable[[Job, int], None] = lambda job, sig: None
-        # Set by the broker: take back the job's elements sent ahead and not started (protocol.md §2.10).
-        self.recall_ahead: Callable[[Job], None] = lambda job: None
-        # Set by the broker: the rank a single job was sent ahead to, while it has neither started nor come back.
-        self.ahead_rank: Callable[[Job], int | None] = lambda job: None
-        # Set by the broker: the job finished (nothing of it runs any more).
-        self.job_finished: Callable[[Job], None] = lambda job: None
         self.all_ranks_seen = False
-        # Set by the broker: queues, banks, priorities and accounting (broker/share/service.py).
-        self.sharing: Any = None
         self._feasible: dict[sched.Request, str] = {}
         # Finished jobs: in the journal, a bounded cache of them in memory (broker/history.py).
         self.history = History(self.store, config.finished_cache)
-        # Set by the broker: a running job's time limit changed (execution.retime), and which tasks of a job
-        # run now (their task numbers).
-        self.retime: Callable[[Job], None] = lambda job: None
-        self.running_tasks: Callable[[Job], list[int]] = lambda job: []
         # Dependencies, failure and success policies, holds, updates and requeues (protocol.md §3.9).
-        self.workflow = Workflow(self)
+        self.workflow = Workflow(self, background)
         # How each effect of an applied event (broker/job.py) is carried out, given the job and its write's future.
         self._actions: dict[Effect, Callable[[Job, asyncio.Future[None] | None], object]] = {
             Effect.UNQUEUE: self._unqueue,
-            Effect.KILL_TASKS: lambda job, _: self.kill_tasks(job, signal.SIGTERM),
+            Effect.KILL_TASKS: lambda job, _: self.tasks.kill_job(job, signal.SIGTERM),
             Effect.POST_FINISH: lambda job, _: self.finish(job),
             Effect.POST_RELEASE: lambda job, _: self.post(job, "release"),
-            Effect.TASKS_OVER: lambda job, _: self.job_finished(job),
+            Effect.TASKS_OVER: lambda job, _: self.tasks.job_finished(job),
             Effect.POST_CLEAN: lambda job, _: self.clean(job),
             Effect.STARTED: lambda job, _: self.workflow.observe(job, "start"),
             Effect.ENDED: lambda job, _: self.workflow.observe(job, "clean"),
             Effect.CLOSE: self._close_when_durable,
             Effect.WAKE_SCHEDULER: lambda job, _: self.wake_scheduler(),
         }
+        self.tasks = tasks(self)  # last: it reads the manager
 
     # --- submit --------------------------------------------------------------------------------------------
 
@@ -222,10 +253,10 @@ class JobManager:
 
     def _unqueue(self, job: Job, _: asyncio.Future[None] | None) -> None:
         self.scheduler.cancel(job.id)
-        self.recall_ahead(job)  # what was sent ahead must not start after the job ended
+        self.tasks.recall_ahead(job)  # what was sent ahead must not start after the job ended
 
     def enqueue(self, job: Job, request: sched.Request, count: int | None = None, first: int = 0) -> None:
-        if self.ahead_rank(job) is not None:
+        if self.tasks.ahead_rank(job) is not None:
             return  # it is queued again when it comes back (protocol.md §2.10)
         count = count if count is not None else job.total_tasks if job.is_array else 1
         self.scheduler.enqueue(self.sched_job(job, request, count, first), now=self.clock())
@@ -310,7 +341,7 @@ class JobManager:
 
     def finish(self, job: Job) -> None:
         """Post `finish`; its effects post `release` and `clean` (broker/job.py)."""
-        if self.ahead_rank(job) is not None:
+        if self.tasks.ahead_rank(job) is not None:
             return  # finished once it came back, or once its task that started after all ended
         outcome = job.outcome()
         job.t_inactive = self.clock()
@@ -383,7 +414,7 @@ class JobManager:
         self.workflow.summary(job, out)
         if self.sharing is not None:
             out.update(self.sharing.describe(job))
-        rank = self.ahead_rank(job) if job.state == State.SCHED else None
+        rank = self.tasks.ahead_rank(job) if job.state == State.SCHED else None
         if rank is not None:  # out of the queue, waiting on the worker behind a busy core (protocol.md §2.10)
             out["pending_reason"] = f"Dispatched: ahead on rank {rank}"
         return out

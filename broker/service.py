@@ -73,11 +73,13 @@ class Broker:
         self.graph, self.described = nodes.build_graph(config)
         self.scheduler = sched.Scheduler(self.graph, config.policy, config.default_time_limit)
         self.watchers = Watchers()
-        self.manager = JobManager(config, self.journal, self.scheduler, self.watchers, self.owner_uid, next_id=1)
+        self._schedule_pending = False  # before the manager: the recovery below may wake the scheduler
         self.sharing = Sharing(config, self.journal, self.scheduler)
-        self.manager.sharing = self.sharing
         self.supervisor = Supervisor(self._crashed)
-        self.manager.workflow.background = self.supervisor
+        self.overlay = Overlay(config, 0, cert, self._on_message)
+        self.manager = JobManager(config, self.journal, self.scheduler, self.watchers, self.owner_uid, next_id=1,
+                                  tasks=self._execution, wake_scheduler=self._wake_scheduler,
+                                  background=self.supervisor, sharing=self.sharing)
         recovered = load(self.manager)
         accounting.restore(self.journal, recovered.active)
         accounting.load_records(self.journal, recovered.active)
@@ -98,18 +100,19 @@ class Broker:
         self.heartbeats_relayed = 0
         self.heartbeat_messages = 0
         self.homes_sent = 0
-        self.overlay = Overlay(config, 0, cert, self._on_message)
-        self.execution = Execution(config, self.manager, self.overlay.send, self.uri)
-        self.manager.wake_scheduler = self._wake_scheduler
         self.agent = rank0.agent(config, self.overlay.send, self.uri)
         self.client_server = ClientServer(Operations(self), config.socket_path, config.access_group,
                                           config.state_dir)
         self.status_server = (StatusServer(config.status_port, self.status_snapshot, config.status_hosts(),
                                            self.metrics_snapshot)
                               if config.status_port else None)
-        self._schedule_pending = False
         self._started = time.time()
         self.command_state: dict[str, Any] | None = None
+
+    def _execution(self, manager: JobManager) -> Execution:
+        """The job manager's task execution, made by the manager once it is whole (each calls the other)."""
+        self.execution = Execution(self.config, manager, self.overlay.send, self.uri)
+        return self.execution
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ async def settle_running(manager: JobManager, mode_now: Callable[[], str | None]
     over (`requeue`, `cancel`). The scheduler starts nothing meanwhile: the broker is stopping."""
     jobs = manager.jobs
     for job in list(jobs.values()):
-        manager.recall_ahead(job)  # what waits on a worker's window must not start now
+        manager.tasks.recall_ahead(job)  # what waits on a worker's window must not start now
     loop = asyncio.get_running_loop()
     deadline: float | None = None
     cancelled = False

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple, Protocol
 
 from broker.job import Job, State
+from broker.jobmanager import JobManager
+from minicluster.config import InstanceConfig
 from minicluster.proto import messages
-
-if TYPE_CHECKING:
-    from broker.execution import Execution
-    from minicluster.config import InstanceConfig
+from minicluster.proto.messages import Send
 
 Key = tuple[int, int]
 # Back-pressure: no top-up while this many recorded results are not yet durable (the journal lags). Elements the
@@ -44,9 +43,26 @@ class Ahead(NamedTuple):
     expect: float = 0.0  # a single job's expected run time, what it adds to its chain's work
 
 
+class Running(Protocol):
+    """A task rank 0 tracks as running (broker/execution.py's RunningTask), as the window reads it."""
+
+    @property
+    def timed_from(self) -> float: ...
+
+
+JobInfoOf = Callable[[Job, list[list[int]]], messages.JobInfo]
+
+
 class DispatchWindow:
-    def __init__(self, execution: Execution, config: InstanceConfig) -> None:
-        self.execution = execution
+    """`manager`: the job table, the queue and the journal; `running`: the tasks rank 0 tracks as running, kept by
+    broker/execution.py, read here; `jobinfo`: the `run` description of a job for a layout."""
+
+    def __init__(self, config: InstanceConfig, manager: JobManager, send: Send, running: Mapping[Key, Running],
+                 jobinfo: JobInfoOf) -> None:
+        self.manager = manager
+        self.send = send
+        self.running = running
+        self.jobinfo = jobinfo
         self.depth = config.dispatch_window
         self.seconds = config.dispatch_window_seconds
         # A chain of single jobs waits behind a job at most this much longer than that job's expected run time.
@@ -81,19 +97,19 @@ class DispatchWindow:
         room = self.depth_of(job) - length
         if rank in self.limit:
             room = min(room, self.limit[rank] - len(self.by_rank.get(rank, ())))
-        elements = self.execution.manager.scheduler.take_ahead(job.id, room) if room > 0 else range(0)
+        elements = self.manager.scheduler.take_ahead(job.id, room) if room > 0 else range(0)
         attempts = job.flow.attempts if job.flow is not None else None
         ahead_message = None
         for element in elements:
             task = job.pending_map[element] if job.pending_map is not None else element
-            if job.is_done(task) or (job.id, task) in self.execution.tasks:
+            if job.is_done(task) or (job.id, task) in self.running:
                 continue  # a run rank 0 had taken back recorded it or runs it (protocol.md §2.10): dropped
             if ahead_message is None:
                 ahead_message = out.get(rank)
                 if ahead_message is None:
                     ahead_message = out[rank] = messages.Ahead()
                 if job.id not in ahead_message.jobs:
-                    ahead_message.jobs[job.id] = self.execution.jobinfo(job, [[rank, 1]])
+                    ahead_message.jobs[job.id] = self.jobinfo(job, [[rank, 1]])
             key = (job.id, task)
             self.ahead[key] = Ahead(rank, element, tail, cores, gpus)
             self.next_of[tail] = key
@@ -128,9 +144,9 @@ class DispatchWindow:
         return self._open_rank(rank)
 
     def _open_rank(self, rank: int) -> bool:
-        if not self.depth or self.unrecorded > LAG_RESULTS or self.execution.manager.journal.stalled is not None:
+        if not self.depth or self.unrecorded > LAG_RESULTS or self.manager.journal.stalled is not None:
             return False
-        node = self.execution.manager.scheduler.graph.nodes.get(rank)
+        node = self.manager.scheduler.graph.nodes.get(rank)
         return node is not None and node.up and node.drain_reason is None
 
     # --- single jobs ---------------------------------------------------------------------------------------
@@ -139,7 +155,7 @@ class DispatchWindow:
                   out: dict[int, messages.Ahead]) -> None:
         """Top up the chain behind single job `head` (running on `rank`, one core) with small single jobs from the
         head of the queue, to about `seconds` of expected work (at least one, at most `depth`)."""
-        manager = self.execution.manager
+        manager = self.manager
         if not self._open_rank(rank) or gpus or len(cores) != 1 or not self.is_small(manager.jobs[head[0]]):
             return  # behind a job that may run long, jobs would wait where another core could take them
         tail, length, planned = head, 0, 0.0
@@ -161,7 +177,7 @@ class DispatchWindow:
             ahead_message = out.get(rank)
             if ahead_message is None:
                 ahead_message = out[rank] = messages.Ahead()
-            ahead_message.jobs[job.id] = self.execution.jobinfo(job, [[rank, 1]])
+            ahead_message.jobs[job.id] = self.jobinfo(job, [[rank, 1]])
             key = (job.id, 0)
             self.ahead[key] = Ahead(rank, 0, tail, cores, gpus, expect)
             self.next_of[tail] = key
@@ -172,7 +188,7 @@ class DispatchWindow:
 
     def small(self, job_id: int) -> bool:
         """Whether a queued job may go ahead (protocol.md §2.10)."""
-        job = self.execution.manager.jobs.get(job_id)
+        job = self.manager.jobs.get(job_id)
         return job is not None and job.state == State.SCHED and not job.ending and self.is_small(job)
 
     def is_small(self, job: Job) -> bool:
@@ -211,7 +227,7 @@ class DispatchWindow:
         `rank`: its `alloc` and `start` come now, after its task."""
         if job.state != State.SCHED:
             return
-        manager = self.execution.manager
+        manager = self.manager
         manager.scheduler.cancel(job.id)  # queued again after a restart, if its worker came back late
         manager.post_started(job, str(rank))
 
@@ -270,7 +286,7 @@ class DispatchWindow:
             self.next_of[ahead.after] = following
             self.ahead[following] = self.ahead[following]._replace(after=ahead.after)
         self._forget(key)
-        messages.send(self.execution.send, ahead.rank, messages.Recall([list(key)]))
+        messages.send(self.send, ahead.rank, messages.Recall([list(key)]))
 
     def drop_rank(self, rank: int) -> dict[int, list[int]]:
         """The rank lost its window (node loss, a new join): every entry of it, as job -> tasks."""
@@ -308,7 +324,7 @@ class DispatchWindow:
         """After a scheduling pass: take back the single jobs sent ahead that a job still waiting in the queue
         comes before (it arrived, or priorities moved, since they were taken)."""
         if self.ahead:
-            overtaken = self.execution.manager.scheduler.overtaken_ahead()
+            overtaken = self.manager.scheduler.overtaken_ahead()
             if overtaken:
                 self.recall([(job_id, 0) for job_id in overtaken if (job_id, 0) in self.ahead])
 
@@ -317,7 +333,7 @@ class DispatchWindow:
         (`now`: monotonic), so that they wait no longer where another core may take them first."""
         if not self.ahead:
             return
-        tasks, jobs = self.execution.tasks, self.execution.manager.jobs
+        tasks, jobs = self.running, self.manager.jobs
         overdue = []
         for key, ahead in self.ahead.items():
             after = ahead.after
@@ -360,4 +376,4 @@ class DispatchWindow:
             keys = to_recall.pop(rank, None)
             waiting = [list(key) for key in keys or () if key in self.recalling and self.ahead[key].rank == rank]
             if waiting:
-                messages.send(self.execution.send, rank, messages.Recall(waiting))
+                messages.send(self.send, rank, messages.Recall(waiting))

@@ -49,17 +49,17 @@ class _Pending:
 
 
 class Attempts:
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: Any, element_final: Callable[[Job, int, bool], None],
+                 queue_blocked: Callable[[Job], bool], tick: Callable[[float], None]) -> None:
+        """`element_final`: an array element of a watched job ended for good (ok or not); `queue_blocked`:
+        whether a job may not be queued now (held); `tick`: called after the timer fired (begin times)."""
         self.manager = manager
+        self.element_final = element_final
+        self.queue_blocked = queue_blocked
+        self.tick = tick
         self._batch: dict[int, tuple[Job, _Pending]] = {}
         self._timers: list[tuple[float, int, int, int]] = []   # (due, job, task or -1, attempt)
         self._timer: asyncio.TimerHandle | None = None
-        # Set by Workflow: an array element of a watched job ended for good (ok or not).
-        self.element_final: Callable[[Job, int, bool], None] = lambda job, task, ok: None
-        # Set by Workflow: whether a job may be queued now (not held).
-        self.queue_blocked: Callable[[Job], bool] = lambda job: False
-        # Set by Workflow: called after the timer fired (begin times).
-        self.tick: Callable[[float], None] = lambda now: None
         # Jobs broker/recovery.py settles when the reattach window closes: until then nothing of theirs is
         # queued here (it re-queues what is left), and retry delays wait in `window_delays`.
         self.recovering_ids: set[int] = set()
@@ -191,7 +191,7 @@ class Attempts:
         flow.end = None
         if kind == "cut":
             if job.running:
-                self.manager.kill_tasks(job, signal.SIGTERM)
+                self.manager.tasks.kill_job(job, signal.SIGTERM)
         elif kind == "success":
             self.succeed(job, note)
         else:
@@ -273,7 +273,7 @@ class Attempts:
         else:
             flow.requeue = flow.requeue or kind
         if job.running:
-            self.manager.kill_tasks(job, signal.SIGTERM)
+            self.manager.tasks.kill_job(job, signal.SIGTERM)
         elif flow.requeue is not None and job.state == State.RUN:
             self.requeue_plain(job, flow.requeue)
         return True

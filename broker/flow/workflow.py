@@ -46,21 +46,19 @@ class WorkflowRefusal(Exception):
 
 
 class Workflow:
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: Any, background: Supervisor) -> None:
         self.manager = manager
+        # Where background work runs, supervised (broker/supervise.py).
+        self.background = background
         self.graph = DepGraph()
-        self.attempts = Attempts(manager)
-        self.attempts.element_final = self._element_final
-        self.attempts.queue_blocked = lambda job: job.flow is not None and job.flow.held
-        self.attempts.tick = self._tick
+        self.attempts = Attempts(manager, element_final=self._element_final,
+                                 queue_blocked=lambda job: job.flow is not None and job.flow.held, tick=self._tick)
         self._verdicts: deque[Verdict] = deque()
         self._applying = False
         # True from a restart until the reattach window closed: verdicts wait (broker/flow/recovery.py).
         self.recovering = False
         # Indexes of aftercorr dependants that can never run, per job, noted in one event per batch.
         self._never: dict[int, list[int]] = {}
-        # Where background work runs, supervised (set by the broker: broker/supervise.py).
-        self.background: Supervisor | None = None
         # Jobs whose submission is not durable yet: nothing releases them to the queue before it is.
         self.admitting: set[int] = set()
 
@@ -208,7 +206,6 @@ class Workflow:
         if target.state != State.INACTIVE and target.tasks_left == target.total_tasks:
             return
         job.flow.corr.loading = True
-        assert self.background is not None, "the broker sets Workflow.background"
         self.background.spawn(self._load_corr(job, target.id), f"loading job {target.id}'s results for job {job.id}")
 
     async def _load_corr(self, job: Job, target_id: int) -> None:
@@ -303,7 +300,7 @@ class Workflow:
             raise WorkflowRefusal("bad-state", f"job {job.id} has already ended")
         flow.held = True
         remaining = self.manager.scheduler.cancel(job.id)
-        self.manager.recall_ahead(job)  # what comes back is queued behind the hold
+        self.manager.tasks.recall_ahead(job)  # what comes back is queued behind the hold
         if job.is_array and job.state != State.DEPEND:
             # Unstarted elements are the last `remaining`; those queued while held come after them.
             flow.held_from = self._elements(job) - remaining
@@ -366,14 +363,14 @@ class Workflow:
         if "urgency" in changes or "time_limit" in changes:
             self._requeue_entry(job)
         if "time_limit" in changes:
-            self.manager.retime(job)
+            self.manager.tasks.retime(job)
         if "name" in changes:
             self.feed(self.graph.rename(job.id, (job.uid, job.name)))
         return changes
 
     def _requeue_entry(self, job: Job) -> None:
         """Queue the job's unstarted elements again, so a new urgency or time limit applies to them."""
-        self.manager.recall_ahead(job)  # those sent ahead come back to the queue (protocol.md §2.10)
+        self.manager.tasks.recall_ahead(job)  # those sent ahead come back to the queue (protocol.md §2.10)
         remaining = self.manager.scheduler.cancel(job.id)
         if remaining:
             first = self._elements(job) - remaining if job.is_array else 0
@@ -397,7 +394,7 @@ class Workflow:
         the queue with `reason`, not as a retry. Tasks already being requeued are left alone."""
         flow = self.flow_of(job)
         if job.is_array:
-            fresh = [t for t in self.manager.running_tasks(job) if t not in flow.requeue_tasks]
+            fresh = [t for t in self.manager.tasks.running_tasks(job) if t not in flow.requeue_tasks]
             if not fresh:
                 return
             flow.judge_all = True
@@ -407,7 +404,7 @@ class Workflow:
             return
         else:
             flow.requeue = reason
-        self.manager.kill_tasks(job, signal.SIGTERM)
+        self.manager.tasks.kill_job(job, signal.SIGTERM)
 
     def requeue_preempted(self, job: Job, task: int | None) -> None:
         """The scheduler preempted the job, or one of its array elements (`task`), from a queue whose

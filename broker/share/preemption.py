@@ -38,6 +38,6 @@ def carry_out(manager: Any, execution: Any, sharing: Any, preemptions: list[sche
         elif requeue:
             manager.raise_exception(job, "preempt", note, severity=1)
             manager.workflow.requeue_preempted(job, None)
-            manager.kill_tasks(job, signal.SIGTERM)
+            manager.tasks.kill_job(job, signal.SIGTERM)
         else:
             manager.raise_exception(job, "preempt", note)

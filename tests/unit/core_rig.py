@@ -28,6 +28,7 @@ from broker.jobmanager import JobManager
 from broker.durable.journal import Journal, Statement
 from broker.recovery import Reattach, load
 from broker.durable.store import unpack
+from broker.supervise import Supervisor
 from broker.watchers import Watchers
 from minicluster.config import InstanceConfig
 from minicluster.testing import FakeClock, RecordingSender, flushed, jobspec, resources
@@ -81,10 +82,13 @@ class Core:
         self.graph, _ = nodes.build_graph(self.config)
         self.scheduler = sched.Scheduler(self.graph, self.config.policy, self.config.default_time_limit)
         self.watchers = Watchers()
-        self.manager = JobManager(self.config, self.journal, self.scheduler, self.watchers, os.getuid(), next_id=1,
-                                  clock=self.clock)
         self.sender = RecordingSender(rank=0)
-        self.execution = Execution(self.config, self.manager, self.sender.send, URI, monotonic=self.clock)
+        # What a workflow ran in the background and failed (the broker would stop on it).
+        self.background_failures: list[tuple[str, BaseException]] = []
+        self.manager = JobManager(self.config, self.journal, self.scheduler, self.watchers, os.getuid(), next_id=1,
+                                  tasks=self._execution, wake_scheduler=lambda: None,
+                                  background=Supervisor(lambda name, exc: self.background_failures.append((name, exc))),
+                                  clock=self.clock)
         # Set in a restarted core until `settle` closes the window.
         self.reattach: Reattach | None = None
         self.workflows: flowrecovery.Recovered | None = None
@@ -92,6 +96,10 @@ class Core:
         self.placed: dict[tuple[int, int], tuple[int, list[int]]] = {}
         self.epoch = 0
         self.crashed = False
+
+    def _execution(self, manager: JobManager) -> Execution:
+        self.execution = Execution(self.config, manager, self.sender.send, URI, monotonic=self.clock)
+        return self.execution
 
     def start(self) -> None:
         self.journal.start()

@@ -726,7 +726,7 @@ async def test_ending_a_jobs_tasks_recalls_the_single_jobs_behind_it(core: Core)
     jobs = await queued_jobs(core, 6)
     sent = job_aheads(core)
     rank = single_rank(core, jobs[0])
-    core.manager.kill_tasks(jobs[0], signal.SIGTERM)  # as a preemption does: its cores are wanted
+    core.manager.tasks.kill_job(jobs[0], signal.SIGTERM)  # as a preemption does: its cores are wanted
     assert [kind for kind in core.sender.kinds() if kind in ("recall", "kill")] == ["recall", "kill"]
     await core.turn()
     (recall,) = core.sender.take("recall")

@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from broker import nodes, sched
+from broker.execution import Execution
 from broker.job import State
 from broker.jobmanager import JobManager
 from broker.durable.journal import Journal
 from broker.recovery import load
 from broker.durable.store import pack
+from broker.supervise import Supervisor
 from broker.watchers import Watchers
 from minicluster import config as config_mod
-from minicluster.testing import jobspec_wire
+from minicluster.testing import RecordingSender, jobspec_wire
 
 
 def manager_on(journal: Journal, state: Path) -> JobManager:
@@ -21,7 +23,9 @@ def manager_on(journal: Journal, state: Path) -> JobManager:
                                       "output_cap": 100}, source="test")
     graph, _ = nodes.build_graph(config)
     return JobManager(config, journal, sched.Scheduler(graph, config.policy, config.default_time_limit),
-                      Watchers(), owner_uid=0, next_id=1)
+                      Watchers(), owner_uid=0, next_id=1,
+                      tasks=lambda manager: Execution(config, manager, RecordingSender(rank=0).send, "unix:///none"),
+                      wake_scheduler=lambda: None, background=Supervisor(lambda name, exc: None))
 
 
 def journal_job(journal: Journal, job_id: int, events: list[tuple[str, dict]], tasks: list[tuple[int, int]],
