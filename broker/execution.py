@@ -141,9 +141,8 @@ class Execution:
         running = self.tasks[key] = RunningTask(rank, element, now, self.monotonic())
         self.by_rank[rank].add(key)
         self.by_job[job.id].add(key)
-        job.running += 1
+        job.task_started(rank)
         self.tasks_started += 1
-        job.ranks.add(rank)
         heapq.heappush(self._deadlines, (running.timed_from + limit, job.id, task))
 
     def adopt(self, job: Job, task: int, element: int, rank: int, allocation: sched.Allocation | None,
@@ -298,7 +297,7 @@ class Execution:
         self._account(job, result, row, batch.usage_rows)
         running = self._untrack((job.id, result.task))
         if running is not None:
-            job.running -= 1
+            job.task_stopped()
             if job.is_array:
                 self._free_slot(job, result.task, running, batch.freed)
         batch.touched[job.id] = job
@@ -343,7 +342,7 @@ class Execution:
         """A second run of a task recorded already (an entry that waited ahead of it) ended: its cores come back."""
         running = self._untrack((job.id, task))
         assert running is not None
-        job.running -= 1
+        job.task_stopped()
         self._free_slot(job, task, running, batch.freed)
         batch.touched[job.id] = job
 
@@ -465,15 +464,13 @@ class Execution:
             if len(data) > room:
                 data = _cut_at_line_end(data, room, whole_output=job.output_bytes == 0)
                 # Nothing after the cut is kept, not even a later line short enough to fit.
-                job.output_bytes = self.config.output_cap
-                job.truncated = True
+                job.truncate_output(self.config.output_cap)
                 self.manager.post(job, "output-truncated", {"cap": self.config.output_cap})
                 if not data:
                     continue
+                oseq = job.next_output(0)
             else:
-                job.output_bytes += len(data)
-            oseq = job.oseq
-            job.oseq += 1
+                oseq = job.next_output(len(data))
             statements.append(store.output_chunk(job_id, oseq, task, stream, data))
             attempt = job.flow.attempt_of(task, job.is_array) if job.flow is not None else 0
             if attempt:

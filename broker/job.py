@@ -251,6 +251,26 @@ class Job:
         self.failed -= 1
         self.succeeded += 1
 
+    def task_started(self, rank: int) -> None:
+        """A task of the job runs on `rank` now (sent there, or started there ahead)."""
+        self.running += 1
+        self.ranks.add(rank)
+
+    def task_stopped(self) -> None:
+        """A running task ended with a result that is not the task's own (a workflow's attempt, a second run)."""
+        self.running -= 1
+
+    def truncate_output(self, cap: int) -> None:
+        """The output reached the cap: it counts as full, and nothing more of it is kept."""
+        self.output_bytes = cap
+        self.truncated = True
+
+    def next_output(self, nbytes: int) -> int:
+        """A chunk of `nbytes` of output is kept: counted; returns its sequence number."""
+        self.output_bytes += nbytes
+        self.oseq += 1
+        return self.oseq - 1
+
     def restore_output(self, next_oseq: int, kept: int, cap: int) -> None:
         """After a restart, output goes on from the next sequence number and counts what was already kept
         against the cap (all of it once the output was truncated)."""

@@ -89,7 +89,7 @@ async def test_the_manager_alone_queues_a_job_once_durable_and_asks_its_tasks_to
     assert job.state is State.SCHED and wakes, "queued once durable, and the scheduler woken"
     assert [start.job_id for start in manager.scheduler.schedule(manager.clock())] == [job.id]
     manager.post_started(job, "1")
-    job.running += 1  # as Execution counts the task it sends
+    job.task_started(1)  # as Execution counts the task it sends
     await flushed(manager.journal)
     assert job.state is State.RUN
 
