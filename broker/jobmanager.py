@@ -11,12 +11,13 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from broker import sched
 from broker.durable import store
 from broker.history import History
 from broker.job import Effect, Event, Job, State
+from broker.ports import SharingPolicy, Tasks
 from broker.durable.journal import Journal, JournalRefused, Statement, when_durable
 from broker.supervise import Supervisor
 from broker.watchers import Watchers
@@ -72,42 +73,6 @@ def request_of(spec: Jobspec) -> sched.Request:
 PURGE_BATCH = 50_000
 
 
-class Tasks(Protocol):
-    """What the job manager asks of the tasks it does not run itself (broker/execution.py)."""
-
-    def kill_job(self, job: Job, sig: int) -> None:
-        """End the job's running tasks with `sig`."""
-
-    def job_finished(self, job: Job) -> None:
-        """Nothing of the job runs any more."""
-
-    def retime(self, job: Job) -> None:
-        """A running job's time limit changed."""
-
-    def running_tasks(self, job: Job) -> list[int]:
-        """The task numbers of the job that run now."""
-
-    def recall_ahead(self, job: Job) -> None:
-        """Take back the job's elements sent ahead and not started (protocol.md §2.10)."""
-
-    def ahead_rank(self, job: Job) -> int | None:
-        """The rank a single job was sent ahead to, while it has neither started nor come back."""
-
-
-class SharingPolicy(Protocol):
-    """Queues, banks, priorities and accounting as the job manager sees them (broker/share/service.py)."""
-
-    def resolve(self, uid: int, spec: Jobspec) -> Jobspec: ...
-
-    def admit(self, uid: int, spec: Jobspec, request: sched.Request, count: int) -> None: ...
-
-    def bucket_fields(self, uid: int, spec: Jobspec) -> dict[str, Any]: ...
-
-    def describe(self, job: Job) -> dict[str, Any]: ...
-
-    def finished(self, job: Job) -> list[Statement]: ...
-
-
 class JobManager:
     """The job table and its events. `tasks` builds the task execution from the manager (the two call each other,
     so the manager makes it once it is whole); `wake_scheduler` is called when the queue may have work that fits;
@@ -151,7 +116,7 @@ class JobManager:
             Effect.CLOSE: self._close_when_durable,
             Effect.WAKE_SCHEDULER: lambda job, _: self.wake_scheduler(),
         }
-        self.tasks = tasks(self)  # last: it reads the manager
+        self.tasks: Tasks = tasks(self)  # last: it reads the manager
 
     # --- submit --------------------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Any
 from broker import sched
 from broker.history import record_of
 from broker.job import Event, Job, State
+from broker.execution import Execution
 from broker.jobmanager import JobManager, request_of
 from broker.durable.store import JobStore, unpack
 from broker.taskmap import TaskMap
@@ -122,7 +123,7 @@ class Reattach:
                 out[int(entry[0])].append((rank, int(entry[1]), tuple(entry[2]), tuple(entry[3])))
         return out
 
-    def settle(self, execution: Any, now: float) -> None:
+    def settle(self, execution: Execution, now: float) -> None:
         """Close the window: reattach what is whole, end or requeue the rest, kill strays."""
         self.reports = self._reports()
         known = {j.id for j in self.active}
@@ -141,7 +142,7 @@ class Reattach:
         for rank, keys in strays.items():
             messages.send(execution.send, rank, messages.Kill(keys, 9))
 
-    def _settle_job(self, job: Job, execution: Any, now: float) -> None:
+    def _settle_job(self, job: Job, execution: Execution, now: float) -> None:
         entries = [e for e in self.reports.get(job.id, []) if not job.is_done(e[1])]
         if job.ending:
             # An exception had already ended the job: finish it, and its surviving tasks with it.

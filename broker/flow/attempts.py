@@ -22,6 +22,7 @@ from broker.flow.state import Flow
 from broker.durable.journal import Statement
 from broker.job import Job, State
 from broker.taskmap import TaskMap
+from broker.flow.jobtable import JobTable
 from minicluster.model.idset import IdSet
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class _Pending:
 
 
 class Attempts:
-    def __init__(self, manager: Any, element_final: Callable[[Job, int, bool], None],
+    def __init__(self, manager: JobTable, element_final: Callable[[Job, int, bool], None],
                  queue_blocked: Callable[[Job], bool], tick: Callable[[float], None]) -> None:
         """`element_final`: an array element of a watched job ended for good (ok or not); `queue_blocked`:
         whether a job may not be queued now (held); `tick`: called after the timer fired (begin times)."""

@@ -24,6 +24,7 @@ from broker.job import Job, State
 from broker.flow.retry import IGNORE, SUCCESS, Policy
 from broker.supervise import Supervisor
 from broker.taskmap import TaskMap
+from broker.flow.jobtable import JobTable
 from minicluster.model import jobspec as jobspec_model
 from minicluster.model.idset import IdSet
 from minicluster.model.jobspec import Jobspec
@@ -46,7 +47,7 @@ class WorkflowRefusal(Exception):
 
 
 class Workflow:
-    def __init__(self, manager: Any, background: Supervisor) -> None:
+    def __init__(self, manager: JobTable, background: Supervisor) -> None:
         self.manager = manager
         # Where background work runs, supervised (broker/supervise.py).
         self.background = background
