@@ -221,49 +221,20 @@ class ResourceGraph:
     # ------------------------------------------------------------ accounting
 
     def _account(self, node: NodeState, hold: Hold, taking: bool) -> None:
-        """Apply a take/give to a node, its ancestors' aggregates and the masks.
+        """Apply a take/give to a node (NodeState.take/give), then its ancestors' aggregates and the masks.
 
         This runs once per allocation start and once per release, the
-        scheduler's hottest bookkeeping, so it is written out flat.
+        scheduler's hottest bookkeeping, so the index update is written out flat.
         """
-        cl, bit = self.cluster, node.bit
         fc, fg, fm = node.free_cores, node.free_gpus, node.free_mem
         tc, tg, tm = node.total_cores, node.total_gpus, node.total_mem
         idle = fc == tc and fg == tg and fm == tm
-        cores, gpus, mems = hold
-        socks, zero = node.sockets, node.zero  # carving passes node.zero for "no GPU/memory"
-        nfc, nfg, nfm = fc, fg, fm
         if taking:
-            for s, c in zip(socks, cores, strict=True):
-                if c:
-                    s.cores_free ^= c
-                    nfc -= c.bit_count()
-            if gpus is not zero:
-                for s, g in zip(socks, gpus, strict=True):
-                    if g:
-                        s.gpus_free ^= g
-                        nfg -= g.bit_count()
-            if mems is not zero:
-                for s, m in zip(socks, mems, strict=True):
-                    if m:
-                        s.mem_free -= m
-                        nfm -= m
+            node.take(hold)
         else:
-            for s, c in zip(socks, cores, strict=True):
-                if c:
-                    s.cores_free |= c
-                    nfc += c.bit_count()
-            if gpus is not zero:
-                for s, g in zip(socks, gpus, strict=True):
-                    if g:
-                        s.gpus_free |= g
-                        nfg += g.bit_count()
-            if mems is not zero:
-                for s, m in zip(socks, mems, strict=True):
-                    if m:
-                        s.mem_free += m
-                        nfm += m
-        node.free_cores, node.free_gpus, node.free_mem = nfc, nfg, nfm
+            node.give(hold)
+        nfc, nfg, nfm = node.free_cores, node.free_gpus, node.free_mem
+        cl, bit = self.cluster, node.bit
         if nfc != fc:
             buckets = cl.buckets
             buckets[fc] ^= bit
@@ -273,11 +244,12 @@ class ResourceGraph:
         if nfg != fg and (not fg or not nfg):
             cl.gpu_avail ^= bit
         now_idle = nfc == tc and nfg == tg and nfm == tm
+        di = 0  # change of the idle node count
         if idle != now_idle:
             cl.idle ^= bit
+            di = 1 if now_idle else -1
         if node.up and node.drain_reason is None:
             dc, dg, dm = nfc - fc, nfg - fg, nfm - fm
-            di = 0 if idle == now_idle else (1 if now_idle else -1)
             group = node.parent
             while group is not None:
                 group.free_cores += dc

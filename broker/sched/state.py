@@ -163,6 +163,56 @@ class NodeState(FlatCarving):
                     tuple(sorted(g for g in gpus if g in self.gpu_socket)), min(mem, self.free_mem))
         return self.hold_for((slot,))
 
+    def take(self, hold: Hold) -> None:
+        """Take a hold's ids and memory from the sockets and the free counts (graph.py then updates the index)."""
+        cores, gpus, mems = hold
+        socks, zero = self.sockets, self.zero  # carving passes node.zero for "no GPU/memory"
+        free = self.free_cores
+        for s, c in zip(socks, cores, strict=True):
+            if c:
+                s.cores_free ^= c
+                free -= c.bit_count()
+        self.free_cores = free
+        if gpus is not zero:
+            free = self.free_gpus
+            for s, g in zip(socks, gpus, strict=True):
+                if g:
+                    s.gpus_free ^= g
+                    free -= g.bit_count()
+            self.free_gpus = free
+        if mems is not zero:
+            free = self.free_mem
+            for s, m in zip(socks, mems, strict=True):
+                if m:
+                    s.mem_free -= m
+                    free -= m
+            self.free_mem = free
+
+    def give(self, hold: Hold) -> None:
+        """Give back what take(hold) took (graph.py then updates the index)."""
+        cores, gpus, mems = hold
+        socks, zero = self.sockets, self.zero
+        free = self.free_cores
+        for s, c in zip(socks, cores, strict=True):
+            if c:
+                s.cores_free |= c
+                free += c.bit_count()
+        self.free_cores = free
+        if gpus is not zero:
+            free = self.free_gpus
+            for s, g in zip(socks, gpus, strict=True):
+                if g:
+                    s.gpus_free |= g
+                    free += g.bit_count()
+            self.free_gpus = free
+        if mems is not zero:
+            free = self.free_mem
+            for s, m in zip(socks, mems, strict=True):
+                if m:
+                    s.mem_free += m
+                    free += m
+            self.free_mem = free
+
     def can_take(self, hold: Hold) -> bool:
         cores, gpus, mems = hold
         for s, c, g, m in zip(self.sockets, cores, gpus, mems, strict=True):
