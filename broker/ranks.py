@@ -19,6 +19,9 @@ class RankState(enum.Enum):
     LOST = "lost"
 
 
+_NEVER, _LOST, _UNRESPONSIVE = RankState.NEVER, RankState.LOST, RankState.UNRESPONSIVE
+
+
 @dataclass
 class RankInfo:
     rank: int
@@ -46,6 +49,10 @@ class RankTable:
         self.came_back: list[int] = []
         self._expected_in: dict[RankState, int] = {}
         self._recount()
+        # The members other than rank 0, least recently heard first (each heard from moves to the end): a sweep
+        # reads only the silent ones at the front, not every rank (twice per heartbeat interval at 10,000 ranks).
+        # Every `now` passed in is the latest, so the order is that of `last_seen`.
+        self._by_silence: dict[int, RankInfo] = {}
 
     def _recount(self) -> None:
         self._expected_in = dict.fromkeys(RankState, 0)
@@ -59,7 +66,16 @@ class RankTable:
             self._expected_in[state] += 1
         if state == RankState.UP and info.state in (RankState.UNRESPONSIVE, RankState.LOST):
             self.came_back.append(info.rank)
+        if state == RankState.LOST:
+            self._by_silence.pop(info.rank, None)
         info.state, info.since = state, self.wall()
+
+    def _heard(self, info: RankInfo, now: float) -> None:
+        info.last_seen = now
+        if info.rank:
+            by_silence = self._by_silence
+            by_silence.pop(info.rank, None)
+            by_silence[info.rank] = info
 
     def resize(self, size: int) -> None:
         self.size = size
@@ -69,15 +85,21 @@ class RankTable:
         info = self.ranks[rank]
         self._enter(info, RankState.UP)
         info.pid, info.hostname = pid, hostname
-        info.last_seen = now
+        self._heard(info, now)
 
     def heartbeat(self, rank: int, now: float) -> bool:
         """Record a heartbeat; False when the rank has not joined (it must be told to rejoin)."""
+        # Inlined `_heard`, and the states by module names: it runs for every beat of every rank.
         info = self.ranks[rank]
-        if info.state in (RankState.NEVER, RankState.LOST):
+        state = info.state
+        if state is _NEVER or state is _LOST:
             return False
         info.last_seen = now
-        if info.state == RankState.UNRESPONSIVE:
+        if rank:
+            by_silence = self._by_silence
+            by_silence.pop(rank, None)
+            by_silence[rank] = info
+        if state is _UNRESPONSIVE:
             self._enter(info, RankState.UP)
         return True
 
@@ -85,9 +107,9 @@ class RankTable:
         """Any message from a member proves it alive, not only heartbeats (they queue behind work)."""
         info = self.ranks[rank]
         if info.state == RankState.UP:
-            info.last_seen = now
+            self._heard(info, now)
         elif info.state == RankState.UNRESPONSIVE:
-            info.last_seen = now
+            self._heard(info, now)
             self._enter(info, RankState.UP)
 
     def sweep(self, now: float, stalled: float = 0.0) -> list[int]:
@@ -97,18 +119,19 @@ class RankTable:
         silence, so it is forgiven.
         """
         if stalled > 0:
-            for info in self.ranks.values():
-                if info.state in (RankState.UP, RankState.UNRESPONSIVE):
-                    info.last_seen += stalled
+            for info in self._by_silence.values():
+                info.last_seen += stalled
+        silent_ones = []
+        for info in self._by_silence.values():
+            if now - info.last_seen < self.unresponsive_after:
+                break  # all after it were heard from later
+            silent_ones.append(info)
         lost = []
-        for info in self.ranks.values():
-            if info.state in (RankState.NEVER, RankState.LOST) or info.rank == 0:
-                continue
-            silent = now - info.last_seen
-            if silent >= self.lost_after:
+        for info in silent_ones:
+            if now - info.last_seen >= self.lost_after:
                 self._enter(info, RankState.LOST)
                 lost.append(info.rank)
-            elif silent >= self.unresponsive_after and info.state == RankState.UP:
+            elif info.state == RankState.UP:
                 self._enter(info, RankState.UNRESPONSIVE)
         return lost
 

@@ -112,9 +112,22 @@ def scanned_counts(t: RankTable) -> dict[str, int]:
     return out | {"expected": t.size}
 
 
+def swept_by_scan(t: RankTable, now: float) -> bool:
+    """What a sweep at `now` leaves, checked over every rank: no member (but rank 0) silent as long as `lost_after`,
+    none up that was silent as long as `unresponsive_after`, none unresponsive that was heard from since."""
+    for info in t.ranks.values():
+        if info.rank == 0 or info.state not in (RankState.UP, RankState.UNRESPONSIVE):
+            continue
+        silent = now - info.last_seen
+        if silent >= LOST or (info.state is RankState.UP) != (silent < UNRESPONSIVE):
+            return False
+    return True
+
+
 def test_the_kept_counts_stay_exact_through_every_transition(clock: FakeClock) -> None:
     """Joins, repeated joins, heartbeats, messages, silence (unresponsive, lost), rejoins and resizes in a
-    seeded random order, with ranks beyond `size` among them: after each step the counts and all_up are a scan's."""
+    seeded random order, with ranks beyond `size` among them: after each step the counts and all_up are a scan's,
+    and after each sweep every rank's state is what its silence says (the sweep reads only the silent ones)."""
     import random
     rng = random.Random(29)
     t = RankTable(8, 12, lambda r: f"ipc:///tmp/r{r}", UNRESPONSIVE, LOST)
@@ -136,6 +149,8 @@ def test_the_kept_counts_stay_exact_through_every_transition(clock: FakeClock) -
         else:
             t.resize(rng.randrange(1, 13))
         assert t.counts() == scanned_counts(t), step
+        if "sweep" in step:
+            assert swept_by_scan(t, clock()), step
         assert t.all_up() == all(t.ranks[r].state is RankState.UP for r in range(t.size)), step
     assert len(kinds) == 6 * len(RankState), "every step was taken from every state"
 
