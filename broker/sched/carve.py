@@ -167,11 +167,7 @@ class FlatCarving:
         nsock = len(socks)
         free = [s.cores_free for s in socks]
         mem = [s.mem_free for s in socks] if mps else None
-        cache = self.singles.get(mps)
-        if cache is None or len(cache) > _SINGLES_MAX:
-            if len(self.singles) > 8:
-                self.singles.clear()
-            cache = self.singles[mps] = {}
+        cache = self._singles_cache(mps)
         get = cache.get
         zero = self.zero
         allocs: list[Allocation] = []
@@ -210,7 +206,33 @@ class FlatCarving:
             free[i] = m
             if not left:
                 break
-        while left:  # cps > 1 and no socket has cps free cores: span sockets
+        if left and not self._spanning_singles(left, cps, mps, free, mem, cache, allocs, holds):
+            raise ValueError(f"rank {self.rank} cannot hold {n} slots of {cps} cores")
+        taken = tuple([s.cores_free ^ f for s, f in zip(socks, free, strict=True)])
+        mems = zero if mem is None else tuple([s.mem_free - f for s, f in zip(socks, mem, strict=True)])
+        return allocs, holds, (taken, zero, mems)
+
+    def _singles_cache(self, mps: int) -> dict[object, tuple[Allocation, SingleHold]]:
+        """This node's interned single-slot carves for slots of mps MB (emptied when it grows big)."""
+        cache = self.singles.get(mps)
+        if cache is None or len(cache) > _SINGLES_MAX:
+            if len(self.singles) > 8:
+                self.singles.clear()
+            cache = self.singles[mps] = {}
+        return cache
+
+    def _spanning_singles(self, count: int, cps: int, mps: int, free: list[int], mem: list[int] | None,
+                          cache: dict[object, tuple[Allocation, SingleHold]],
+                          allocs: list[Allocation], holds: list[SingleHold]) -> bool:
+        """carve_singles once no socket has cps free cores: count slots that span sockets.
+
+        Each slot is the cps lowest free cores in socket order, taken from
+        free, its memory from mem (the socket of its first core first);
+        appends each slot's interned Allocation and holds record.  False if
+        the free cores run out first.
+        """
+        nsock = len(free)
+        for _ in range(count):
             masks, need = [0] * nsock, cps
             for i in range(nsock):
                 m = free[i]
@@ -221,21 +243,19 @@ class FlatCarving:
                     need -= 1
                 free[i] = m
             if need:
-                raise ValueError(f"rank {self.rank} cannot hold {n} slots of {cps} cores")
+                return False
+            key: object
             if mem is None:
-                key, mems = tuple(masks), zero
+                key, mems = tuple(masks), self.zero
             else:
                 mems = _slot_memory(mem, next(i for i, m in enumerate(masks) if m), mps)
                 key = (tuple(masks), mems)
-            entry = get(key)
+            entry = cache.get(key)
             if entry is None:
                 entry = cache[key] = self._single(tuple(masks), mems)
             allocs.append(entry[0])
             holds.append(entry[1])
-            left -= 1
-        taken = tuple([s.cores_free ^ f for s, f in zip(socks, free, strict=True)])
-        mems = self.zero if mem is None else tuple([s.mem_free - f for s, f in zip(socks, mem, strict=True)])
-        return allocs, holds, (taken, self.zero, mems)
+        return True
 
     def _single(self, masks: tuple[int, ...], mems: tuple[int, ...]) -> tuple[Allocation,
                                                                                SingleHold]:
