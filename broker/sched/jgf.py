@@ -156,11 +156,24 @@ def _name(meta: Mapping[str, Any]) -> str:
 
 def _node_spec(node_id: str, vertices: Mapping[str, Meta],
                children: Mapping[str, list[str]]) -> dict[str, Any]:
+    """add_rank's keyword arguments (but rank) for the node vertex node_id."""
     meta = vertices[node_id]
+    sockets, gpus, memory, loose = _per_socket(node_id, vertices, children)
+    sids = _deal_loose(loose, sockets, gpus, memory)
+    properties = _node_properties(meta)
+    return dict(hostname=_name(meta), sockets={s: tuple(c) for s, c in sockets.items()},
+                gpus={s: tuple(g) for s, g in gpus.items()},
+                memory_mb={s: memory[s] for s in sids}, properties=properties)
+
+
+def _per_socket(node_id: str, vertices: Mapping[str, Meta], children: Mapping[str, list[str]]) -> tuple[
+        dict[int, list[int]], dict[int, list[int]], defaultdict[int, int], dict[str, list[Meta]]]:
+    """Core ids, GPU ids and MB per socket id below a node (socket 0 if it has no socket vertex),
+    and the core, GPU and memory vertices directly under it ("loose", by type)."""
     sockets: dict[int, list[int]] = {}
     gpus: dict[int, list[int]] = {}
-    memory: dict[int, int] = defaultdict(int)
-    loose: dict[str, list[Meta]] = {"core": [], "gpu": [], "memory": []}  # directly under the node
+    memory: defaultdict[int, int] = defaultdict(int)
+    loose: dict[str, list[Meta]] = {"core": [], "gpu": [], "memory": []}
     for vid, sock in _below(node_id, vertices, children, None):
         v = vertices[vid]
         kind = v["type"]
@@ -179,6 +192,13 @@ def _node_spec(node_id: str, vertices: Mapping[str, Meta],
             memory[sid] += _megabytes(v)
     if not sockets:
         sockets[0] = []
+    return sockets, gpus, memory, loose
+
+
+def _deal_loose(loose: Mapping[str, list[Meta]], sockets: dict[int, list[int]], gpus: dict[int, list[int]],
+                memory: defaultdict[int, int]) -> list[int]:
+    """Put what lies directly under the node on its sockets: the cores on the lowest socket, the GPUs and
+    the memory dealt evenly over all; returns the socket ids in order."""
     sockets[min(sockets)].extend(_int_id(v, None) for v in loose["core"])
     loose_gpus = sorted(_int_id(v, None) for v in loose["gpu"])
     sids = sorted(sockets)
@@ -187,14 +207,16 @@ def _node_spec(node_id: str, vertices: Mapping[str, Meta],
     spread = sum(_megabytes(v) for v in loose["memory"])
     for i, sid in enumerate(sids):
         memory[sid] += spread // len(sids) + (1 if i < spread % len(sids) else 0)
+    return sids
+
+
+def _node_properties(meta: Mapping[str, Any]) -> dict[str, str]:
+    """A node vertex's properties: a map of strings, or Fluxion's bare names (as name="")."""
     props = meta.get("properties") or {}
     if not isinstance(props, (dict, list)):
         raise ValueError(f"JGF: properties of node {_name(meta)} must be a map")
-    properties = ({str(k): str(v) for k, v in props.items()} if isinstance(props, dict)
-                  else {str(k): "" for k in props})
-    return dict(hostname=_name(meta), sockets={s: tuple(c) for s, c in sockets.items()},
-                gpus={s: tuple(g) for s, g in gpus.items()},
-                memory_mb={s: memory[s] for s in sids}, properties=properties)
+    return ({str(k): str(v) for k, v in props.items()} if isinstance(props, dict)
+            else {str(k): "" for k in props})
 
 
 def _below(vid: str, vertices: Mapping[str, Meta], children: Mapping[str, list[str]],
