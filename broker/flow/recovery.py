@@ -55,16 +55,7 @@ def recover(workflow: Workflow, journal: Journal, active: list[Job]) -> Recovere
             job.flow = Flow(spec)
             _restore_counts(job, seen, rows, now, out)
             out.jobs.append(job)
-        removed = seen.get("removed", set())
-        deps = [(dep.type, t) for dep in spec.dependencies for t in dep.jobs if f"{dep.type}:{t}" not in removed]
-        singleton = any(d.type == SINGLETON for d in spec.dependencies) and SINGLETON not in removed
-        begin = spec.begin_time
-        if begin is not None and f"{BEGIN}={begin!r}" in removed:
-            begin = None
-        if job.state not in (State.DEPEND, State.PRIORITY):
-            deps = [d for d in deps if d[0] == "aftercorr"]
-            singleton, begin = False, None
-        deps = [d for d in deps if workflow.manager.find(d[1]) is not None or _lost(out, job, d)]
+        deps, singleton, begin = _dependencies_left(workflow, job, seen.get("removed", set()), out)
         _, decided = workflow.graph.add(job.id, deps, workflow.lookup, key=(job.uid, job.name),
                                         singleton=singleton, begin_time=begin, now=now)
         out.verdicts.extend(decided)
@@ -73,6 +64,27 @@ def recover(workflow: Workflow, journal: Journal, active: list[Job]) -> Recovere
             _restore_corr(workflow, store, job, corr, out)
     _restore_results(store, [j for j in out.jobs if j.flow.policy or j.flow.success or not j.is_array])
     return out
+
+
+def _dependencies_left(workflow: Workflow, job: Job, removed: set[str],
+                       out: Recovered) -> tuple[list[tuple[str, int]], bool, float | None]:
+    """A recovered job's dependencies still in force: (type, target) pairs, singleton, begin time.
+
+    Those its `dependency-remove` events removed are gone; a job past DEPEND/PRIORITY keeps only its aftercorr
+    targets (which indexes it may run); one on a purged job can never be satisfied (its verdict goes to out).
+    """
+    spec = job.spec
+    assert spec is not None
+    deps = [(dep.type, t) for dep in spec.dependencies for t in dep.jobs if f"{dep.type}:{t}" not in removed]
+    singleton = any(d.type == SINGLETON for d in spec.dependencies) and SINGLETON not in removed
+    begin = spec.begin_time
+    if begin is not None and f"{BEGIN}={begin!r}" in removed:
+        begin = None
+    if job.state not in (State.DEPEND, State.PRIORITY):
+        deps = [d for d in deps if d[0] == "aftercorr"]
+        singleton, begin = False, None
+    deps = [d for d in deps if workflow.manager.find(d[1]) is not None or _lost(out, job, d)]
+    return deps, singleton, begin
 
 
 def _lost(out: Recovered, job: Job, dep: tuple[str, int]) -> bool:
@@ -140,31 +152,33 @@ def _restore_results(store: JobStore, jobs: list[Job]) -> None:
     by_id = {job.id: job for job in jobs}
     statuses: dict[int, int] = {}
     for job_id, task, idx, _, status, code, sig, *_ in store.results_of(list(by_id)):
-        job = by_id[job_id]
-        flow = job.flow
-        action = flow.policy.action(status, code, sig) if flow.policy else ("success" if status == 0 else "fail")
-        counted = 0 if action in ("success", "ignore") else (status or 1)
-        if status and not counted:
-            job.count_as_success()
+        counted = _judge_again(by_id[job_id], task, idx, status, code, sig)
         statuses[job_id] = max(statuses.get(job_id, 0), counted)
-        if not job.is_array:
-            flow.actions.append(action)
-            assert job.spec is not None, "a recovered plain job with results is active"
-            if task == job.spec.success_task:
-                flow.decider = (action, status)
-                flow.cut = True
-        elif counted:
-            flow.failed_for_good += 1
-        elif flow.success is not None and flow.success.succeeded(idx):
-            flow.end = flow.end or ("success", "success policy met", 0)
     for job_id, status in statuses.items():
         job = by_id[job_id]
         if not job.flow.succeeded_early:
             job.status = status
-        limit = job.flow.policy.max_failed if job.flow.policy else None
-        if limit is not None and job.flow.failed_for_good > limit:
-            job.flow.end = job.flow.end or ("max-failed-indexes", f"{job.flow.failed_for_good} indexes failed "
-                                                                 f"for good, more than {limit}", None)
+        job.flow.end_past_max_failed()
+
+
+def _judge_again(job: Job, task: int, idx: int, status: int, code: int | None, sig: int | None) -> int:
+    """One recorded final result judged again, as Attempts judged it: the status it counts (0: success or ignored)."""
+    flow = job.flow
+    action = flow.policy.action(status, code, sig) if flow.policy else ("success" if status == 0 else "fail")
+    counted = 0 if action in ("success", "ignore") else (status or 1)
+    if status and not counted:
+        job.count_as_success()
+    if not job.is_array:
+        flow.actions.append(action)
+        assert job.spec is not None, "a recovered plain job with results is active"
+        if task == job.spec.success_task:
+            flow.decider = (action, status)
+            flow.cut = True
+    elif counted:
+        flow.failed_for_good += 1
+    elif flow.success is not None and flow.success.succeeded(idx):
+        flow.end = flow.end or ("success", "success policy met", 0)
+    return counted
 
 
 def _restore_corr(workflow: Workflow, store: JobStore, job: Job, target_id: int, out: Recovered) -> None:
@@ -207,42 +221,13 @@ def settled(workflow: Workflow, out: Recovered) -> None:
     for job in [j for j in manager.jobs.values() if j.flow is not None]:
         if job.state == State.INACTIVE or job.ending or job.state not in (State.SCHED, State.RUN):
             continue
-        flow = job.flow
         delayed = dict(out.delayed.get(job.id, []))
-        if not job.is_array:
-            # Queued once, whatever happened in the window (a retry decided while settling is not queued yet).
-            if job.state == State.SCHED:
-                manager.scheduler.cancel(job.id)
-                if -1 in delayed:
-                    attempts.delay_retry(job, -1, flow.attempt, delayed[-1] - manager.clock())
-                else:
-                    attempts.queue_plain(job)
-            continue
-        if not (flow.held or delayed or flow.corr is not None):
-            continue
-        remaining = manager.scheduler.cancel(job.id)
-        tasks = job.pending_map.tail(len(job.pending_map) - remaining) if remaining and job.pending_map else []
-        job.pending_map = job.pending_map.head(len(job.pending_map) - remaining) if job.pending_map else None
-        if flow.corr is not None:
-            tasks = [t for t in tasks if t in flow.corr.released]
-        now_tasks = [t for t in tasks if t not in delayed]
-        for task in tasks:
-            if task in delayed:
-                attempts.delay_retry(job, task, flow.attempts.get(task, 0), delayed[task] - manager.clock())
-        if flow.held:
-            if job.pending_map is None:
-                job.pending_map = TaskMap()
-            flow.held_from = len(job.pending_map)
-        attempts.queue_tasks(job, now_tasks)
+        if job.is_array:
+            _requeue_elements(workflow, job, delayed)
+        else:
+            _requeue_plain(workflow, job, delayed)
     workflow.feed(out.verdicts)
-    # A job whose submission was cut short by the crash (no `depend`/`priority` yet) is queued now.
-    for job in [j for j in manager.jobs.values() if j.state in (State.DEPEND, State.PRIORITY)]:
-        flow = workflow.flow_of(job)
-        if job.state == State.PRIORITY and not flow.held:
-            manager.post(job, "priority", {"priority": job.urgency})
-            workflow.queue_first(job)
-        elif job.state == State.DEPEND:
-            workflow.try_release(job)
+    _queue_cut_short(workflow)
     for job in out.jobs:
         if job.flow is not None and job.flow.end is not None:
             attempts.after_results(job)
@@ -251,3 +236,50 @@ def settled(workflow: Workflow, out: Recovered) -> None:
     log.info("workflows recovered: %d jobs with workflow state, %d dependency verdicts", len(out.jobs),
              len(out.verdicts))
 
+
+def _requeue_plain(workflow: Workflow, job: Job, delayed: dict[int, float]) -> None:
+    """Queue a plain job once, whatever happened in the window (a retry decided while settling is not queued yet):
+    at once, or when its retry's delay is over."""
+    if job.state != State.SCHED:
+        return
+    manager = workflow.manager
+    manager.scheduler.cancel(job.id)
+    if -1 in delayed:
+        workflow.attempts.delay_retry(job, -1, job.flow.attempt, delayed[-1] - manager.clock())
+    else:
+        workflow.attempts.queue_plain(job)
+
+
+def _requeue_elements(workflow: Workflow, job: Job, delayed: dict[int, float]) -> None:
+    """Take an array's queued elements back and queue them again as its workflow state says: those released by
+    its aftercorr target only, those waiting out a retry's delay when it is over, none while it is held."""
+    flow = job.flow
+    if not (flow.held or delayed or flow.corr is not None):
+        return
+    manager, attempts = workflow.manager, workflow.attempts
+    remaining = manager.scheduler.cancel(job.id)
+    tasks = job.pending_map.tail(len(job.pending_map) - remaining) if remaining and job.pending_map else []
+    job.pending_map = job.pending_map.head(len(job.pending_map) - remaining) if job.pending_map else None
+    if flow.corr is not None:
+        tasks = [t for t in tasks if t in flow.corr.released]
+    now_tasks = [t for t in tasks if t not in delayed]
+    for task in tasks:
+        if task in delayed:
+            attempts.delay_retry(job, task, flow.attempts.get(task, 0), delayed[task] - manager.clock())
+    if flow.held:
+        if job.pending_map is None:
+            job.pending_map = TaskMap()
+        flow.held_from = len(job.pending_map)
+    attempts.queue_tasks(job, now_tasks)
+
+
+def _queue_cut_short(workflow: Workflow) -> None:
+    """Queue the jobs whose submission the crash cut short (no `depend`/`priority` event yet)."""
+    manager = workflow.manager
+    for job in [j for j in manager.jobs.values() if j.state in (State.DEPEND, State.PRIORITY)]:
+        flow = workflow.flow_of(job)
+        if job.state == State.PRIORITY and not flow.held:
+            manager.post(job, "priority", {"priority": job.urgency})
+            workflow.queue_first(job)
+        elif job.state == State.DEPEND:
+            workflow.try_release(job)

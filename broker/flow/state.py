@@ -78,6 +78,14 @@ class Flow:
         # policy, no array waiting on its indexes, no requeue asked for.
         self.judge_all = ids is None or self.success is not None
 
+    def end_past_max_failed(self) -> None:
+        """End the job (unless its end is decided already) once more indexes failed for good than the failure
+        policy's max_failed allows."""
+        limit = self.policy.max_failed if self.policy else None
+        if limit is not None and self.failed_for_good > limit:
+            self.end = self.end or ("max-failed-indexes",
+                                    f"{self.failed_for_good} indexes failed for good, more than {limit}", None)
+
     def current(self, task: int, attempt: int, is_array: bool) -> bool:
         """Whether a result of `attempt` belongs to the task's current attempt (not a stale one)."""
         return attempt == (self.attempts.get(task, 0) if is_array else self.attempt)
