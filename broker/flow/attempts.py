@@ -104,6 +104,7 @@ class Attempts:
             return None
         action = flow.policy.action(status, exit_code, sig) if flow.policy else (
             retry.SUCCESS if status == 0 else retry.FAIL)
+        fails_job = False
         if flow.policy is not None:
             decision = retry.decide(flow.policy, action, flow.retried.get(task, 0), job.retries)
             if decision.outcome == retry.RETRIED:
@@ -112,22 +113,26 @@ class Attempts:
                 self._not_final(job, task, rank, result, attempt, "retry", decision.delay).retry.append(
                     (task, decision.delay))
                 return None
+            fails_job = decision.outcome == retry.FAILED_JOB
         counted = _counted(action, status)
-        if flow.policy is not None and decision.outcome == retry.FAILED_JOB:
+        self._element_ended(job, flow, task, result, counted, fails_job)
+        return counted, False
+
+    def _element_ended(self, job: Job, flow: Flow, task: int, result: list[Any], counted: int,
+                       fails_job: bool) -> None:
+        """An element's final result, counting `counted`: the job-level end it may decide (a fail-job rule, too
+        many indexes failed for good, the success policy met), and the arrays waiting on its index learn it."""
+        if fails_job:
             # The job ends with the status of the exit the rule matched (protocol.md §3.6).
             flow.end = flow.end or ("failure-policy", f"index {job.index_of(task)}: {_exit_text(result)} "
                                                       "matches a fail-job rule", counted)
         if counted:
             flow.failed_for_good += 1
-            limit = flow.policy.max_failed if flow.policy else None
-            if limit is not None and flow.failed_for_good > limit:
-                flow.end = flow.end or ("max-failed-indexes",
-                                        f"{flow.failed_for_good} indexes failed for good, more than {limit}", None)
+            flow.end_past_max_failed()
         elif flow.success is not None and flow.success.succeeded(job.index_of(task)):
             flow.end = flow.end or ("success", _success_note(job), 0)
         if flow.corr_watch:
             self.element_final(job, task, counted == 0)
-        return counted, False
 
     def _not_final(self, job: Job, task: int, rank: int, result: list[Any], attempt: int, outcome: str,
                    delay: float) -> _Pending:
