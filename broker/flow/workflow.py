@@ -336,26 +336,8 @@ class Workflow:
     def update(self, job: Job, uid: int, changes: dict[str, Any]) -> dict[str, Any]:
         """Change urgency, time limit or name, all or nothing (protocol.md §3.9.4)."""
         self._may_touch(job, uid)
-        spec = job.spec
-        if job.state == State.INACTIVE or job.ending or spec is None:
-            raise WorkflowRefusal("bad-state", f"job {job.id} has already ended")
-        unknown = sorted(set(changes) - set(UPDATABLE))
-        if unknown or not changes:
-            raise WorkflowRefusal("bad-request", f"update: {', '.join(unknown) or 'nothing'} cannot be updated; "
-                                                 f"fields: {', '.join(UPDATABLE)}")
-        if changes.get("name") == "":  # at submit an empty name means the command's; here it would erase it
-            raise WorkflowRefusal("invalid-jobspec", "name: a job's name cannot be empty")
-        try:
-            new = jobspec_model.from_wire({**spec.to_wire(), **changes})
-        except jobspec_model.InvalidJobspec as exc:
-            raise WorkflowRefusal("invalid-jobspec", str(exc)) from None
-        queued = job.state in PENDING_STATES or (job.is_array and job.pending() > 0)
-        if "urgency" in changes and not queued:
-            raise WorkflowRefusal("bad-state", f"job {job.id} is running: urgency orders only work not yet started")
-        if ("time_limit" in changes and job.running and uid != self.manager.owner_uid
-                and self.manager.time_limit(new) > self.manager.time_limit(spec)):
-            raise WorkflowRefusal("permission", f"only the instance owner may raise the time limit of running "
-                                                f"job {job.id}")
+        new = self._updated_spec(job, changes)
+        self._may_update_now(job, uid, changes, new)
         job.spec = new
         job.urgency = new.urgency
         job.name = new.name
@@ -368,6 +350,35 @@ class Workflow:
         if "name" in changes:
             self.feed(self.graph.rename(job.id, (job.uid, job.name)))
         return changes
+
+    @staticmethod
+    def _updated_spec(job: Job, changes: dict[str, Any]) -> Jobspec:
+        """The active job's jobspec with the changes, which must be updatable fields with valid values."""
+        spec = job.spec
+        if job.state == State.INACTIVE or job.ending or spec is None:
+            raise WorkflowRefusal("bad-state", f"job {job.id} has already ended")
+        unknown = sorted(set(changes) - set(UPDATABLE))
+        if unknown or not changes:
+            raise WorkflowRefusal("bad-request", f"update: {', '.join(unknown) or 'nothing'} cannot be updated; "
+                                                 f"fields: {', '.join(UPDATABLE)}")
+        if changes.get("name") == "":  # at submit an empty name means the command's; here it would erase it
+            raise WorkflowRefusal("invalid-jobspec", "name: a job's name cannot be empty")
+        try:
+            return jobspec_model.from_wire({**spec.to_wire(), **changes})
+        except jobspec_model.InvalidJobspec as exc:
+            raise WorkflowRefusal("invalid-jobspec", str(exc)) from None
+
+    def _may_update_now(self, job: Job, uid: int, changes: dict[str, Any], new: Jobspec) -> None:
+        """Refuse what the job's progress rules out: urgency once nothing is left to start, and a higher time
+        limit of a running job but by the instance owner."""
+        queued = job.state in PENDING_STATES or (job.is_array and job.pending() > 0)
+        if "urgency" in changes and not queued:
+            raise WorkflowRefusal("bad-state", f"job {job.id} is running: urgency orders only work not yet started")
+        assert job.spec is not None, "an active job has its jobspec (_updated_spec checked)"
+        if ("time_limit" in changes and job.running and uid != self.manager.owner_uid
+                and self.manager.time_limit(new) > self.manager.time_limit(job.spec)):
+            raise WorkflowRefusal("permission", f"only the instance owner may raise the time limit of running "
+                                                f"job {job.id}")
 
     def _requeue_entry(self, job: Job) -> None:
         """Queue the job's unstarted elements again, so a new urgency or time limit applies to them."""
