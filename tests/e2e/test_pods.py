@@ -198,15 +198,23 @@ async def test_cpu_limit_is_what_each_rank_advertises(e2e: Env, admin: Kube, dem
     assert [r["cores_total"] for r in json.loads(out)["ranks"]] == [1, 1, 1]  # limits.cpu "1", not the node's 2
 
 
+async def orphans_ended(e2e: Env, namespace: str, pod: dict[str, Any], alive: str) -> bool:
+    _, out, _ = await exec_in(e2e, namespace, pod, "sh", "-c", alive)
+    return out.strip() == "0"
+
+
 async def test_pid_1_reaps_orphans_in_every_pod(e2e: Env, admin: Kube, demo: str) -> None:
     broker = await running_pod(admin, demo, "demo", 0)
     code, _, err = await exec_in(e2e, demo, broker, "mc", "run", "-N", "3", "sh", "-c",
                                  "for i in 1 2 3; do sleep 0.2 & done; exit 0")
     assert code == 0, err
-    await asyncio.sleep(1.5)
+    # The orphans' `sleep` ends after 0.2 s: once none is alive (its state not Z), each left a zombie unless
+    # PID 1 reaped it.
+    alive = "grep -L '^State:.*Z' $(grep -l '^Name:.*sleep' /proc/[0-9]*/status 2>/dev/null) /dev/null | grep -vc null"
     count = "grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l"
     for index in range(3):
         pod = await running_pod(admin, demo, "demo", index)
+        await until(lambda pod=pod: orphans_ended(e2e, demo, pod, alive), 30)
         code, out, err = await exec_in(e2e, demo, pod, "sh", "-c", count)
         assert (code, out.strip()) == (0, "0"), f"zombies in rank {index}'s pod: {out} {err}"
 
