@@ -126,8 +126,12 @@ def measure(size: int, processes: int, tasks: list[int], idle_s: float, fanout: 
                                "broker_pid": sim.broker_pid, "interior_up_s": sim.interior_up_s,
                                "load_before": loadavg()}
         progress(f"{size} ranks: rank 0 is pid {sim.broker_pid}, {len(sim.interior)} interior workers")
-        # Rank 0's CPU for the joins: unlike join_s, it hardly depends on what else runs on the machine.
-        join_cpu0 = cpu_seconds(sim.broker_pid)
+        interior = [sim.local.procs[r].pid for r in sim.interior]
+        simulators = [proc.pid for proc in sim.simulators]
+        # Each part's CPU for the joins (rank 0's, unlike join_s, hardly depends on what else runs on the machine);
+        # the interior ranks' so far is their start (Python, imports) and, with --interior-first, their own joins.
+        join_cpu0, interior_cpu0 = cpu_seconds(sim.broker_pid), sum(map(cpu_seconds, interior))
+        out["interior_start_cpu_s"] = interior_cpu0
         try:
             out["join_s"] = sim.wait_joined(timeout=join_timeout)
             progress(f"{size} ranks joined in {out['join_s']:.2f}s")
@@ -136,10 +140,8 @@ def measure(size: int, processes: int, tasks: list[int], idle_s: float, fanout: 
             out["join_s"], out["joined_at_timeout"] = None, sim.joined()
             progress(str(exc))
         out["join_broker_cpu_s"] = cpu_seconds(sim.broker_pid) - join_cpu0
-        interior = [sim.local.procs[r].pid for r in sim.interior]
-        simulators = [proc.pid for proc in sim.simulators]
-        # Their start (Python, imports) and joins, from their exec on: what the real interior ranks cost this machine.
-        out["interior_join_cpu_s"] = sum(map(cpu_seconds, interior))
+        out["interior_join_cpu_s"] = sum(map(cpu_seconds, interior)) - interior_cpu0
+        out["simulators_join_cpu_s"] = sum(map(cpu_seconds, simulators))
         out["load_joined"] = loadavg()
         time.sleep(2.0)  # let the joins' journal writes settle before the idle window
         cpu0, inner0, start = cpu_seconds(sim.broker_pid), sum(map(cpu_seconds, interior)), time.perf_counter()
