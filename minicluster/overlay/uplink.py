@@ -55,6 +55,7 @@ class Uplink:
         self._sender: Sender | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._dropped_before = 0  # by the DEALERs closed in moves
+        self._closing = False
 
     @property
     def dropped(self) -> int:
@@ -76,11 +77,19 @@ class Uplink:
             self._link_to(self.home)
 
     async def close(self) -> None:
-        await drain_then_cancel(self._sender, self._tasks)
-        if self._sender is not None:
-            self._sender.sock.disable_monitor()
-            # A short linger lets the last messages (results, the answer to a shutdown) leave.
-            self._sender.sock.close(linger=200)
+        self._closing = True
+        try:
+            await drain_then_cancel(self._sender, self._tasks)
+        finally:
+            # Also when the close itself is cancelled (a second SIGTERM while draining): a link watch left
+            # running would move this closed uplink once its parent's link is down, on a socket its context
+            # closed since (seen at 10,000 simulated ranks, which share one context per process).
+            for task in self._tasks:
+                task.cancel()
+            if self._sender is not None and not self._sender.sock.closed:  # closed by a close before
+                self._sender.sock.disable_monitor()
+                # A short linger lets the last messages (results, the answer to a shutdown) leave.
+                self._sender.sock.close(linger=200)
 
     def _make_dealer(self) -> zmq.asyncio.Socket:
         sock = self._ctx.socket(zmq.DEALER)
@@ -134,7 +143,8 @@ class Uplink:
                     async with asyncio.timeout(None if waits else max(0.0, deadline - loop.time())):
                         event = parse_monitor_message(await monitor.recv_multipart())["event"]
                 except TimeoutError:
-                    self._move_up(parent)
+                    if not self._closing:
+                        self._move_up(parent)
                     return
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     linked = True

@@ -93,3 +93,25 @@ async def test_a_rank_whose_parent_never_answered_waits_for_it(tmp_path: Path) -
     finally:
         for rank in list(ranks.up):
             await ranks.stop(rank)
+
+
+async def test_a_close_cancelled_while_draining_still_ends_the_link(tmp_path: Path) -> None:
+    """A second SIGTERM can cancel a close while it waits for queued messages to leave: the link's receive and
+    watch tasks must end and its socket close all the same. A watch left running moved the closed uplink up once
+    the parent's link was down, on a socket the shared context had closed since (10,000 simulated ranks)."""
+    ranks = Ranks(tmp_path)
+    leaf = ranks.start(1)  # rank 0, its parent, never starts: what is sent to it waits
+    uplink = leaf.uplink
+    assert uplink is not None and uplink._sender is not None
+    for n in range(10_100):  # past the socket's send queue (10,000): the rest waits in the Sender
+        leaf.send("ping", 0, {"n": n})
+    assert uplink._sender.pending
+    closing = asyncio.ensure_future(uplink.close())
+    await asyncio.sleep(0)  # the close is now waiting for the queue to drain (up to 1 s)
+    assert not closing.done()
+    closing.cancel()
+    await asyncio.gather(closing, return_exceptions=True)
+    tasks = list(uplink._tasks)
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 2)
+    assert uplink._sender is not None and uplink._sender.sock.closed
+    await ranks.stop(1)
