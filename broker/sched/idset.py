@@ -38,6 +38,18 @@ def lowest(mask: int, count: int) -> tuple[tuple[int, ...], int]:
     return tuple(taken), picked
 
 
+def runs(mask: int) -> Iterator[range]:
+    """The runs of consecutive ids set in mask, lowest first: a whole free node is one step, not one per id."""
+    base = 0
+    while mask:
+        low = (mask & -mask).bit_length() - 1
+        mask >>= low
+        length = (~mask & (mask + 1)).bit_length() - 1
+        yield range(base + low, base + low + length)
+        mask >>= length
+        base += low + length
+
+
 def iter_ascending(mask: int) -> Iterator[int]:
     """Yield the set bit positions of mask, lowest first.
 

@@ -1,4 +1,6 @@
 """Request values, constraint parsing, id-sets and the allocation wire format."""
+import itertools
+
 import pytest
 
 from broker.sched import Allocation, RankAlloc, Request, Slot, parse_constraint
@@ -57,6 +59,15 @@ def test_idset_masks_and_iteration():
     assert list(idset.iter_ascending(mask)) == [0, 5, 64, 1000]
     assert list(idset.iter_descending(mask)) == [1000, 64, 5, 0]
     assert idset.lowest(mask, 2) == ((0, 5), 0b100001)
+
+
+@pytest.mark.parametrize("ids", [[], [0], [3], [0, 1, 2, 3], [1, 2, 5, 6, 7, 64], list(range(64)),
+                                 [0, 2, 4, 6], [*range(10, 1000), 5000]])
+def test_idset_runs_are_the_consecutive_ids(ids: list[int]) -> None:
+    runs = list(idset.runs(idset.to_mask(ids)))
+    assert [i for r in runs for i in r] == ids
+    assert all(r.step == 1 and len(r) for r in runs)
+    assert all(a.stop < b.start for a, b in itertools.pairwise(runs)), "maximal runs: a gap between each two"
 
 
 def test_allocation_orders_ranks_and_tasks():
