@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 CLOSE_WRITE_WAIT = 5.0
 # How often the scheduler looks at the queue again while the journal is stalled.
 STALLED_RETRY = 0.5
+# The most tasks one scheduling pass starts; the next pass follows once the event loop has read what waits
+# (heartbeats, results, requests). At 10,000 ranks of 64 cores a 1,000,000-task array's first pass started 640,000
+# elements at once: the loop was blocked for over 15 s, and live ranks were declared lost.
+PASS_STARTS = 4096
 
 
 class Broker:
@@ -416,9 +420,11 @@ class Broker:
                 self._schedule_pending = True
                 asyncio.get_running_loop().call_later(STALLED_RETRY, self._schedule)
             return
-        starts = self.scheduler.schedule(time.time())
+        starts = self.scheduler.schedule(time.time(), PASS_STARTS)
         if starts:
             self.execution.start(starts)
+            if len(starts) >= PASS_STARTS:
+                self._wake_scheduler()  # more may fit: after the loop's next turn
         self.execution.window.recall_overtaken()
         preemptions = self.scheduler.take_preemptions()
         if preemptions:

@@ -139,3 +139,17 @@ def test_held_huge_arrays_cost_the_broker_next_to_nothing(tmp_path) -> None:
         # One bit per element as soon as it is queued would be 5 x 12.5 MB; nothing has ended yet.
         assert _peak_mb(cluster.procs[0].pid) < before + 25
         c.cancel(held)
+
+
+def test_an_array_wider_than_a_scheduling_pass_starts_each_element_once(tmp_path) -> None:
+    """More free cores than one pass starts tasks (broker/service.py PASS_STARTS): the array goes out over several
+    passes, each after a turn of rank 0's event loop, and every element runs once."""
+    from broker.service import PASS_STARTS
+    cores = 6000
+    assert 2 * cores > 2 * PASS_STARTS, "the first pass alone could start every element"
+    with LocalCluster(tmp_path, size=2, test_exec=True, resources=f"cores={cores}") as cluster, \
+            cluster.client() as c:
+        array = c.submit(job(["true"], array=f"0-{2 * cores + 999}"))
+        assert wait_for(c, array)["status"] == 0
+        counts = c.job(array)["counts"]
+        assert counts == {"pending": 0, "running": 0, "succeeded": 2 * cores + 1000, "failed": 0, "cancelled": 0}
