@@ -5,7 +5,6 @@ Built from the broker's answers, no request of their own; the I/O here is writin
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import pwd
 import signal
@@ -13,9 +12,11 @@ import sys
 from functools import lru_cache
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from minicluster.model.idset import IdSet
 from minicluster.model.text import printable
@@ -46,14 +47,42 @@ def console(stderr: bool = False) -> Console:
     return Console(file=stream, soft_wrap=False)
 
 
+# Above this many rows a terminal gets the plain layout too: rich lays out a few thousand cells a second, and
+# `mc resources` at 10,000 ranks took 14 s to print.
+RICH_ROWS = 1000
+
+
 def print_table(t: Table) -> None:
-    """On a terminal, rich's table; piped, whole rows without trailing blanks for grep and awk."""
-    if sys.stdout.isatty():
+    """On a terminal, rich's table (up to RICH_ROWS rows); piped, whole rows without trailing blanks for grep and
+    awk."""
+    if sys.stdout.isatty() and t.row_count <= RICH_ROWS:
         console().print(t)
         return
-    plain = Console(width=1024, color_system=None, record=True, file=io.StringIO())
-    plain.print(t)
-    sys.stdout.write("".join(line.rstrip() + "\n" for line in plain.export_text().splitlines()))
+    sys.stdout.write(plain_text(t))
+
+
+def plain_text(t: Table) -> str:
+    """The table laid out as rich lays out `table()`'s (no box, no edge padding: columns as wide as their widest
+    cell, two spaces apart), in plain text and without trailing blanks; laid out here, in a few ms for 10,000 rows."""
+    columns = [[_plain(c.header), *map(_plain, c.cells)] for c in t.columns]
+    widths = [max(map(cell_len, cells)) for cells in columns]
+    right = [c.justify == "right" for c in t.columns]
+    lines = []
+    for row in zip(*columns, strict=True):
+        parts = []
+        for cell, width, to_right in zip(row, widths, right, strict=True):
+            pad = " " * (width - cell_len(cell))
+            parts.append(pad + cell if to_right else cell + pad)
+        lines.append("  ".join(parts).rstrip() + "\n")
+    return "".join(lines)
+
+
+def _plain(cell: Any) -> str:
+    """A cell's text without its markup (styles, escaped brackets)."""
+    if isinstance(cell, Text):
+        return cell.plain
+    text = str(cell)
+    return Text.from_markup(text).plain if "[" in text else text
 
 
 class TextTable(Table):
